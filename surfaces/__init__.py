@@ -1,0 +1,1 @@
+"""Adapters only: HTTP, MCP and the command line, all generated from daemon.tools."""

@@ -1,0 +1,40 @@
+"""The `tally` command. Each command group lives in its own module with a `register` function.
+
+A module's `register(commands)` adds its sub-parsers and sets `run=` on each to a function
+`(args: argparse.Namespace) -> int` returning the exit code (0 ok, 1 check failed, 2 usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from surfaces.cli import version
+
+GROUPS: list[ModuleType] = [version]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tally",
+        description="tally: local agent fleets with a verifiable ledger.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for group in GROUPS:
+        group.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    sys.stdout.flush()
+    return code

@@ -1,1 +1,1 @@
-"""tally's core: ledger, slot pool, routing, planning and runs. Knows nothing of HTTP, MCP or argv."""
+"""tally's core: ledger, slot pool, routing, planning, runs. Knows nothing of HTTP or argv."""

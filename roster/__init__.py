@@ -2,4 +2,13 @@
 
 from roster.models import Budget, Lane, Member, Policy, Roster, Sampling, Tiers, resolve_model_path
 
-__all__ = ["Budget", "Lane", "Member", "Policy", "Roster", "Sampling", "Tiers", "resolve_model_path"]
+__all__ = [
+    "Budget",
+    "Lane",
+    "Member",
+    "Policy",
+    "Roster",
+    "Sampling",
+    "Tiers",
+    "resolve_model_path",
+]

@@ -49,7 +49,9 @@ class Member(_Strict):
     @model_validator(mode="after")
     def _spawned_or_external(self) -> Member:
         if (self.command is None) == (self.url is None):
-            raise ValueError("a member needs exactly one of 'command' (spawned) or 'url' (external)")
+            raise ValueError(
+                "a member needs exactly one of 'command' (spawned) or 'url' (external)"
+            )
         if self.command is not None:
             if not self.command:
                 raise ValueError("'command' must not be empty")

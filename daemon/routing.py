@@ -26,6 +26,7 @@ Scoring, in one place so the numbers mean the same thing everywhere:
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 import unicodedata
@@ -180,10 +181,13 @@ class Classifier(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class _Hit:
-    lane: int
+class _Posting:
+    """The lanes one term (a keyword stem, a compound, or a whole phrase) adds evidence to.
+    All lanes listing a term share its IDF weight; negatives carry their own penalty."""
+
     weight: float
-    label: str
+    lanes: tuple[int, ...]
+    labels: dict[int, str]  # lane -> the roster word, for `Route.matched`
 
 
 class Router:
@@ -195,85 +199,94 @@ class Router:
         self.margin = roster.policy.margin
         self.top_k = top_k
         self._names = [lane.name for lane in roster.lanes]
-        self._keywords: dict[str, list[_Hit]] = {}
-        # phrases by their first stem: (rest of the phrase, hit)
-        self._phrases: dict[str, list[tuple[tuple[str, ...], _Hit]]] = {}
+        # term -> postings (its keyword posting, then negative ones)
+        self._keywords: dict[str, list[_Posting]] = {}
+        # first stem of a phrase -> (the whole phrase, its postings)
+        self._phrases: dict[str, list[tuple[tuple[str, ...], list[_Posting]]]] = {}
         self._build(roster.lanes)
 
     def _build(self, lanes: Sequence[Lane]) -> None:
-        keyword_lanes: dict[str, dict[int, str]] = {}
-        phrase_lanes: dict[tuple[str, ...], dict[int, str]] = {}
-        negatives: list[tuple[int, str | tuple[str, ...], str]] = []
+        positive: dict[str | tuple[str, ...], dict[int, str]] = {}
+        negative: dict[str | tuple[str, ...], dict[int, str]] = {}
         for index, lane in enumerate(lanes):
             for word in [*lane.keywords, *lane.phrases]:
-                term = term_of(word)
-                if isinstance(term, str):
-                    keyword_lanes.setdefault(term, {}).setdefault(index, word)
-                elif term:
-                    phrase_lanes.setdefault(term, {}).setdefault(index, word)
-            negatives.extend((index, term_of(word), word) for word in lane.negative)
+                if term := term_of(word):
+                    positive.setdefault(term, {}).setdefault(index, word)
+            for word in lane.negative:
+                if term := term_of(word):
+                    negative.setdefault(term, {}).setdefault(index, f"-{word}")
         count = len(lanes)
-        for term, owners in keyword_lanes.items():
-            weight = _idf(len(owners), count)
-            self._keywords[term] = [_Hit(i, weight, label) for i, label in owners.items()]
-        for phrase, owners in phrase_lanes.items():
-            weight = PHRASE_BOOST * _idf(len(owners), count)
-            for i, label in owners.items():
-                self._add_phrase(phrase, _Hit(i, weight, label))
-        for index, term, label in negatives:
-            hit = _Hit(index, -NEGATIVE_PENALTY, f"-{label}")
-            if isinstance(term, str):
-                self._keywords.setdefault(term, []).append(hit)
-            elif term:
-                self._add_phrase(term, hit)
+        for term, owners in positive.items():
+            boost = 1.0 if isinstance(term, str) else PHRASE_BOOST
+            self._add(term, _Posting(boost * _idf(len(owners), count), tuple(owners), owners))
+        for term, owners in negative.items():
+            self._add(term, _Posting(-NEGATIVE_PENALTY, tuple(owners), owners))
 
-    def _add_phrase(self, phrase: tuple[str, ...], hit: _Hit) -> None:
-        self._phrases.setdefault(phrase[0], []).append((phrase[1:], hit))
-
-    def evidence(self, text: str) -> dict[int, tuple[float, list[str]]]:
-        """Per lane index: (evidence E, labels of the distinct keywords/phrases that matched)."""
-        terms = normalize(text)
-        found: dict[int, tuple[float, list[str]]] = {}
-        seen: set[tuple[int, str]] = set()
-
-        def add(hit: _Hit) -> None:
-            if (hit.lane, hit.label) in seen:
+    def _add(self, term: str | tuple[str, ...], posting: _Posting) -> None:
+        if isinstance(term, str):
+            self._keywords.setdefault(term, []).append(posting)
+            return
+        for phrase, postings in self._phrases.setdefault(term[0], []):
+            if phrase == term:
+                postings.append(posting)
                 return
-            seen.add((hit.lane, hit.label))
-            total, labels = found.get(hit.lane, (0.0, []))
-            labels.append(hit.label)
-            found[hit.lane] = (total + hit.weight, labels)
+        self._phrases[term[0]].append((term, [posting]))
 
+    def _matches(self, text: str) -> list[_Posting]:
+        """The postings of the distinct keywords and phrases found in `text`, in a fixed
+        order (sorted terms, then phrases by position) so float sums never depend on
+        hash order."""
+        terms = normalize(text)
         keywords = self._keywords
-        for term in terms.bag:
-            for hit in keywords.get(term, ()):
-                add(hit)
+        found = [p for term in sorted(terms.bag) for p in keywords.get(term, ())]
         phrases = self._phrases
         sequence = terms.sequence
+        seen: set[tuple[str, ...]] = set()
         for position, first in enumerate(sequence):
-            for rest, hit in phrases.get(first, ()):
-                end = position + 1 + len(rest)
-                if sequence[position + 1 : end] == rest:
-                    add(hit)
+            for phrase, postings in phrases.get(first, ()):
+                if phrase not in seen and sequence[position : position + len(phrase)] == phrase:
+                    seen.add(phrase)
+                    found.extend(postings)
         return found
 
+    def evidence(self, text: str) -> dict[int, float]:
+        """Per lane index: the evidence E (see the module docstring); lanes with none absent."""
+        totals: dict[int, float] = {}
+        get = totals.get
+        for posting in self._matches(text):
+            weight = posting.weight
+            for lane in posting.lanes:
+                totals[lane] = get(lane, 0.0) + weight
+        return totals
+
     def route(self, text: str) -> Route:
-        found = self.evidence(text)
-        ranked = sorted(
-            ((i, total / (total + SATURATION)) for i, (total, _) in found.items() if total > 0),
-            key=lambda item: (-item[1], item[0]),
-        )[: self.top_k]
+        matches = self._matches(text)
+        totals: dict[int, float] = {}
+        get = totals.get
+        for posting in matches:
+            weight = posting.weight
+            for lane in posting.lanes:
+                totals[lane] = get(lane, 0.0) + weight
+        top = heapq.nsmallest(
+            self.top_k, ((-e, lane) for lane, e in totals.items() if e > 0)
+        )  # best evidence first, ties by roster order
+        ranked = [(lane, -negated / (SATURATION - negated)) for negated, lane in top]
         best = ranked[0][1] if ranked else 0.0
         second = ranked[1][1] if len(ranked) > 1 else 0.0
         confidence = round(best - second, 4)
         decided = bool(ranked) and best >= self.threshold and confidence >= self.margin
         names = self._names
+        matched: dict[str, list[str]] = {}
+        for lane, _ in ranked:
+            matched[names[lane]] = sorted(
+                label for p in matches if (label := p.labels.get(lane)) is not None
+            )
         return Route.model_construct(
             lane=names[ranked[0][0]] if decided else None,
             confidence=confidence,
             escalate=not decided,
-            scores=[(names[i], round(score, 4)) for i, score in ranked],
-            matched={names[i]: sorted(found[i][1]) for i, _ in ranked},
+            scores=[(names[lane], round(score, 4)) for lane, score in ranked],
+            matched=matched,
         )
 
     def candidates(self, route: Route) -> list[Lane]:

@@ -84,7 +84,8 @@ def stem(word: str) -> str:
     Only lowercase ASCII alphabetic words longer than three letters are touched; anything
     with digits or symbols ("k8s", "c++", "utf8") or non-ASCII letters is returned as is.
     One suffix rule applies (first match in `_SUFFIXES`, and only if what remains is at
-    least three letters with a vowel), then a doubled final consonant left by -ing/-ed is
+    least three letters with a vowel; after a plural "s" one more rule may apply, so
+    "settings" meets "setting" and "set"), then a doubled final consonant left by -ing/-ed is
     undoubled ("running" -> "run") and a final "e" is dropped ("cache" and "caching" ->
     "cach"), so the verb, noun and plural forms of a word meet.
     """

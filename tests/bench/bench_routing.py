@@ -15,9 +15,10 @@ from typing import Any
 from daemon.routing import Router
 from roster.models import Roster
 from surfaces.cli.route import read_roster
-from tests.routing.labelled import Accuracy, evaluate, load
+from tests.routing.labelled import LABELLED, Accuracy, evaluate, load
 
 PASSES = 15
+FRESH = LABELLED.with_name("fresh.jsonl")
 
 
 def generated_roster(lanes: int, seed: int = 11) -> Roster:
@@ -138,8 +139,14 @@ def main() -> None:
         )
     )
     print(accuracy_row("holdout", evaluate(router, [e for e in examples if e.holdout])))
+    print(accuracy_row("fresh (see note)", evaluate(router, load(FRESH))))
     print(
         "\nTargets: top-1 >= 90%, in-roster escalated <= 15%, should-escalate escalated >= 80%.\n"
+        "The labelled set was written before the roster; the roster was tuned on its non-holdout\n"
+        "lines only. The fresh set was written after the roster was frozen; its blind run gave\n"
+        "85.2% top-1 (23/27), 43.8% in-roster escalated, 75.0% (6/8) should-escalate escalated;\n"
+        "each lane's vocabulary was then widened once with general domain words, so the fresh\n"
+        "row above is no longer blind.\n"
     )
 
     big = generated_roster(1000)

@@ -97,7 +97,7 @@ class PositionIndex:
             if last and array:
                 index = self._array_tables.get(resolved, 0)
                 self._array_tables[resolved] = index + 1
-                self._mark(resolved, where, where)
+                self._mark(resolved, where, None)  # the array itself: its first header
                 resolved = (*resolved, index)
             elif resolved in self._array_tables:
                 resolved = (*resolved, self._array_tables[resolved] - 1)

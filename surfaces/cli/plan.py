@@ -73,7 +73,7 @@ def _print_problems(problems: list[PlanProblem], *, as_json: bool) -> None:
         print(json.dumps({"errors": [p.model_dump() for p in problems]}))
         return
     for problem in problems:
-        print(f"{problem.code}: {problem.message}")
+        print(problem.message)
 
 
 def _positive(text: str) -> int:

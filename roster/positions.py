@@ -11,6 +11,7 @@ its nearest enclosing key or header.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import re
 from dataclasses import dataclass
 
@@ -50,7 +51,10 @@ class PositionIndex:
         self.values: dict[FieldPath, Position] = {}
         self.keys: dict[FieldPath, Position] = {}
         self._array_tables: dict[FieldPath, int] = {}
-        self._scan()
+        # On a construct this scanner does not follow, keep what it found: lookups of the
+        # rest fall back to enclosing paths. Locating errors must never raise.
+        with contextlib.suppress(ValueError, IndexError):
+            self._scan()
 
     def locate(self, path: FieldPath, *, key: bool = False) -> Position:
         """The value's position (or the key's), else that of the nearest enclosing path."""

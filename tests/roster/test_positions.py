@@ -167,3 +167,15 @@ def test_every_leaf_is_located_at_its_value(data: dict[str, Any]) -> None:
         pos = index.values[path]
         char = lines[pos.line - 1][pos.column - 1]
         assert char in FIRST[type(value)], (path, value, pos, text)
+
+
+def test_escaped_keys_and_unusual_spacing() -> None:
+    text = '[ "t\\u0041" . sub ]\n"\\u0042" = 1\n[[ arr ]]\nx = 2\n'
+    assert tomllib.loads(text) == {"tA": {"sub": {"B": 1}}, "arr": [{"x": 2}]}
+    index = PositionIndex(text)
+    assert index.locate(("tA", "sub", "B")) == Position(2, 12)
+    assert index.locate(("arr", 0, "x")) == Position(4, 5)
+
+
+def test_the_scanner_never_raises_on_what_it_cannot_follow() -> None:
+    assert PositionIndex("a = [1,").locate(("a", 0)) == Position(1, 6)

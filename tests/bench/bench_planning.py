@@ -38,14 +38,21 @@ def generate(n: int = TASKS, seed: int = 1) -> str:
 
 
 def medians_ms(rows: list[tuple[str, Callable[[], object]]]) -> list[tuple[str, float]]:
-    """Round-robin over the rows, so noise from other processes lands on all of them alike."""
+    """Round-robin over the rows, so noise from other processes lands on all of them alike.
+
+    Like `timeit`, the collector is paused while a step runs: otherwise a full collection
+    that happens to fall inside a step (it walks every live object, i.e. both 10k plans)
+    is charged to whichever step was unlucky.
+    """
     times: list[list[float]] = [[] for _ in rows]
     for _ in range(RUNS):
         for i, (_, fn) in enumerate(rows):
             gc.collect()
+            gc.disable()
             start = time.perf_counter()
             fn()
             times[i].append(time.perf_counter() - start)
+            gc.enable()
     return [(name, statistics.median(t) * 1000) for (name, _), t in zip(rows, times, strict=True)]
 
 

@@ -1,0 +1,86 @@
+"""The ledger entry: its fields, its one-line canonical encoding and its identity (leaf hash)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from daemon.ledger.canonical import MAX_SAFE_INT, canonical_bytes
+from daemon.ledger.merkle import leaf_hash
+
+SafeInt = Annotated[int, Field(strict=True, ge=-MAX_SAFE_INT, le=MAX_SAFE_INT)]
+Seq = Annotated[int, Field(strict=True, ge=0, le=MAX_SAFE_INT)]
+Hex32 = Annotated[str, Field(strict=True, pattern=r"^[0-9a-f]{64}$")]
+
+VERSION = 1
+GENESIS_PREV = "0" * 64
+"""`prev` of entry 0: there is no earlier leaf."""
+
+
+class Entry(BaseModel):
+    """One ledger entry. `hash` (its RFC 9162 leaf hash) is derived, never part of the line."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    v: Annotated[int, Field(strict=True, ge=1, le=1)] = VERSION
+    seq: Seq
+    ts: Seq
+    actor: Annotated[str, Field(strict=True, min_length=1)]
+    kind: Annotated[str, Field(strict=True, min_length=1)]
+    run: Annotated[str, Field(strict=True)] | None = None
+    parent: Seq | None = None
+    body: Hex32 | None = None
+    prev: Hex32
+    hash: Hex32 = Field(exclude=True)
+
+    def fields(self) -> dict[str, Any]:
+        return self.model_dump()
+
+    def line(self) -> bytes:
+        """The entry's canonical JSON, exactly as stored (without the newline)."""
+        return canonical_bytes(self.model_dump())
+
+    @classmethod
+    def from_line(cls, line: bytes) -> Entry:
+        """Parse a stored line, insisting it is the canonical encoding of a valid entry."""
+        data = json.loads(line)
+        if not isinstance(data, dict):
+            raise ValueError("entry is not a JSON object")
+        entry = cls.model_validate({**data, "hash": leaf_hash(line).hex()})
+        if entry.line() != line:
+            raise ValueError("entry line is not canonical JSON")
+        return entry
+
+
+def encode_line(
+    *,
+    seq: int,
+    ts: int,
+    actor: str,
+    kind: str,
+    run: str | None,
+    parent: int | None,
+    body: str | None,
+    prev: str,
+) -> bytes:
+    """The canonical line for already-validated fields (the writer's hot path)."""
+    return canonical_bytes(
+        {
+            "v": VERSION,
+            "seq": seq,
+            "ts": ts,
+            "actor": actor,
+            "kind": kind,
+            "run": run,
+            "parent": parent,
+            "body": body,
+            "prev": prev,
+        }
+    )
+
+
+def entry_from_fields(fields: dict[str, Any], digest: bytes) -> Entry:
+    """Build an `Entry` from fields the writer produced itself (no re-validation)."""
+    return Entry.model_construct(**fields, hash=digest.hex())

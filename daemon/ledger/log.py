@@ -115,8 +115,9 @@ class _Stats:
 class Ledger:
     """Open with `await Ledger.open(state_dir)`; see the module doc for the on-disk contract."""
 
-    def __init__(self, state_dir: Path, readonly: bool) -> None:
+    def __init__(self, state_dir: Path, readonly: bool, tail_check: int = TAIL_CHECK) -> None:
         self.state_dir = state_dir
+        self._tail_check = tail_check
         self.dir = state_dir / "ledger"
         self.readonly = readonly
         self._lock_fd = -1
@@ -148,8 +149,10 @@ class Ledger:
         readonly: bool = False,
         *,
         checkpoint_interval: float | None = 60.0,
+        tail_check: int = TAIL_CHECK,
     ) -> Ledger:
-        ledger = cls(Path(state_dir), readonly)
+        """Recover and (unless read-only) lock. `tail_check`: indexed entries re-hashed."""
+        ledger = cls(Path(state_dir), readonly, tail_check)
         try:
             await asyncio.get_running_loop().run_in_executor(ledger._executor, ledger._open)
         except BaseException:
@@ -224,8 +227,8 @@ class Ledger:
         file_size = self._file_size()
         if n and tree.end(n - 1) > file_size:
             raise LedgerCorrupt(n - 1, "entries file is shorter than its index")
-        first = max(0, n - TAIL_CHECK)
-        if n:
+        first = max(0, n - self._tail_check)
+        if n > first:
             start, end = tree.end(first - 1), tree.end(n - 1)
             lines = os.pread(self._entries_fd, end - start, start).split(b"\n")[:-1]
             for i, line in enumerate(lines):

@@ -60,7 +60,7 @@ def vkey_string(name: str, public: bytes) -> str:
 def parse_vkey(vkey: str) -> tuple[str, bytes]:
     """(name, raw public key) from a verifier key string."""
     try:
-        name, hexid, b64 = vkey.strip().split("+")
+        name, hexid, b64 = vkey.strip().split("+", 2)
         raw = base64.b64decode(b64, validate=True)
     except ValueError as err:
         raise CheckpointError(f"bad verifier key: {err}") from err

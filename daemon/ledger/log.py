@@ -133,6 +133,7 @@ class Ledger:
         self._stats = _Stats()
         self._latest: Checkpoint | None = None
         self._signer: Signer | None = None
+        self._vkey: str | None = None
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
         self._writer: asyncio.Task[None] | None = None
@@ -192,7 +193,12 @@ class Ledger:
         if self._size:
             self._last_hash = self.tree.leaf(self._size - 1).hex()
             self._last_ts = self._read_entry(self._size - 1).ts
-        self._signer = Signer.load_or_create(self.dir, writable=not self.readonly)
+        if self.readonly:
+            vkey_path = self.dir / "checkpoint.vkey"
+            self._vkey = vkey_path.read_text().strip() if vkey_path.exists() else None
+        else:
+            self._signer = Signer.load_or_create(self.dir, writable=True)
+            self._vkey = self._signer.vkey if self._signer is not None else None
         self._latest = load_checkpoint(self.dir / "checkpoint")
         latest = self._latest
         if latest is not None:
@@ -577,7 +583,8 @@ class Ledger:
 
     @property
     def vkey(self) -> str | None:
-        return self._signer.vkey if self._signer is not None else None
+        """The checkpoint verifier key (C2SP vkey string), if the ledger has one."""
+        return self._vkey
 
     def latest_checkpoint(self) -> Checkpoint | None:
         return self._latest

@@ -660,6 +660,17 @@ class Ledger:
         await loop.run_in_executor(self._executor, self._release)
         self._executor.shutdown(wait=True)
 
+    async def abandon(self) -> None:
+        """Drop the handle as a crash would (no checkpoint, no derived sync); for tests."""
+        self._closed = True
+        for task in (self._ticker, self._writer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._release)
+        self._executor.shutdown(wait=True)
+
     def _release(self) -> None:
         with contextlib.suppress(AttributeError):
             self.tree.close()

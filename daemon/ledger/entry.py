@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from daemon.ledger.canonical import MAX_SAFE_INT, canonical_bytes
+from daemon.ledger.canonical import MAX_SAFE_INT, canonical_bytes, encode_string
 from daemon.ledger.merkle import leaf_hash
 
 SafeInt = Annotated[int, Field(strict=True, ge=-MAX_SAFE_INT, le=MAX_SAFE_INT)]
@@ -65,20 +65,19 @@ def encode_line(
     body: str | None,
     prev: str,
 ) -> bytes:
-    """The canonical line for already-validated fields (the writer's hot path)."""
-    return canonical_bytes(
-        {
-            "v": VERSION,
-            "seq": seq,
-            "ts": ts,
-            "actor": actor,
-            "kind": kind,
-            "run": run,
-            "parent": parent,
-            "body": body,
-            "prev": prev,
-        }
-    )
+    """The canonical line for already-validated fields (the writer's hot path).
+
+    Keys in sorted order, strings through the stdlib's own JSON string encoder: byte-equal to
+    `canonical_bytes(fields)` (a test holds it to that) at a fraction of its cost.
+    """
+    run_json = "null" if run is None else encode_string(run)
+    parent_json = "null" if parent is None else str(parent)
+    body_json = "null" if body is None else f'"{body}"'
+    return (
+        f'{{"actor":{encode_string(actor)},"body":{body_json},"kind":{encode_string(kind)},'
+        f'"parent":{parent_json},"prev":"{prev}","run":{run_json},"seq":{seq},"ts":{ts},'
+        f'"v":{VERSION}}}'
+    ).encode()
 
 
 def entry_from_fields(fields: dict[str, Any], digest: bytes) -> Entry:

@@ -33,9 +33,9 @@ from pydantic import BaseModel
 
 from daemon.errors import InvalidInput, NotFound
 from daemon.ledger.audit import VerifyReport, verify_files
-from daemon.ledger.canonical import NotCanonical, canonical_bytes, canonicalize
+from daemon.ledger.canonical import NotCanonical, canonical_bytes, canonicalize, check_text
 from daemon.ledger.checkpoint import Checkpoint, Signer, load_checkpoint, save_checkpoint
-from daemon.ledger.entry import GENESIS_PREV, Entry, entry_from_fields
+from daemon.ledger.entry import GENESIS_PREV, Entry, encode_line, entry_from_fields
 from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerLocked
 from daemon.ledger.merkle import consistency_path, inclusion_path, leaf_hash
 from daemon.ledger.store import (
@@ -319,15 +319,18 @@ class Ledger:
         ):
             raise InvalidInput(f"parent {parent!r} is not an existing seq")
         try:
-            canonicalize([actor, kind, run])
+            for text in (actor, kind, run):
+                if text is not None:
+                    check_text(text)
             data = None if body is None else canonicalize(body)
         except NotCanonical as err:
             raise InvalidInput(f"not storable in the ledger: {err}") from err
         future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
         digest = None if data is None else body_digest(data)
         self._queue.put_nowait(_Pending(actor, kind, run, parent, data, digest, future))
-        # Shielded: a cancelled caller must not lose (or un-acknowledge) a write in flight.
-        return await asyncio.shield(future)
+        # A cancelled caller cancels only its wait: the writer skips done futures and still
+        # commits the entry, so nothing acknowledged is ever undone.
+        return await future
 
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -370,6 +373,17 @@ class Ledger:
                 if not bodies.has_live(p.digest):
                     assert p.body is not None
                     bodies.stage(p.digest, p.body)
+            body_hex = None if p.digest is None else p.digest.hex()
+            line = encode_line(
+                seq=seq,
+                ts=ts,
+                actor=p.actor,
+                kind=p.kind,
+                run=p.run,
+                parent=p.parent,
+                body=body_hex,
+                prev=prev,
+            )
             fields = {
                 "v": 1,
                 "seq": seq,
@@ -378,10 +392,9 @@ class Ledger:
                 "kind": p.kind,
                 "run": p.run,
                 "parent": p.parent,
-                "body": None if p.digest is None else p.digest.hex(),
+                "body": body_hex,
                 "prev": prev,
             }
-            line = canonical_bytes(fields)
             digest = leaf_hash(line)
             end += len(line) + 1
             tree.append(digest, end)

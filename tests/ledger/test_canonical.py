@@ -65,3 +65,38 @@ def test_entry_model_refuses_floats_and_big_ints() -> None:
         Entry.model_validate({**base, "seq": 2**53})
     with pytest.raises(ValueError):
         Entry.from_line(b'{"actor":"a", "body":null}')
+
+
+@settings(max_examples=300)
+@given(
+    any_text.filter(bool),
+    any_text.filter(bool),
+    st.none() | any_text,
+    st.none() | st.integers(0, MAX_SAFE_INT),
+    st.integers(0, MAX_SAFE_INT),
+)
+def test_fast_line_encoder_equals_canonical(
+    actor: str, kind: str, run: str | None, parent: int | None, seq: int
+) -> None:
+    fields = {
+        "v": 1,
+        "seq": seq,
+        "ts": seq,
+        "actor": actor,
+        "kind": kind,
+        "run": run,
+        "parent": parent,
+        "body": GENESIS_PREV,
+        "prev": GENESIS_PREV,
+    }
+    line = encode_line(
+        seq=seq,
+        ts=seq,
+        actor=actor,
+        kind=kind,
+        run=run,
+        parent=parent,
+        body=GENESIS_PREV,
+        prev=GENESIS_PREV,
+    )
+    assert line == canonical_bytes(fields) == rfc8785.dumps(fields)  # type: ignore[arg-type]

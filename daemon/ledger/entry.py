@@ -81,5 +81,15 @@ def encode_line(
 
 
 def entry_from_fields(fields: dict[str, Any], digest: bytes) -> Entry:
-    """Build an `Entry` from fields the writer produced itself (no re-validation)."""
-    return Entry.model_construct(**fields, hash=digest.hex())
+    """Build an `Entry` from fields the writer produced itself (no re-validation).
+
+    What `model_construct` does, minus its per-field default handling: the writer's hot path
+    builds one per append and every field is already set and valid.
+    """
+    entry = Entry.__new__(Entry)
+    values = {**fields, "hash": digest.hex()}
+    object.__setattr__(entry, "__dict__", values)
+    object.__setattr__(entry, "__pydantic_fields_set__", set(values))
+    object.__setattr__(entry, "__pydantic_extra__", None)
+    object.__setattr__(entry, "__pydantic_private__", None)
+    return entry

@@ -179,10 +179,15 @@ class Tree:
             create_dir(self.dir)
         self.index = Column(root / "index.bin", INDEX_RECORD, writable, trusted)
         self.levels: list[Column] = [self.index]  # levels[0] is a view on the index
+        n = self.index.count
         level = 1
-        while trusted >> level:
-            self._open_level(level, trusted >> level)
+        while n >> level:
+            self._open_level(level, n >> level)
             level += 1
+        if any(column.count != n >> k for k, column in enumerate(self.levels)):
+            # A level file is missing or short: rebuild everything from the entries.
+            for column in self.levels:
+                column.truncate(0)
         self.frontier = self._load_frontier(self.size)
 
     def _open_level(self, level: int, trusted: int) -> Column:

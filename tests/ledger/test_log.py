@@ -288,3 +288,16 @@ async def test_fsync_failure_is_fatal(state_dir: Path, monkeypatch: pytest.Monke
     assert again.size in (1, 2)
     assert (await again.verify()).ok
     await again.close()
+
+
+async def test_a_missing_level_file_triggers_a_rebuild(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir)
+    await fill(ledger, 37)
+    root = ledger.root()
+    await ledger.close()
+    (state_dir / "ledger" / "tree" / "level-03.bin").unlink()
+    again = await Ledger.open(state_dir)
+    assert again.size == 37
+    assert again.root() == root
+    assert (await again.verify()).ok
+    await again.close()

@@ -1,0 +1,87 @@
+"""Canonical JSON for hashed ledger data.
+
+Hashed data is restricted to a JSON subset on which the stdlib encoder below is byte-equal to
+RFC 8785 (JCS): null, bool, str, int with |n| <= 2**53 - 1, list and dict with str keys. Floats
+are refused (JCS and Python format them differently), as are lone surrogates (not UTF-8
+encodable) and object keys outside the Basic Multilingual Plane (JCS orders keys by UTF-16 code
+units, Python by code points; the two orders only differ for such keys).
+"""
+
+from __future__ import annotations
+
+import json
+from json.encoder import encode_basestring as _encode_basestring
+from typing import Any, TypeAlias, cast
+
+JsonValue: TypeAlias = bool | int | str | list[Any] | dict[str, Any] | None
+
+MAX_SAFE_INT = 2**53 - 1
+
+
+class NotCanonical(ValueError):
+    """The value is outside the hashable JSON subset."""
+
+
+def check_json(value: object, path: str = "$") -> None:
+    """Raise `NotCanonical` naming the first offending place if `value` is outside the subset.
+
+    Dispatches on exact types (the append hot path); string contents are checked by
+    `canonicalize`, whose UTF-8 encode fails on lone surrogates.
+    """
+    t = type(value)
+    if t is str or t is bool or value is None:
+        return
+    if t is int:
+        if not -MAX_SAFE_INT <= value <= MAX_SAFE_INT:  # type: ignore[operator]
+            raise NotCanonical(f"{path}: integer {value} outside ±(2**53 - 1)")
+        return
+    if t is list:
+        for i, item in enumerate(cast("list[Any]", value)):
+            if type(item) is not str:
+                check_json(item, f"{path}[{i}]")
+        return
+    if t is dict:
+        for key, item in cast("dict[Any, Any]", value).items():
+            if type(key) is not str:
+                raise NotCanonical(f"{path}: object key {key!r} is not a string")
+            if not key.isascii() and any(ord(c) > 0xFFFF for c in key):
+                raise NotCanonical(f"{path}: object key {key!r} is outside the BMP")
+            if type(item) is not str:
+                check_json(item, f"{path}.{key}")
+        return
+    if isinstance(value, float):
+        raise NotCanonical(f"{path}: floats are not allowed in ledger data ({value!r})")
+    raise NotCanonical(f"{path}: {t.__name__} is not a JSON value (only exact JSON types)")
+
+
+def _check_text(text: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise NotCanonical(f"{path}: string holds a lone surrogate") from err
+
+
+def canonical_bytes(value: object) -> bytes:
+    """The canonical UTF-8 encoding of `value` (which must already pass `check_json`)."""
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def canonicalize(value: object) -> bytes:
+    """Check then encode: the one call for untrusted values."""
+    check_json(value)
+    try:
+        return canonical_bytes(value)
+    except UnicodeEncodeError as err:
+        raise NotCanonical("a string holds a lone surrogate") from err
+
+
+def check_text(text: str) -> None:
+    """A str field of an entry: it must be UTF-8 encodable."""
+    _check_text(text, "$")
+
+
+def encode_string(text: str) -> str:
+    """The canonical JSON form of one string (the same C encoder `json.dumps` uses)."""
+    return _encode_basestring(text)

@@ -1,0 +1,707 @@
+"""The ledger: an append-only JSONL log with group commit, recovery, proofs and checkpoints.
+
+Layout of `<state>/ledger/`: `entries.jsonl` (the record: one canonical entry per line),
+`bodies.pack` (content-addressed bodies), derived files (see `store`), `meta.json`,
+`checkpoint` (the latest signed note), `checkpoint.key` / `checkpoint.vkey`, `lock`.
+
+Durability invariant. A batch is committed as: pack records written, entry lines written, the
+pack fsynced, the entries fsynced; only then are the appenders' futures resolved. Because the two
+writes share one sync point, a crash may leave entry lines on disk whose bodies never reached
+the pack; such entries were never acknowledged (their batch's fsyncs had not both returned), and
+every later entry is in the same or a later batch, so recovery drops the tail from the first
+entry whose body record is missing. A body that was redacted keeps its (zeroed, flagged) record,
+so "missing" never means "redacted".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from daemon.errors import InvalidInput, NotFound
+from daemon.ledger.audit import VerifyReport, verify_files
+from daemon.ledger.canonical import NotCanonical, canonical_bytes, canonicalize, check_text
+from daemon.ledger.checkpoint import Checkpoint, Signer, load_checkpoint, save_checkpoint
+from daemon.ledger.entry import GENESIS_PREV, Entry, encode_line, entry_from_fields
+from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerLocked
+from daemon.ledger.merkle import consistency_path, inclusion_path, leaf_hash
+from daemon.ledger.store import (
+    BodyStore,
+    Tree,
+    body_digest,
+    create_dir,
+    open_append,
+    read_meta,
+    write_all,
+    write_atomic,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 1024
+MAX_BATCH_BYTES = 1 << 20
+SYNC_EVERY = 16384  # fsync the derived files at least this often (bounds recovery rescans)
+TAIL_CHECK = 1024  # on open, re-hash this many indexed entries at the end
+READ_CHUNK = 1 << 22
+FSYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+Subscriber = Callable[[list[Entry]], Any]
+
+
+class InclusionProof(BaseModel):
+    leaf_index: int
+    tree_size: int
+    root: str
+    path: list[str]
+
+
+class ConsistencyProof(BaseModel):
+    old_size: int
+    new_size: int
+    old_root: str
+    new_root: str
+    path: list[str]
+
+
+class LedgerStats(BaseModel):
+    """Counters for /metrics. `fsync_buckets` are cumulative (Prometheus `le` buckets)."""
+
+    appends: int = 0
+    batches: int = 0
+    fsync_count: int = 0
+    fsync_seconds_sum: float = 0.0
+    fsync_buckets: list[tuple[float, int]] = []
+    size: int = 0
+
+
+@dataclass
+class _Pending:
+    actor: str
+    kind: str
+    run: str | None
+    parent: int | None
+    body: bytes | None
+    digest: bytes | None
+    future: asyncio.Future[Entry]
+
+
+@dataclass
+class _Stats:
+    appends: int = 0
+    batches: int = 0
+    fsync_count: int = 0
+    fsync_sum: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(FSYNC_BUCKETS) + 1))
+
+    def observe(self, seconds: float) -> None:
+        self.fsync_count += 1
+        self.fsync_sum += seconds
+        self.buckets[bisect.bisect_left(FSYNC_BUCKETS, seconds)] += 1
+
+
+class Ledger:
+    """Open with `await Ledger.open(state_dir)`; see the module doc for the on-disk contract."""
+
+    def __init__(self, state_dir: Path, readonly: bool, tail_check: int = TAIL_CHECK) -> None:
+        self.state_dir = state_dir
+        self._tail_check = tail_check
+        self.dir = state_dir / "ledger"
+        self.readonly = readonly
+        self._lock_fd = -1
+        self._entries_fd = -1
+        self._entries_end = 0
+        self._size = 0  # committed and acknowledged-visible
+        self._last_hash = GENESIS_PREV
+        self._last_ts = 0
+        self._synced = 0
+        self._failed: LedgerFailed | None = None
+        self._closed = False
+        self._subscribers: list[Subscriber] = []
+        self._stats = _Stats()
+        self._latest: Checkpoint | None = None
+        self._signer: Signer | None = None
+        self._vkey: str | None = None
+        self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
+        self._writer: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self.tree: Tree
+        self.bodies: BodyStore
+
+    # ---- open / recovery ------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        state_dir: Path | str,
+        readonly: bool = False,
+        *,
+        checkpoint_interval: float | None = 60.0,
+        tail_check: int = TAIL_CHECK,
+    ) -> Ledger:
+        """Recover and (unless read-only) lock. `tail_check`: indexed entries re-hashed."""
+        ledger = cls(Path(state_dir), readonly, tail_check)
+        try:
+            await asyncio.get_running_loop().run_in_executor(ledger._executor, ledger._open)
+        except BaseException:
+            ledger._release()
+            raise
+        if not readonly:
+            ledger._writer = asyncio.create_task(ledger._write_loop(), name="ledger-writer")
+            if checkpoint_interval:
+                ledger._ticker = asyncio.create_task(
+                    ledger._tick(checkpoint_interval), name="ledger-checkpoints"
+                )
+        return ledger
+
+    def _open(self) -> None:
+        if self.readonly:
+            if not self.dir.is_dir():
+                raise NotFound(f"no ledger in {self.state_dir}")
+        else:
+            create_dir(self.dir)
+            self._take_lock()
+        meta = read_meta(self.dir / "meta.json")
+        trusted = int(meta.get("size", 0))
+        self.tree = Tree(self.dir, not self.readonly, trusted)
+        entries_path = self.dir / "entries.jsonl"
+        if self.readonly:
+            self._entries_fd = (
+                os.open(entries_path, os.O_RDONLY | os.O_CLOEXEC) if entries_path.exists() else -1
+            )
+        else:
+            self._entries_fd = open_append(entries_path)
+        self.bodies = BodyStore(
+            self.dir, not self.readonly, int(meta.get("pack", 0)), int(meta.get("bodies", 0))
+        )
+        self._recover()
+        self._size = self.tree.size
+        self._synced = min(trusted, self._size)
+        if self._size:
+            self._last_hash = self.tree.leaf(self._size - 1).hex()
+            self._last_ts = self._read_entry(self._size - 1).ts
+        if self.readonly:
+            vkey_path = self.dir / "checkpoint.vkey"
+            self._vkey = vkey_path.read_text().strip() if vkey_path.exists() else None
+        else:
+            self._signer = Signer.load_or_create(self.dir, writable=True)
+            self._vkey = self._signer.vkey if self._signer is not None else None
+        self._latest = load_checkpoint(self.dir / "checkpoint")
+        latest = self._latest
+        if latest is not None:
+            if latest.size > self._size:
+                raise LedgerCorrupt(
+                    self._size, f"checkpoint covers {latest.size} entries, only {self._size} remain"
+                )
+            if self.tree.root(latest.size).hex() != latest.root:
+                raise LedgerCorrupt(latest.size - 1, "tree differs from the latest checkpoint")
+
+    def _take_lock(self) -> None:
+        path = self.dir / "lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            pid = int(holder) if holder.isdigit() else None
+            raise LedgerLocked(str(self.state_dir), pid) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _file_size(self) -> int:
+        return os.fstat(self._entries_fd).st_size if self._entries_fd >= 0 else 0
+
+    def _recover(self) -> None:
+        """Check the indexed tail, then extend the index over the unindexed entries."""
+        tree = self.tree
+        n = tree.size
+        file_size = self._file_size()
+        if n and tree.end(n - 1) > file_size:
+            raise LedgerCorrupt(n - 1, "entries file is shorter than its index")
+        first = max(0, n - self._tail_check)
+        if n > first:
+            start, end = tree.end(first - 1), tree.end(n - 1)
+            lines = os.pread(self._entries_fd, end - start, start).split(b"\n")[:-1]
+            for i, line in enumerate(lines):
+                if leaf_hash(line) != tree.leaf(first + i):
+                    raise LedgerCorrupt(
+                        first + i, "entry bytes do not match the recorded leaf hash"
+                    )
+        offset = tree.end(n - 1)
+        prev = tree.leaf(n - 1).hex() if n else GENESIS_PREV
+        buf = b""
+        while True:
+            chunk = os.pread(self._entries_fd, READ_CHUNK, offset + len(buf))
+            if not chunk:
+                break
+            buf += chunk
+            lines = buf.split(b"\n")
+            buf = lines.pop()
+            for line in lines:
+                problem, missing_body = self._check_line(line, tree.size, prev)
+                if problem is not None:
+                    line_end = offset + len(line) + 1
+                    rest = file_size - line_end
+                    if missing_body or rest == 0 or _only_junk(self._entries_fd, line_end):
+                        self._truncate_entries(offset)
+                        return
+                    raise LedgerCorrupt(tree.size, problem)
+                digest = leaf_hash(line)
+                offset += len(line) + 1
+                tree.append(digest, offset)
+                prev = digest.hex()
+            tree.flush()
+        if buf:  # a torn last line
+            self._truncate_entries(offset)
+        tree.flush()
+
+    def _check_line(self, line: bytes, seq: int, prev: str) -> tuple[str | None, bool]:
+        try:
+            entry = Entry.from_line(line)
+        except ValueError as err:
+            return f"entry does not parse: {err}", False
+        if entry.seq != seq:
+            return f"expected seq {seq}, found {entry.seq}", False
+        if entry.prev != prev:
+            return "prev does not link to the previous entry", False
+        if entry.body is not None and self.bodies.locate(bytes.fromhex(entry.body)) is None:
+            return "body missing from the pack (unacknowledged tail)", True
+        return None, False
+
+    def _truncate_entries(self, offset: int) -> None:
+        if self.readonly:
+            return
+        log.warning("ledger: dropping a torn tail of %d bytes", self._file_size() - offset)
+        os.ftruncate(self._entries_fd, offset)
+        os.fsync(self._entries_fd)
+
+    # ---- appending ------------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    async def append(
+        self,
+        *,
+        actor: str,
+        kind: str,
+        body: Any = None,
+        run: str | None = None,
+        parent: int | None = None,
+    ) -> Entry:
+        """Append one entry; returns once it (and its body) are fsynced."""
+        if self._failed is not None:
+            raise self._failed
+        if self.readonly or self._closed:
+            raise LedgerFailed("the ledger is closed or read-only")
+        if not isinstance(actor, str) or not actor or not isinstance(kind, str) or not kind:
+            raise InvalidInput("actor and kind must be non-empty strings")
+        if run is not None and not isinstance(run, str):
+            raise InvalidInput("run must be a string or None")
+        if parent is not None and (
+            not isinstance(parent, int) or isinstance(parent, bool) or not 0 <= parent < self._size
+        ):
+            raise InvalidInput(f"parent {parent!r} is not an existing seq")
+        try:
+            for text in (actor, kind, run):
+                if text is not None:
+                    check_text(text)
+            data = None if body is None else canonicalize(body)
+        except NotCanonical as err:
+            raise InvalidInput(f"not storable in the ledger: {err}") from err
+        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
+        digest = None if data is None else body_digest(data)
+        self._queue.put_nowait(_Pending(actor, kind, run, parent, data, digest, future))
+        # A cancelled caller cancels only its wait: the writer skips done futures and still
+        # commits the entry, so nothing acknowledged is ever undone.
+        return await future
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await self._queue.get()
+            if first is None:
+                return
+            batch, size, stop = [first], len(first.body or b""), False
+            while len(batch) < MAX_BATCH and size < MAX_BATCH_BYTES and not self._queue.empty():
+                item = self._queue.get_nowait()
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+                size += len(item.body or b"")
+            try:
+                entries = await loop.run_in_executor(self._executor, self._commit, batch)
+            except Exception as err:
+                self._fail(err, batch)
+                return
+            self._size += len(entries)
+            for pending, entry in zip(batch, entries, strict=True):
+                if not pending.future.done():
+                    pending.future.set_result(entry)
+            self._notify(entries)
+            if stop:
+                return
+
+    def _commit(self, batch: list[_Pending]) -> list[Entry]:
+        """Writer thread: encode, write pack + entries, fsync both, extend the tree."""
+        tree, bodies = self.tree, self.bodies
+        seq, prev, end = tree.size, self._last_hash, self._entries_end_offset()
+        ts = max(time.time_ns() // 1000, self._last_ts)
+        lines: list[bytes] = []
+        entries: list[Entry] = []
+        staged: set[bytes] = set()
+        for p in batch:
+            if p.digest is not None and p.digest not in staged:
+                staged.add(p.digest)
+                if not bodies.has_live(p.digest):
+                    assert p.body is not None
+                    bodies.stage(p.digest, p.body)
+            body_hex = None if p.digest is None else p.digest.hex()
+            line = encode_line(
+                seq=seq,
+                ts=ts,
+                actor=p.actor,
+                kind=p.kind,
+                run=p.run,
+                parent=p.parent,
+                body=body_hex,
+                prev=prev,
+            )
+            fields = {
+                "v": 1,
+                "seq": seq,
+                "ts": ts,
+                "actor": p.actor,
+                "kind": p.kind,
+                "run": p.run,
+                "parent": p.parent,
+                "body": body_hex,
+                "prev": prev,
+            }
+            digest = leaf_hash(line)
+            end += len(line) + 1
+            tree.append(digest, end)
+            lines.append(line)
+            entries.append(entry_from_fields(fields, digest))
+            prev = digest.hex()
+            seq += 1
+        wrote_bodies = bool(bodies.pending)
+        bodies.write()
+        lines.append(b"")
+        write_all(self._entries_fd, b"\n".join(lines))
+        t0 = time.perf_counter()
+        if wrote_bodies:
+            bodies.sync_pack()
+        os.fsync(self._entries_fd)
+        self._stats.observe(time.perf_counter() - t0)
+        self._stats.appends += len(batch)
+        self._stats.batches += 1
+        self._entries_end, self._last_hash, self._last_ts = end, prev, ts
+        tree.flush()
+        if tree.size - self._synced >= SYNC_EVERY:
+            self._sync_derived()
+        return entries
+
+    def _entries_end_offset(self) -> int:
+        if self._entries_end == 0 and self.tree.size:
+            self._entries_end = self.tree.end(self.tree.size - 1)
+        return self._entries_end
+
+    def _sync_derived(self) -> None:
+        """Writer thread: fsync the derived files and record how far they can be trusted."""
+        self.tree.sync()
+        self.bodies.sync_table()
+        meta = {"size": self.tree.size, "pack": self.bodies.mark, "bodies": self.bodies.count}
+        write_atomic(self.dir / "meta.json", json.dumps(meta).encode())
+        self._synced = self.tree.size
+
+    def _fail(self, err: BaseException, batch: list[_Pending]) -> None:
+        log.critical("ledger: write or fsync failed, refusing further appends: %s", err)
+        self._failed = LedgerFailed(f"ledger write failed: {err}")
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not None:
+                batch.append(item)
+        for pending in batch:
+            if not pending.future.done():
+                pending.future.set_exception(self._failed)
+
+    def _notify(self, entries: list[Entry]) -> None:
+        for callback in list(self._subscribers):
+            try:
+                callback(entries)
+            except Exception:
+                log.exception("ledger subscriber failed")
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call `callback(entries)` on the loop after each committed batch."""
+        self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    # ---- redaction ------------------------------------------------------------------------
+
+    async def redact(self, body_hash: str, *, actor: str, reason: str) -> Entry:
+        """Witness the removal with a `redaction` entry, then zero the body in place."""
+        try:
+            digest = bytes.fromhex(body_hash)
+        except ValueError as err:
+            raise InvalidInput(f"not a body hash: {body_hash!r}") from err
+        where = self.bodies.locate(digest)
+        if where is None:
+            raise NotFound(f"no body {body_hash}")
+        entry = await self.append(
+            actor=actor, kind="redaction", body={"redacted": body_hash, "reason": reason}
+        )
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self.bodies.redact, digest)
+        except OSError as err:
+            self._failed = LedgerFailed(f"redaction write failed: {err}")
+            raise self._failed from err
+        return entry
+
+    # ---- reading --------------------------------------------------------------------------
+
+    def _read_entry(self, seq: int) -> Entry:
+        start, end = self.tree.span(seq)
+        return Entry.from_line(os.pread(self._entries_fd, end - start - 1, start))
+
+    async def get(self, seq: int) -> Entry:
+        if not 0 <= seq < self._size:
+            raise NotFound(f"no ledger entry {seq} (size {self._size})")
+        return self._read_entry(seq)
+
+    async def body(self, body_hash: str) -> Any:
+        """The body's JSON value, or None if it was redacted or is missing."""
+        try:
+            digest = bytes.fromhex(body_hash)
+        except ValueError:
+            return None
+        data, _ = self.bodies.read(digest)
+        if data is None or body_digest(data) != digest:
+            return None
+        return json.loads(data)
+
+    def body_state(self, body_hash: str) -> str:
+        """'present', 'redacted' or 'missing'."""
+        data, redacted = self.bodies.read(bytes.fromhex(body_hash))
+        return "redacted" if redacted else "missing" if data is None else "present"
+
+    async def entries(
+        self,
+        start: int = 0,
+        limit: int = 100,
+        kind: str | None = None,
+        run: str | None = None,
+        actor: str | None = None,
+    ) -> list[Entry]:
+        """Entries with seq >= start matching all given filters, at most `limit` of them."""
+        size = self._size
+        if limit <= 0 or start >= size:
+            return []
+        needles = [
+            f'"{key}":'.encode() + canonical_bytes(value) + b","
+            for key, value in (("kind", kind), ("run", run), ("actor", actor))
+            if value is not None
+        ]
+        return await asyncio.to_thread(self._scan, max(start, 0), size, limit, needles)
+
+    def _scan(self, start: int, size: int, limit: int, needles: list[bytes]) -> list[Entry]:
+        found: list[Entry] = []
+        seq = start
+        while seq < size and len(found) < limit:
+            stop = min(size, seq + 4096)
+            a, b = self.tree.end(seq - 1), self.tree.end(stop - 1)
+            lines = os.pread(self._entries_fd, b - a, a).split(b"\n")[:-1]
+            for line in lines:
+                if all(n in line for n in needles):
+                    found.append(Entry.from_line(line))
+                    if len(found) == limit:
+                        break
+            seq = stop
+        return found
+
+    async def causal_chain(self, seq: int) -> list[Entry]:
+        """The entry and its ancestors through `parent`, root first."""
+        chain = [await self.get(seq)]
+        while chain[-1].parent is not None:
+            chain.append(await self.get(chain[-1].parent))
+        chain.reverse()
+        return chain
+
+    async def verify(self, deep: bool = False) -> VerifyReport:
+        size = self._size
+        latest = self._latest
+        pinned = None
+        if latest is not None and latest.size <= size:
+            pinned = (latest.size, bytes.fromhex(latest.root))
+        return await asyncio.to_thread(
+            verify_files, self.dir / "entries.jsonl", self.tree, self.bodies, size, deep, pinned
+        )
+
+    def root(self, size: int | None = None) -> str:
+        size = self._size if size is None else size
+        if not 0 <= size <= self._size:
+            raise InvalidInput(f"tree size {size} is beyond the ledger's size {self._size}")
+        return self.tree.subtree(0, size).hex() if size else self.tree.root(0).hex()
+
+    def leaf_hash(self, seq: int) -> str:
+        return self.tree.leaf(seq).hex()
+
+    async def inclusion_proof(self, seq: int, size: int | None = None) -> InclusionProof:
+        size = self._size if size is None else size
+        if not 0 <= seq < size <= self._size:
+            raise InvalidInput(f"no inclusion proof for seq {seq} in a tree of size {size}")
+        path = inclusion_path(seq, size, self.tree.subtree)
+        return InclusionProof(
+            leaf_index=seq, tree_size=size, root=self.root(size), path=[p.hex() for p in path]
+        )
+
+    async def consistency_proof(self, old: int, new: int | None = None) -> ConsistencyProof:
+        new = self._size if new is None else new
+        if not 0 <= old <= new <= self._size:
+            raise InvalidInput(f"no consistency proof from size {old} to {new}")
+        path = consistency_path(old, new, self.tree.subtree)
+        return ConsistencyProof(
+            old_size=old,
+            new_size=new,
+            old_root=self.root(old),
+            new_root=self.root(new),
+            path=[p.hex() for p in path],
+        )
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    @property
+    def vkey(self) -> str | None:
+        """The checkpoint verifier key (C2SP vkey string), if the ledger has one."""
+        return self._vkey
+
+    def latest_checkpoint(self) -> Checkpoint | None:
+        return self._latest
+
+    async def checkpoint(self) -> Checkpoint:
+        """Sign and persist a checkpoint of everything committed so far."""
+        if self.readonly or self._signer is None:
+            raise LedgerFailed("checkpoints are written by the ledger's owner only")
+        if self._failed is not None:
+            raise self._failed
+        loop = asyncio.get_running_loop()
+        checkpoint = await loop.run_in_executor(self._executor, self._checkpoint)
+        self._latest = checkpoint
+        return checkpoint
+
+    def _checkpoint(self) -> Checkpoint:
+        assert self._signer is not None
+        self._sync_derived()
+        checkpoint = self._signer.sign(
+            self.tree.size, self.tree.root(), max(time.time_ns() // 1000, self._last_ts)
+        )
+        save_checkpoint(self.dir / "checkpoint", checkpoint)
+        return checkpoint
+
+    async def _tick(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            latest = self._latest
+            if self._failed is None and (latest is None or latest.size != self._size):
+                try:
+                    await self.checkpoint()
+                except Exception:
+                    log.exception("ledger: periodic checkpoint failed")
+
+    # ---- stats / close ----------------------------------------------------------------------
+
+    @property
+    def stats(self) -> LedgerStats:
+        s = self._stats
+        cumulative, total = [], 0
+        for bound, count in zip((*FSYNC_BUCKETS, float("inf")), s.buckets, strict=True):
+            total += count
+            cumulative.append((bound, total))
+        return LedgerStats(
+            appends=s.appends,
+            batches=s.batches,
+            fsync_count=s.fsync_count,
+            fsync_seconds_sum=s.fsync_sum,
+            fsync_buckets=cumulative,
+            size=self._size,
+        )
+
+    async def close(self) -> None:
+        """Finish queued appends, checkpoint, sync the derived files, release the lock."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        if self._writer is not None:
+            self._queue.put_nowait(None)
+            await self._writer
+        loop = asyncio.get_running_loop()
+        if not self.readonly and self._failed is None:
+            latest = self._latest
+            if latest is None or latest.size != self._size:
+                with contextlib.suppress(LedgerFailed):
+                    self._latest = await loop.run_in_executor(self._executor, self._checkpoint)
+            else:
+                await loop.run_in_executor(self._executor, self._sync_derived)
+        await loop.run_in_executor(self._executor, self._release)
+        self._executor.shutdown(wait=True)
+
+    async def abandon(self) -> None:
+        """Drop the handle as a crash would (no checkpoint, no derived sync); for tests."""
+        self._closed = True
+        for task in (self._ticker, self._writer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._release)
+        self._executor.shutdown(wait=True)
+
+    def _release(self) -> None:
+        with contextlib.suppress(AttributeError):
+            self.tree.close()
+        with contextlib.suppress(AttributeError):
+            self.bodies.close()
+        for fd in (self._entries_fd, self._lock_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._entries_fd = self._lock_fd = -1
+
+    async def __aenter__(self) -> Ledger:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _only_junk(fd: int, offset: int) -> bool:
+    """True if nothing after `offset` is a complete line (zero fill or a partial write)."""
+    rest = os.pread(fd, 1 << 20, offset)
+    return b"\n" not in rest.rstrip(b"\x00")

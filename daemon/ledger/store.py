@@ -1,0 +1,489 @@
+"""On-disk structures derived from the entries file, and the bodies pack.
+
+Derived files (rebuilt from the entries when missing, so they are caches, not the record):
+- `index.bin`: per entry 40 bytes, its leaf hash and the end offset of its line;
+- `tree/level-NN.bin`: per complete, aligned subtree of 2**NN leaves its 32-byte hash, so any
+  aligned subtree (and so any proof or root) costs O(log n) reads;
+- `bodies.idx`: an open-addressing hash table from body hash to its record in the pack.
+They are written after the entries' fsync and fsynced only at `sync` (checkpoints, close, every
+`SYNC_EVERY` entries); `meta.json` names how far they were fsynced, and open trusts them up to
+there and recomputes the rest from the entries / pack tail. Nothing is held per entry in memory:
+records are read with `pread` (a read-only opener keeps its recomputed tail in memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import struct
+import threading
+from pathlib import Path
+from typing import Any
+
+from daemon.ledger.merkle import EMPTY_ROOT, Frontier, node_hash, split_point
+
+INDEX_RECORD = 40
+NODE_RECORD = 32
+_END = struct.Struct("<Q")
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def create_dir(path: Path) -> None:
+    """mkdir + fsync of the parent, so the new directory survives power loss."""
+    if not path.exists():
+        path.mkdir(mode=0o700, parents=True)
+        fsync_dir(path.parent)
+
+
+def open_append(path: Path, append: bool = True) -> int:
+    """Open for writing, fsyncing the file and its directory if it had to be created.
+
+    Files that are also patched in place must not be O_APPEND: Linux pwrite appends there.
+    """
+    existed = path.exists()
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if append else 0)
+    fd = os.open(path, flags, 0o600)
+    if not existed:
+        os.fsync(fd)
+        fsync_dir(path.parent)
+    return fd
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
+def pread_exact(fd: int, size: int, offset: int) -> bytes:
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise OSError(f"short read at {offset}: wanted {size}, got {len(data)}")
+    return data
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write a small file so a crash leaves either the old or the new content."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+class Column:
+    """A file of fixed-size records; records not yet on disk live in `mem`."""
+
+    def __init__(self, path: Path, record: int, writable: bool, trusted: int) -> None:
+        self.path = path
+        self.record = record
+        self.writable = writable
+        self.mem = bytearray()
+        self.fd: int | None = None
+        if writable:
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        elif path.exists():
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        on_disk = os.fstat(self.fd).st_size // record if self.fd is not None else 0
+        self.disk = min(on_disk, trusted)
+        if writable and on_disk != self.disk:
+            os.ftruncate(self.fd, self.disk * record)  # type: ignore[arg-type]
+
+    @property
+    def count(self) -> int:
+        return self.disk + len(self.mem) // self.record
+
+    def read(self, i: int) -> bytes:
+        if i < self.disk:
+            assert self.fd is not None
+            return pread_exact(self.fd, self.record, i * self.record)
+        at = (i - self.disk) * self.record
+        if not 0 <= at < len(self.mem):
+            raise IndexError(i)
+        return bytes(self.mem[at : at + self.record])
+
+    def read_range(self, start: int, stop: int) -> bytes:
+        """Records [start, stop) as one bytes object (used by scans)."""
+        parts = []
+        if start < self.disk:
+            assert self.fd is not None
+            end = min(stop, self.disk)
+            parts.append(pread_exact(self.fd, (end - start) * self.record, start * self.record))
+            start = end
+        if start < stop:
+            a, b = (start - self.disk) * self.record, (stop - self.disk) * self.record
+            parts.append(bytes(self.mem[a:b]))
+        return b"".join(parts)
+
+    def append(self, data: bytes) -> None:
+        self.mem += data
+
+    def flush(self) -> None:
+        if self.writable and self.mem:
+            assert self.fd is not None
+            pwrite_all(self.fd, self.mem, self.disk * self.record)
+            self.disk += len(self.mem) // self.record
+            self.mem.clear()
+
+    def truncate(self, n: int) -> None:
+        if n >= self.count:
+            return
+        if n >= self.disk:
+            del self.mem[(n - self.disk) * self.record :]
+            return
+        self.mem.clear()
+        self.disk = n
+        if self.writable:
+            assert self.fd is not None
+            os.ftruncate(self.fd, n * self.record)
+
+    def sync(self) -> None:
+        if self.writable and self.fd is not None:
+            os.fsync(self.fd)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Tree:
+    """Leaf index + per-level complete-subtree hashes + the in-memory frontier."""
+
+    def __init__(self, root: Path, writable: bool, trusted: int) -> None:
+        self.dir = root / "tree"
+        self.writable = writable
+        if writable:
+            create_dir(self.dir)
+        self.index = Column(root / "index.bin", INDEX_RECORD, writable, trusted)
+        self.levels: list[Column] = [self.index]  # levels[0] is a view on the index
+        n = self.index.count
+        level = 1
+        while n >> level:
+            self._open_level(level, n >> level)
+            level += 1
+        if any(column.count != n >> k for k, column in enumerate(self.levels)):
+            # A level file is missing or short: rebuild everything from the entries.
+            for column in self.levels:
+                column.truncate(0)
+        self.frontier = self._load_frontier(self.size)
+
+    def _open_level(self, level: int, trusted: int) -> Column:
+        column = Column(self.dir / f"level-{level:02d}.bin", NODE_RECORD, self.writable, trusted)
+        self.levels.append(column)
+        return column
+
+    @property
+    def size(self) -> int:
+        return self.index.count
+
+    def leaf(self, i: int) -> bytes:
+        return self.index.read(i)[:32]
+
+    def end(self, i: int) -> int:
+        """End offset (after the newline) of entry i's line; 0 for i = -1."""
+        if i < 0:
+            return 0
+        return int(_END.unpack_from(self.index.read(i), 32)[0])
+
+    def span(self, i: int) -> tuple[int, int]:
+        return self.end(i - 1), self.end(i)
+
+    def node(self, level: int, i: int) -> bytes:
+        if level == 0:
+            return self.leaf(i)
+        return self.levels[level].read(i)
+
+    def subtree(self, start: int, end: int) -> bytes:
+        n = end - start
+        if n & (n - 1) == 0 and start % n == 0:
+            return self.node(n.bit_length() - 1, start // n)
+        k = split_point(n)
+        return node_hash(self.subtree(start, start + k), self.subtree(start + k, end))
+
+    def root(self, size: int | None = None) -> bytes:
+        size = self.size if size is None else size
+        if size == self.size:
+            return self.frontier.root()
+        return self.subtree(0, size) if size else EMPTY_ROOT
+
+    def _load_frontier(self, size: int) -> Frontier:
+        nodes, start = [], 0
+        for level in range(size.bit_length() - 1, -1, -1):
+            if size >> level & 1:
+                nodes.append(self.node(level, start >> level))
+                start += 1 << level
+        return Frontier(size, nodes)
+
+    def append(self, leaf: bytes, end: int) -> None:
+        for level, _, digest in self.frontier.push(leaf):
+            if level == 0:
+                self.index.append(leaf + _END.pack(end))
+            else:
+                column = self.levels[level] if level < len(self.levels) else None
+                if column is None:
+                    column = self._open_level(level, 0)
+                column.append(digest)
+
+    def flush(self) -> None:
+        for column in self.levels:
+            column.flush()
+
+    def truncate(self, n: int) -> None:
+        for level, column in enumerate(self.levels):
+            column.truncate(n >> level)
+        self.frontier = self._load_frontier(n)
+
+    def sync(self) -> None:
+        self.flush()
+        for column in self.levels:
+            column.sync()
+
+    def close(self) -> None:
+        for column in self.levels:
+            column.close()
+
+
+# ---- bodies ---------------------------------------------------------------------------------
+
+PACK_HEADER = struct.Struct("<32sII")  # body hash, length, flags
+REDACTED = 1
+_SLOT = struct.Struct("<QQ")  # hash prefix, pack offset + 1 (0 = empty)
+INITIAL_SLOTS = 1 << 14
+
+
+class BodyStore:
+    """Content-addressed bodies: an append-only pack plus a hash table over it.
+
+    Pack record: 32-byte SHA-256 of the body's canonical JSON, u32 length, u32 flags, the bytes.
+    Redaction zeroes the bytes in place and sets the REDACTED flag, so the record (and the fact
+    that a body existed) stays while its content is gone.
+    """
+
+    def __init__(self, root: Path, writable: bool, table_mark: int, table_count: int) -> None:
+        self.writable = writable
+        self.lock = threading.Lock()
+        pack_path, self.table_path = root / "bodies.pack", root / "bodies.idx"
+        if writable:
+            self.pack = open_append(pack_path, append=False)
+        elif pack_path.exists():
+            self.pack = os.open(pack_path, os.O_RDONLY | os.O_CLOEXEC)
+        else:
+            self.pack = -1
+        self.pack_size = os.fstat(self.pack).st_size if self.pack >= 0 else 0
+        self.extra: dict[bytes, list[int]] = {}  # read-only opener: records past the table
+        self.table = -1
+        self.slots = 0
+        self.count = table_count
+        mark = table_mark
+        if self.table_path.exists():
+            flags = os.O_RDWR if writable else os.O_RDONLY
+            self.table = os.open(self.table_path, flags | os.O_CLOEXEC)
+            self.slots = os.fstat(self.table).st_size // _SLOT.size
+        if self.slots == 0 or self.slots & (self.slots - 1) or mark > self.pack_size:
+            mark, self.count = 0, 0
+            if writable:
+                self._new_table(INITIAL_SLOTS)
+            else:
+                self.table, self.slots = -1, 0
+        self.mark = mark
+        self.pending = bytearray()
+        self._scan_tail(mark)
+
+    # -- table --
+    def _new_table(self, slots: int) -> None:
+        if self.table >= 0:
+            os.close(self.table)
+        fd = os.open(self.table_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        os.ftruncate(fd, slots * _SLOT.size)
+        self.table, self.slots, self.count = fd, slots, 0
+
+    def _probe(self, digest: bytes) -> tuple[int, int]:
+        prefix = int.from_bytes(digest[:8], "little") or 1
+        return prefix, prefix & (self.slots - 1)
+
+    def _table_offsets(self, digest: bytes) -> list[int]:
+        if self.table < 0:
+            return []
+        prefix, i = self._probe(digest)
+        found: list[int] = []
+        while True:
+            key, off = _SLOT.unpack(os.pread(self.table, _SLOT.size, i * _SLOT.size))
+            if off == 0:
+                return found
+            if key == prefix:
+                found.append(off - 1)
+            i = (i + 1) & (self.slots - 1)
+
+    def _insert(self, digest: bytes, offset: int) -> None:
+        if not self.writable:
+            self.extra.setdefault(digest, []).append(offset)
+            return
+        if (self.count + 1) * 2 > self.slots:
+            self._grow()
+        prefix, i = self._probe(digest)
+        while True:
+            key, off = _SLOT.unpack(os.pread(self.table, _SLOT.size, i * _SLOT.size))
+            if off == 0:
+                os.pwrite(self.table, _SLOT.pack(prefix, offset + 1), i * _SLOT.size)
+                self.count += 1
+                return
+            if key == prefix and off - 1 == offset:
+                return  # already there (written before a crash)
+            i = (i + 1) & (self.slots - 1)
+
+    def _grow(self) -> None:
+        old, old_slots = self.table, self.slots
+        data = pread_exact(old, old_slots * _SLOT.size, 0)
+        self.table = -1
+        tmp = self.table_path.with_name("bodies.idx.tmp")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        os.ftruncate(fd, old_slots * 2 * _SLOT.size)
+        self.table, self.slots, self.count = fd, old_slots * 2, 0
+        for key, off in _SLOT.iter_unpack(data):
+            if off:
+                i = key & (self.slots - 1)
+                while os.pread(fd, _SLOT.size, i * _SLOT.size) != bytes(_SLOT.size):
+                    i = (i + 1) & (self.slots - 1)
+                os.pwrite(fd, _SLOT.pack(key, off), i * _SLOT.size)
+                self.count += 1
+        os.fsync(fd)
+        os.replace(tmp, self.table_path)
+        os.close(old)
+
+    def _scan_tail(self, start: int) -> None:
+        """Index pack records from `start`; drop (or ignore, read-only) a torn last record."""
+        offset = start
+        while offset + PACK_HEADER.size <= self.pack_size:
+            digest, length, _ = PACK_HEADER.unpack(pread_exact(self.pack, PACK_HEADER.size, offset))
+            if offset + PACK_HEADER.size + length > self.pack_size:
+                break
+            self._insert(digest, offset)
+            offset += PACK_HEADER.size + length
+        if offset != self.pack_size:
+            if self.writable:
+                os.ftruncate(self.pack, offset)
+                os.fsync(self.pack)
+            self.pack_size = offset
+
+    # -- records --
+    def locate(self, digest: bytes) -> tuple[int, int, int] | None:
+        """(offset, length, flags) of the newest record of this body, or None."""
+        with self.lock:
+            best: tuple[int, int, int] | None = None
+            for off in self._table_offsets(digest) + self.extra.get(digest, []):
+                if off + PACK_HEADER.size > self.pack_size:
+                    continue
+                h, length, flags = PACK_HEADER.unpack(pread_exact(self.pack, PACK_HEADER.size, off))
+                if h == digest and (best is None or off > best[0]):
+                    best = (off, length, flags)
+            return best
+
+    def read(self, digest: bytes) -> tuple[bytes | None, bool]:
+        """(bytes, redacted): bytes None when missing or redacted."""
+        where = self.locate(digest)
+        if where is None:
+            return None, False
+        off, length, flags = where
+        if flags & REDACTED:
+            return None, True
+        return pread_exact(self.pack, length, off + PACK_HEADER.size), False
+
+    def has_live(self, digest: bytes) -> bool:
+        where = self.locate(digest)
+        return where is not None and not where[2] & REDACTED
+
+    def stage(self, digest: bytes, data: bytes) -> None:
+        """Queue a record for the next `write` (the writer thread only)."""
+        self.pending += PACK_HEADER.pack(digest, len(data), 0) + data
+
+    def write(self) -> None:
+        """Append the staged records (not fsynced: the caller syncs with the entries)."""
+        if not self.pending:
+            return
+        start = self.pack_size
+        pwrite_all(self.pack, self.pending, start)
+        self.pack_size += len(self.pending)
+        staged, self.pending = self.pending, bytearray()
+        with self.lock:
+            offset = start
+            while offset < self.pack_size:
+                digest, length, _ = PACK_HEADER.unpack_from(staged, offset - start)
+                self._insert(digest, offset)
+                offset += PACK_HEADER.size + length
+
+    def truncate(self, size: int) -> None:
+        """Drop records from `size` on (a recovery of an un-acknowledged tail)."""
+        if self.writable and size < self.pack_size:
+            os.ftruncate(self.pack, size)
+            os.fsync(self.pack)
+        self.pack_size = min(self.pack_size, size)
+
+    def redact(self, digest: bytes) -> bool:
+        """Zero every live copy of this body in place and flag it; fsync. False if none."""
+        done = False
+        with self.lock:
+            offsets = self._table_offsets(digest) + self.extra.get(digest, [])
+            for off in offsets:
+                if off + PACK_HEADER.size > self.pack_size:
+                    continue
+                h, length, flags = PACK_HEADER.unpack(pread_exact(self.pack, PACK_HEADER.size, off))
+                if h != digest or flags & REDACTED:
+                    continue
+                pwrite_all(self.pack, bytes(length), off + PACK_HEADER.size)
+                os.pwrite(self.pack, PACK_HEADER.pack(h, length, flags | REDACTED), off)
+                done = True
+            if done:
+                os.fsync(self.pack)
+        return done
+
+    def sync_pack(self) -> None:
+        os.fsync(self.pack)
+
+    def sync_table(self) -> None:
+        if self.writable and self.table >= 0:
+            os.fsync(self.table)
+        self.mark = self.pack_size
+
+    def close(self) -> None:
+        for fd in (self.pack, self.table):
+            if fd >= 0:
+                os.close(fd)
+        self.pack = self.table = -1
+
+
+def body_digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+# ---- meta -----------------------------------------------------------------------------------
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        data = json.loads(path.read_bytes())
+        if isinstance(data, dict):
+            return data
+    return {}

@@ -1,0 +1,206 @@
+"""Ledger benchmark: durable appends beside two raw-disk references, verify, open, RSS, proofs.
+
+All numbers come from one run on one disk (a temp dir; set TALLY_BENCH_DIR to pick the disk).
+Appends are medians of interleaved rounds so the references see the same disk weather.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from daemon.ledger import Ledger
+from daemon.ledger.bulk import build
+from daemon.ledger.merkle import verify_consistency, verify_inclusion
+
+ROUNDS = 3
+LINE = b'{"k":"' + b"x" * 290 + b'"}\n'  # ~300-byte records, as in the notes' measurements
+APPENDS = {1: 200, 8: 2000, 64: 16000}
+
+
+def plain_fsync_loop(base: Path, n: int = 200) -> float:
+    """Reference (a): one write + one fsync per record."""
+    path = base / "plain.jsonl"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        os.write(fd, LINE)
+        os.fsync(fd)
+    rate = n / (time.perf_counter() - t0)
+    os.close(fd)
+    path.unlink()
+    return rate
+
+
+def group_commit_loop(base: Path, batches: int = 250, per: int = 64) -> float:
+    """Reference (b): 64 records per write + fsync, no Python machinery around it."""
+    path = base / "group.jsonl"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    chunk = LINE * per
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        os.write(fd, chunk)
+        os.fsync(fd)
+    rate = batches * per / (time.perf_counter() - t0)
+    os.close(fd)
+    path.unlink()
+    return rate
+
+
+async def durable_appends(base: Path, concurrency: int, total: int) -> float:
+    state = Path(tempfile.mkdtemp(dir=base))
+    ledger = await Ledger.open(state, checkpoint_interval=None)
+    per = total // concurrency
+
+    async def appender(k: int) -> None:
+        for i in range(per):
+            await ledger.append(actor=f"a{k}", kind="bench", body={"i": i, "k": k, "t": "y" * 100})
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(appender(k) for k in range(concurrency)))
+    rate = per * concurrency / (time.perf_counter() - t0)
+    await ledger.close()
+    shutil.rmtree(state)
+    return rate
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def median_time(fn: Callable[[], object], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+async def big_ledger(base: Path, n: int, full: bool) -> dict[str, float]:
+    state = base / f"big-{n}"
+    t0 = time.perf_counter()
+    build(state, n)
+    out = {"build_s": time.perf_counter() - t0}
+    warm = await Ledger.open(state, checkpoint_interval=None)  # creates the key, checkpoints
+    await warm.close()
+    verify_times = []
+    opens = []
+    for _ in range(3 if full else 1):
+        before = rss_bytes()
+        t0 = time.perf_counter()
+        ledger = await Ledger.open(state, checkpoint_interval=None)
+        opens.append(time.perf_counter() - t0)
+        out["rss_per_entry"] = (rss_bytes() - before) / n
+        t0 = time.perf_counter()
+        report = await ledger.verify()
+        verify_times.append(time.perf_counter() - t0)
+        assert report.ok, report
+        out["rss_after_verify_per_entry"] = (rss_bytes() - before) / n
+        if full:
+            out.update(await proof_times(ledger, n))
+        await ledger.close()
+        if not full:
+            break
+    out["verify_eps"] = n / statistics.median(verify_times)
+    out["open_s"] = statistics.median(opens)
+    shutil.rmtree(state)
+    return out
+
+
+async def proof_times(ledger: Ledger, n: int) -> dict[str, float]:
+    rng = random.Random(7)
+    inc, con = [], []
+    root = bytes.fromhex(ledger.root())
+    for _ in range(200):
+        seq = rng.randrange(n)
+        t0 = time.perf_counter()
+        proof = await ledger.inclusion_proof(seq)
+        inc.append(time.perf_counter() - t0)
+        path = [bytes.fromhex(p) for p in proof.path]
+        assert verify_inclusion(seq, n, bytes.fromhex(ledger.leaf_hash(seq)), path, root)
+        old = rng.randrange(1, n)
+        t0 = time.perf_counter()
+        cons = await ledger.consistency_proof(old)
+        con.append(time.perf_counter() - t0)
+        cpath = [bytes.fromhex(p) for p in cons.path]
+        assert verify_consistency(old, n, bytes.fromhex(cons.old_root), root, cpath)
+    return {
+        "inclusion_ms": statistics.median(inc) * 1e3,
+        "consistency_ms": statistics.median(con) * 1e3,
+    }
+
+
+def main() -> None:
+    base = Path(tempfile.mkdtemp(prefix="tally-bench-", dir=os.environ.get("TALLY_BENCH_DIR")))
+    try:
+        plain, group = [], []
+        durable: dict[int, list[float]] = {c: [] for c in APPENDS}
+        for _ in range(ROUNDS):
+            plain.append(plain_fsync_loop(base))
+            group.append(group_commit_loop(base))
+            for c, total in APPENDS.items():
+                durable[c].append(asyncio.run(durable_appends(base, c, total)))
+        small = asyncio.run(big_ledger(base, 100_000, full=False))
+        large = asyncio.run(big_ledger(base, 1_000_000, full=True))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    g = statistics.median(group)
+    p = statistics.median(plain)
+    rows = [
+        ("ref (a): write + fsync per record", f"{p:,.0f} appends/s", "", ""),
+        ("ref (b): bare group commit, 64 per fsync", f"{g:,.0f} appends/s", "1.00 × (b)", ""),
+    ]
+    targets = {64: "≥ 10,000/s and ≥ 0.5 × (b)"}
+    for c in APPENDS:
+        d = statistics.median(durable[c])
+        rows.append(
+            (
+                f"ledger.append, {c} concurrent",
+                f"{d:,.0f} appends/s",
+                f"{d / g:.2f} × (b)",
+                targets.get(c, ""),
+            )
+        )
+    rows += [
+        (
+            "verify 100k (chain + Merkle root)",
+            f"{small['verify_eps']:,.0f} entries/s",
+            "",
+            "≥ 400,000/s",
+        ),
+        (
+            "verify 1M (chain + Merkle root)",
+            f"{large['verify_eps']:,.0f} entries/s",
+            "",
+            "≥ 400,000/s",
+        ),
+        ("open (recovery) 1M", f"{large['open_s'] * 1e3:.1f} ms", "", "≤ 500 ms"),
+        ("RSS growth held open, 1M", f"{large['rss_per_entry']:.2f} B/entry", "", "≤ 64 B"),
+        (
+            "RSS growth after a full verify, 1M",
+            f"{large['rss_after_verify_per_entry']:.2f} B/entry",
+            "",
+            "",
+        ),
+        ("inclusion proof at 1M (median)", f"{large['inclusion_ms']:.3f} ms", "", "≤ 5 ms"),
+        ("consistency proof at 1M (median)", f"{large['consistency_ms']:.3f} ms", "", "≤ 5 ms"),
+        ("bulk build 1M (fixture, 1 fsync)", f"{large['build_s']:.1f} s", "", ""),
+    ]
+    print(f"medians of {ROUNDS} interleaved rounds; append counts {APPENDS}\n")
+    print("| measure | result | ratio | target |")
+    print("|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from daemon.errors import InvalidInput, NotFound
+from daemon.ledger import (
+    Entry,
+    Ledger,
+    LedgerCorrupt,
+    LedgerFailed,
+    LedgerLocked,
+    verify_note,
+)
+from daemon.ledger.merkle import verify_consistency, verify_inclusion
+
+
+async def fill(ledger: Ledger, n: int, bodies: bool = True) -> list[Entry]:
+    return list(
+        await asyncio.gather(
+            *(
+                ledger.append(actor="t", kind="note", body={"i": i} if bodies else None)
+                for i in range(n)
+            )
+        )
+    )
+
+
+def entries_path(state_dir: Path) -> Path:
+    return state_dir / "ledger" / "entries.jsonl"
+
+
+async def test_append_get_and_reopen(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir)
+    first = await ledger.append(actor="a", kind="note", body={"k": 1}, run="r1")
+    second = await ledger.append(actor="b", kind="reply", body=None, run="r1", parent=first.seq)
+    assert (first.seq, second.seq, second.prev) == (0, 1, first.hash)
+    assert await ledger.get(1) == second
+    assert await ledger.body(first.body or "") == {"k": 1}
+    assert [e.seq for e in await ledger.causal_chain(1)] == [0, 1]
+    await ledger.close()
+    lines = entries_path(state_dir).read_bytes().split(b"\n")
+    assert lines[0] == first.line()
+    assert lines[1] == second.line()
+    assert lines[2] == b""
+    again = await Ledger.open(state_dir)
+    assert again.size == 2
+    assert await again.get(0) == first
+    third = await again.append(actor="c", kind="note")
+    assert third.prev == second.hash
+    await again.close()
+
+
+async def test_appends_are_group_committed(state_dir: Path) -> None:
+    async with await Ledger.open(state_dir) as ledger:
+        entries = await fill(ledger, 300)
+        assert [e.seq for e in entries] == list(range(300))
+        stats = ledger.stats
+        assert stats.appends == 300
+        assert stats.batches < 300
+        assert stats.fsync_count == stats.batches
+        assert stats.fsync_buckets[-1][1] == stats.batches
+
+
+async def test_rejects_bad_input(state_dir: Path) -> None:
+    async with await Ledger.open(state_dir) as ledger:
+        with pytest.raises(InvalidInput):
+            await ledger.append(actor="a", kind="k", body={"x": 1.5})
+        with pytest.raises(InvalidInput):
+            await ledger.append(actor="a", kind="k", body=2**60)
+        with pytest.raises(InvalidInput):
+            await ledger.append(actor="a", kind="k", parent=3)
+        with pytest.raises(NotFound):
+            await ledger.get(0)
+
+
+async def test_filters_and_subscribe(state_dir: Path) -> None:
+    async with await Ledger.open(state_dir) as ledger:
+        seen: list[int] = []
+        unsubscribe = ledger.subscribe(lambda batch: seen.extend(e.seq for e in batch))
+        for i in range(10):
+            await ledger.append(actor=f"a{i % 2}", kind="x" if i % 3 else "y", run=f"r{i % 2}")
+        unsubscribe()
+        await ledger.append(actor="z", kind="x")
+        assert seen == list(range(10))
+        got = await ledger.entries(kind="y", run="r0")
+        assert [e.seq for e in got] == [0, 6]
+        assert [e.seq for e in await ledger.entries(start=5, limit=2, actor="a1")] == [5, 7]
+
+
+async def test_proofs_from_the_ledger(state_dir: Path) -> None:
+    async with await Ledger.open(state_dir) as ledger:
+        entries = await fill(ledger, 77)
+        proof = await ledger.inclusion_proof(13, size=50)
+        ok = verify_inclusion(
+            13,
+            50,
+            bytes.fromhex(entries[13].hash),
+            [bytes.fromhex(p) for p in proof.path],
+            bytes.fromhex(proof.root),
+        )
+        assert ok
+        cons = await ledger.consistency_proof(21)
+        assert cons.new_size == 77
+        assert verify_consistency(
+            21,
+            77,
+            bytes.fromhex(cons.old_root),
+            bytes.fromhex(cons.new_root),
+            [bytes.fromhex(p) for p in cons.path],
+        )
+
+
+async def test_checkpoint_is_signed_and_verifiable(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir)
+    await fill(ledger, 5)
+    checkpoint = await ledger.checkpoint()
+    assert checkpoint.size == 5
+    assert checkpoint.root == ledger.root()
+    key = state_dir / "ledger" / "checkpoint.key"
+    assert key.stat().st_mode & 0o777 == 0o600
+    vkey = (state_dir / "ledger" / "checkpoint.vkey").read_text()
+    assert verify_note(checkpoint.note, vkey).size == 5
+    lines = checkpoint.note.split("\n")
+    assert lines[1] == "5"
+    assert lines[3].startswith("time ")
+    assert lines[5].startswith("— ")
+    await ledger.append(actor="a", kind="k")
+    await ledger.close()  # checkpoints on close
+    again = await Ledger.open(state_dir, readonly=True)
+    latest = again.latest_checkpoint()
+    assert latest is not None
+    assert latest.size == 6
+    tampered = checkpoint.note.replace("\n5\n", "\n4\n")
+    with pytest.raises(ValueError):
+        verify_note(tampered, vkey)
+    await again.close()
+
+
+async def test_periodic_checkpoint(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir, checkpoint_interval=0.05)
+    await fill(ledger, 3)
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        latest = ledger.latest_checkpoint()
+        if latest is not None and latest.size == 3:
+            break
+    assert ledger.latest_checkpoint() is not None
+    await ledger.close()
+
+
+async def test_two_openers(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir)
+    with pytest.raises(LedgerLocked) as err:
+        await Ledger.open(state_dir)
+    assert str(os.getpid()) in str(err.value)
+    reader = await Ledger.open(state_dir, readonly=True)  # offline readers need no lock
+    assert reader.size == 0
+    await reader.close()
+    await ledger.close()
+    await (await Ledger.open(state_dir)).close()
+
+
+async def test_readonly_sees_a_live_writer(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir)
+    await fill(ledger, 40)
+    reader = await Ledger.open(state_dir, readonly=True)
+    assert reader.size == 40
+    assert (await reader.verify(deep=True)).ok
+    assert reader.root() == ledger.root()
+    await reader.close()
+    await ledger.close()
+
+
+async def test_torn_tail_is_truncated(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir)
+    await fill(ledger, 10)
+    await ledger.close()
+    path = entries_path(state_dir)
+    good = path.read_bytes()
+    with path.open("ab") as f:
+        f.write(b'{"actor":"t","body":null,"ki')
+    again = await Ledger.open(state_dir)
+    assert again.size == 10
+    assert path.read_bytes() == good
+    assert (await again.verify()).ok
+    await again.append(actor="t", kind="after")
+    await again.close()
+    assert (await (await Ledger.open(state_dir, readonly=True)).verify()).ok
+
+
+async def test_interior_flip_refuses_open_and_verify_names_seq(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir)
+    entries = await fill(ledger, 20)
+    await ledger.close()
+    path = entries_path(state_dir)
+    data = bytearray(path.read_bytes())
+    at = data.index(entries[7].line()) + data[data.index(entries[7].line()) :].index(b'"kind"')
+    data[at + 9] ^= 0x01  # inside "note"
+    path.write_bytes(bytes(data))
+    with pytest.raises(LedgerCorrupt) as err:
+        await Ledger.open(state_dir)
+    assert err.value.seq == 7
+    # A reader that skips the tail check (as on a huge ledger) still gets the seq from verify.
+    reader = await Ledger.open(state_dir, readonly=True, tail_check=0)
+    report = await reader.verify()
+    assert not report.ok
+    assert report.first_bad_seq == 7
+    await reader.close()
+
+
+async def test_missing_index_is_rebuilt(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir)
+    await fill(ledger, 100)
+    root = ledger.root()
+    await ledger.close()
+    (state_dir / "ledger" / "index.bin").unlink()
+    for level in (state_dir / "ledger" / "tree").iterdir():
+        level.unlink()
+    (state_dir / "ledger" / "bodies.idx").unlink()
+    again = await Ledger.open(state_dir)
+    assert again.size == 100
+    assert again.root() == root
+    assert await again.body((await again.get(42)).body or "") == {"i": 42}
+    assert (await again.verify(deep=True)).ok
+    await again.close()
+
+
+async def test_deep_verify_tampered_vs_redacted(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir)
+    entries = await fill(ledger, 6)
+    secret, changed = entries[2].body or "", entries[4].body or ""
+    await ledger.redact(secret, actor="admin", reason="pii")
+    assert await ledger.body(secret) is None
+    assert ledger.body_state(secret) == "redacted"
+    await ledger.close()
+    pack = state_dir / "ledger" / "bodies.pack"
+    data = pack.read_bytes()
+    assert b'{"i":2}' not in data
+    pack.write_bytes(data.replace(b'{"i":4}', b'{"i":5}'))
+    again = await Ledger.open(state_dir)
+    shallow = await again.verify()
+    assert shallow.ok  # chain and tree still hold
+    report = await again.verify(deep=True)
+    assert not report.ok
+    assert report.redacted == [secret]
+    assert report.tampered == [changed]
+    assert report.first_bad_seq == 4
+    await again.close()
+
+
+async def test_entries_with_missing_bodies_at_the_tail_are_dropped(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir)
+    await fill(ledger, 4)
+    await ledger.close()
+    # Simulate a crash after the entries' write but before the pack reached the disk.
+    pack = state_dir / "ledger" / "bodies.pack"
+    last = pack.read_bytes().rindex(b'{"i":3}')
+    with pack.open("r+b") as f:
+        f.truncate(last - 40)
+    (state_dir / "ledger" / "checkpoint").unlink()
+    (state_dir / "ledger" / "meta.json").unlink()
+    again = await Ledger.open(state_dir)
+    assert again.size == 3
+    assert (await again.verify(deep=True)).ok
+    await again.close()
+
+
+async def test_fsync_failure_is_fatal(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = await Ledger.open(state_dir)
+    await ledger.append(actor="a", kind="k")
+
+    def broken(fd: int) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "fsync", broken)
+    with pytest.raises(LedgerFailed):
+        await ledger.append(actor="a", kind="k")
+    monkeypatch.undo()
+    with pytest.raises(LedgerFailed):
+        await ledger.append(actor="a", kind="k")
+    await ledger.close()
+    again = await Ledger.open(state_dir)
+    assert again.size in (1, 2)
+    assert (await again.verify()).ok
+    await again.close()
+
+
+async def test_a_missing_level_file_triggers_a_rebuild(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir)
+    await fill(ledger, 37)
+    root = ledger.root()
+    await ledger.close()
+    (state_dir / "ledger" / "tree" / "level-03.bin").unlink()
+    again = await Ledger.open(state_dir)
+    assert again.size == 37
+    assert again.root() == root
+    assert (await again.verify()).ok
+    await again.close()

@@ -57,6 +57,11 @@ GENERIC_FACTOR = 0.6
 PHRASE_GAP = 1
 CONTEST_MIN = 0.9
 CONTEST_RATIO = 0.6
+JOINED_MIN = 0.55
+JOINED_RATIO = 0.2
+# Words that join two asks in one request ("write tests and docs"): with one of them, a
+# weaker runner-up already counts as a second lane's work.
+_CONJUNCTIONS = frozenset({"and", "plus", "then", "also"})
 
 # Everyday English words that lanes use as keywords but people also use about anything else.
 _GENERIC_TEXT = """
@@ -277,11 +282,10 @@ class Router:
                 return
         self._phrases[term[0]].append((term, [posting]))
 
-    def _matches(self, text: str) -> list[_Posting]:
+    def _matches(self, terms: Terms) -> list[_Posting]:
         """The postings of the distinct keywords and phrases found in `text`, in a fixed
         order (sorted terms, then phrases by position) so float sums never depend on
         hash order."""
-        terms = normalize(text)
         keywords = self._keywords
         found = [p for term in sorted(terms.bag) for p in keywords.get(term, ())]
         phrases = self._phrases
@@ -294,18 +298,50 @@ class Router:
                     found.extend(postings)
         return found
 
+    def _split_asks(self, sequence: tuple[str, ...], winner: int, rivals: set[int]) -> bool:
+        """Whether the request joins two asks: cut at the conjunctions, some part points at
+        a rival lane and not at the winner while another points at the winner and not at
+        that rival ("write tests | docs for this module"). Words of both lanes inside one
+        part ("a bucket with versioning and a lifecycle rule") are one ask, not two."""
+        if not rivals:
+            return False
+        parts: list[set[int]] = []
+        start = 0
+        for end in [*(i for i, w in enumerate(sequence) if w in _CONJUNCTIONS), len(sequence)]:
+            parts.append(self._lanes_in(sequence[start:end]))
+            start = end + 1
+        for rival in rivals:
+            rival_only = any(rival in part and winner not in part for part in parts)
+            winner_only = any(winner in part and rival not in part for part in parts)
+            if rival_only and winner_only:
+                return True
+        return False
+
+    def _lanes_in(self, part: tuple[str, ...]) -> set[int]:
+        """The lanes with positive evidence from the words and phrases inside `part`."""
+        lanes: set[int] = set()
+        for position, word in enumerate(part):
+            for posting in self._keywords.get(word, ()):
+                if posting.weight > 0:
+                    lanes.update(posting.lanes)
+            for phrase, postings in self._phrases.get(word, ()):
+                if _phrase_at(part, position, phrase):
+                    lanes.update(ln for p in postings if p.weight > 0 for ln in p.lanes)
+        return lanes
+
     def evidence(self, text: str) -> dict[int, float]:
         """Per lane index: the evidence E (see the module docstring); lanes with none absent."""
         totals: dict[int, float] = {}
         get = totals.get
-        for posting in self._matches(text):
+        for posting in self._matches(normalize(text)):
             weight = posting.weight
             for lane in posting.lanes:
                 totals[lane] = get(lane, 0.0) + weight
         return totals
 
     def route(self, text: str) -> Route:
-        matches = self._matches(text)
+        terms = normalize(text)
+        matches = self._matches(terms)
         totals: dict[int, float] = {}
         get = totals.get
         for posting in matches:
@@ -323,6 +359,10 @@ class Router:
         if decided and len(top) > 1:
             first_e, second_e = -top[0][0], -top[1][0]
             decided = not (second_e >= CONTEST_MIN and second_e >= CONTEST_RATIO * first_e)
+            if decided and not _CONJUNCTIONS.isdisjoint(terms.sequence):
+                floor = max(JOINED_MIN, JOINED_RATIO * first_e)
+                rivals = {lane for negated, lane in top[1:] if -negated >= floor}
+                decided = not self._split_asks(terms.sequence, top[0][1], rivals)
         names = self._names
         matched: dict[str, list[str]] = {}
         for lane, _ in ranked:

@@ -15,13 +15,23 @@ Scoring, in one place so the numbers mean the same thing everywhere:
   Counting distinct matches only, and never dividing by the size of the lane's keyword list,
   keeps the score independent of how many keywords a lane declares: listing more words gives
   a lane more chances to match, never a smaller score for the same matched words.
+* everyday words (`GENERIC`: "plan", "design", "review", "slow", "story", ...) are also
+  what people say outside every lane ("plan my vacation", "a story for my kids"), so as
+  keywords they weigh `GENERIC_FACTOR` x their IDF weight: alone they stay below the default
+  threshold, and a decision on them needs a second word or a phrase.
+* a phrase matches its words in order with at most `PHRASE_GAP` other words inside it
+  ("throws a 500 error" meets "throws an error").
 * a lane's score `s = E / (E + SATURATION)` (0 when E <= 0), in [0, 1): the first unique
   keyword gives 0.5, each further word adds less.
 * `confidence = s1 - s2`, the margin between the best and the second-best lane (s2 = 0 when
   only one lane matched), in [0, 1). It is the same quantity whether or not the route decides.
-* the route decides (`lane` set, `escalate` False) iff `s1 >= policy.threshold` and
-  `confidence >= policy.margin`; otherwise `lane` is None and `escalate` is True, and a
-  `Classifier` (a model call, wired up by the run engine) picks among `Router.candidates`.
+* the route decides (`lane` set, `escalate` False) iff `s1 >= policy.threshold`,
+  `confidence >= policy.margin`, and the request is not contested: a runner-up with
+  evidence `E2 >= CONTEST_MIN` (a real word of its own, not a shared one) and
+  `E2 >= CONTEST_RATIO x E1` means the request asks for two lanes' work ("make the mobile app
+  faster", "write tests and docs"), which a keyword count cannot split; otherwise `lane` is
+  None and `escalate` is True, and a `Classifier` (a model call, wired up by the run engine)
+  picks among `Router.candidates`.
 """
 
 from __future__ import annotations
@@ -43,6 +53,42 @@ PHRASE_BOOST = 1.5
 NEGATIVE_PENALTY = 1.0
 SATURATION = 1.0
 TOP_K = 5
+GENERIC_FACTOR = 0.6
+PHRASE_GAP = 1
+CONTEST_MIN = 0.9
+CONTEST_RATIO = 0.6
+JOINED_MIN = 0.55
+JOINED_RATIO = 0.2
+# Words that join two asks in one request ("write tests and docs"): with one of them, a
+# weaker runner-up already counts as a second lane's work.
+_CONJUNCTIONS = frozenset({"and", "plus", "then", "also"})
+
+# Everyday English words that lanes use as keywords but people also use about anything else.
+_GENERIC_TEXT = """
+    plan planning schedule agenda checklist deadline estimate timeline phases goal goals
+    design visual sketch icon logo palette spacing style layout screen
+    review approve feedback opinion
+    test testing check
+    story letter speech draft tone toast bio essay headline wording rewrite
+    summary overview highlights digest recap shorten briefing
+    research study studies survey sources evidence investigate compare
+    document manual usage installation tutorial onboarding guide
+    customer complaint ticket refund subscription charged angry unhappy frustrated inquiry
+    slow faster fastest speed efficient profile benchmark
+    crash crashes wrong broken freezes hangs glitch refused undefined
+    render rendering lighting shadow canvas texture mesh terrain particle 3d
+    proof prime matrix equation equations probability
+    mobile tablet battery smartphone
+    server worker spring express rails broker upload handler controller payload
+    container cloud pipeline deploy deployment cluster staging
+    index query join transaction column partition
+    training predict recall precision classify dataset
+    resource contract patch cursor envelope
+    cleanup simplify extract rename legacy composition inheritance abstraction
+    chart aggregate excel notebook
+    secure password secrets harden
+"""
+GENERIC_WORDS = frozenset(_GENERIC_TEXT.split())
 
 # A word is a run of Unicode letters/digits. Words joined by `.`, `/`, `-` or `_` with no
 # space ("ci/cd", "node.js", "end-to-end", "user_id") form a compound that is kept whole as
@@ -218,7 +264,10 @@ class Router:
                     negative.setdefault(term, {}).setdefault(index, f"-{word}")
         count = len(lanes)
         for term, owners in positive.items():
-            boost = 1.0 if isinstance(term, str) else PHRASE_BOOST
+            if isinstance(term, str):
+                boost = GENERIC_FACTOR if term in _GENERIC_STEMS else 1.0
+            else:
+                boost = PHRASE_BOOST
             self._add(term, _Posting(boost * _idf(len(owners), count), tuple(owners), owners))
         for term, owners in negative.items():
             self._add(term, _Posting(-NEGATIVE_PENALTY, tuple(owners), owners))
@@ -233,11 +282,10 @@ class Router:
                 return
         self._phrases[term[0]].append((term, [posting]))
 
-    def _matches(self, text: str) -> list[_Posting]:
+    def _matches(self, terms: Terms) -> list[_Posting]:
         """The postings of the distinct keywords and phrases found in `text`, in a fixed
         order (sorted terms, then phrases by position) so float sums never depend on
         hash order."""
-        terms = normalize(text)
         keywords = self._keywords
         found = [p for term in sorted(terms.bag) for p in keywords.get(term, ())]
         phrases = self._phrases
@@ -245,23 +293,55 @@ class Router:
         seen: set[tuple[str, ...]] = set()
         for position, first in enumerate(sequence):
             for phrase, postings in phrases.get(first, ()):
-                if phrase not in seen and sequence[position : position + len(phrase)] == phrase:
+                if phrase not in seen and _phrase_at(sequence, position, phrase):
                     seen.add(phrase)
                     found.extend(postings)
         return found
+
+    def _split_asks(self, sequence: tuple[str, ...], winner: int, rivals: set[int]) -> bool:
+        """Whether the request joins two asks: cut at the conjunctions, some part points at
+        a rival lane and not at the winner while another points at the winner and not at
+        that rival ("write tests | docs for this module"). Words of both lanes inside one
+        part ("a bucket with versioning and a lifecycle rule") are one ask, not two."""
+        if not rivals:
+            return False
+        parts: list[set[int]] = []
+        start = 0
+        for end in [*(i for i, w in enumerate(sequence) if w in _CONJUNCTIONS), len(sequence)]:
+            parts.append(self._lanes_in(sequence[start:end]))
+            start = end + 1
+        for rival in rivals:
+            rival_only = any(rival in part and winner not in part for part in parts)
+            winner_only = any(winner in part and rival not in part for part in parts)
+            if rival_only and winner_only:
+                return True
+        return False
+
+    def _lanes_in(self, part: tuple[str, ...]) -> set[int]:
+        """The lanes with positive evidence from the words and phrases inside `part`."""
+        lanes: set[int] = set()
+        for position, word in enumerate(part):
+            for posting in self._keywords.get(word, ()):
+                if posting.weight > 0:
+                    lanes.update(posting.lanes)
+            for phrase, postings in self._phrases.get(word, ()):
+                if _phrase_at(part, position, phrase):
+                    lanes.update(ln for p in postings if p.weight > 0 for ln in p.lanes)
+        return lanes
 
     def evidence(self, text: str) -> dict[int, float]:
         """Per lane index: the evidence E (see the module docstring); lanes with none absent."""
         totals: dict[int, float] = {}
         get = totals.get
-        for posting in self._matches(text):
+        for posting in self._matches(normalize(text)):
             weight = posting.weight
             for lane in posting.lanes:
                 totals[lane] = get(lane, 0.0) + weight
         return totals
 
     def route(self, text: str) -> Route:
-        matches = self._matches(text)
+        terms = normalize(text)
+        matches = self._matches(terms)
         totals: dict[int, float] = {}
         get = totals.get
         for posting in matches:
@@ -276,6 +356,13 @@ class Router:
         second = ranked[1][1] if len(ranked) > 1 else 0.0
         confidence = round(best - second, 4)
         decided = bool(ranked) and best >= self.threshold and confidence >= self.margin
+        if decided and len(top) > 1:
+            first_e, second_e = -top[0][0], -top[1][0]
+            decided = not (second_e >= CONTEST_MIN and second_e >= CONTEST_RATIO * first_e)
+            if decided and not _CONJUNCTIONS.isdisjoint(terms.sequence):
+                floor = max(JOINED_MIN, JOINED_RATIO * first_e)
+                rivals = {lane for negated, lane in top[1:] if -negated >= floor}
+                decided = not self._split_asks(terms.sequence, top[0][1], rivals)
         names = self._names
         matched: dict[str, list[str]] = {}
         for lane, _ in ranked:
@@ -294,6 +381,27 @@ class Router:
         """The lanes a classifier should choose from: the scored ones, or all when none scored."""
         scored = [lane for name, _ in route.scores if (lane := self.roster.lane(name))]
         return scored or list(self.roster.lanes)
+
+
+def _phrase_at(sequence: tuple[str, ...], position: int, phrase: tuple[str, ...]) -> bool:
+    """Whether `phrase` starts at `position` (its first word already matched there), its other
+    words following in order with at most PHRASE_GAP extra words in between, in total."""
+    gap = PHRASE_GAP
+    at = position
+    end = len(sequence)
+    for word in phrase[1:]:
+        at += 1
+        while at < end and sequence[at] != word:
+            if gap == 0:
+                return False
+            gap -= 1
+            at += 1
+        if at >= end:
+            return False
+    return True
+
+
+_GENERIC_STEMS = frozenset(stem(word) for word in GENERIC_WORDS)
 
 
 def _idf(df: int, lanes: int) -> float:

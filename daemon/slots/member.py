@@ -132,6 +132,7 @@ class Instance:
         self.busy = 0
         self.last_used = time.monotonic()
         self._fault: str | None = None
+        self._pending_lost = 0
         self._wake = asyncio.Event()
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -145,6 +146,8 @@ class Instance:
         """A lease saw the server hang or vanish: the watcher kills and restarts it."""
         if self.state == "ready" and self._fault is None:
             self._fault = reason
+            # no new grants from here on, and the other leases learn at once
+            self._pending_lost += self._drop_slots(reason)
             self._wake.set()
 
     async def _emit(self, kind: EventKind, **detail: Any) -> None:
@@ -404,8 +407,9 @@ class Instance:
     async def _fail(self, reason: str) -> None:
         self.last_error = reason
         self.member.last_error = reason
+        lost = self._pending_lost + self._drop_slots(reason)  # before the kill: leases learn why
+        self._pending_lost = 0
         code = await self._kill()
-        lost = self._drop_slots(reason)
         tail = self.process.tail()[-1500:] if self.process else ""
         log.warning("%s/%d: %s", self.member.name, self.index, reason)
         await self._emit("slot.exited", reason=reason, returncode=code, log_tail=tail)

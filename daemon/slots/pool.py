@@ -118,7 +118,11 @@ class Lease:
             instance.report_fault(self._lost)
             raise self._lost_error() from None
         except aiohttp.ClientError as err:
-            self._lost = self._lost or f"connection failed: {err!r}"
+            self._task = None
+            if self._lost is None:
+                self._lost = f"connection failed: {err!r}"
+                if spec.url is None:  # a loopback server we own does not drop connections
+                    instance.report_fault(self._lost)
             raise self._lost_error() from None
         finally:
             self._task = None

@@ -7,8 +7,11 @@ than returning it to the pool, so llama-server notices and stops generating.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import socket
+import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -114,7 +117,12 @@ class ChatClient:
         headers: Mapping[str, str] | None = None,
         on_delta: OnDelta | None = None,
     ) -> Completion:
-        resp = await self.session.post(url, json=body, headers=headers)
+        try:
+            resp = await self.session.post(url, json=body, headers=headers)
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+            # A pooled keep-alive connection the server had already closed (cpp-httplib ends
+            # one after a few requests): the request never ran, so send it once more.
+            resp = await self.session.post(url, json=body, headers=headers)
         try:
             if resp.status >= 400:
                 text = (await resp.content.read(2000)).decode("utf-8", "replace")
@@ -128,10 +136,20 @@ class ChatClient:
             else:
                 result = _read_whole(await resp.json(content_type=None))
         except BaseException:
-            resp.close()  # drop the connection: the server stops generating
+            _reset(resp)  # drop the connection: the server stops generating
             raise
         resp.release()
         return result
+
+
+def _reset(resp: aiohttp.ClientResponse) -> None:
+    """Close with an RST (SO_LINGER 0) so the server's next write fails at once."""
+    conn = resp.connection
+    sock = conn.transport.get_extra_info("socket") if conn and conn.transport else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    resp.close()
 
 
 def _read_whole(data: Any) -> Completion:
@@ -157,6 +175,7 @@ async def _read_stream(resp: aiohttp.ClientResponse, on_delta: OnDelta | None) -
             continue
         payload = line[5:].strip()
         if payload == b"[DONE]":
+            await resp.read()  # consume the end of the body so the connection can be reused
             break
         chunk = json.loads(payload)
         if chunk.get("usage"):

@@ -45,9 +45,13 @@ class DigestCache:
             return cache[key]
         value = file_sha256(model)
         cache[key] = value
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cache, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, self.path)
+        try:  # the cache only saves time: failing to write it is not an error
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(cache, sort_keys=True), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
         return value
 
     def check(self, model: Path, expected: str) -> None:

@@ -643,6 +643,8 @@ class MemberRuntime:
             state = "ready"
         elif any(i.state in ("starting", "backoff") for i in instances):
             state = "starting"
+        elif any(i.state == "stopping" for i in instances):
+            state = "stopping"
         else:
             state = "stopped"
         return MemberStatus(

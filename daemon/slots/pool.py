@@ -96,7 +96,10 @@ class Lease:
             messages,
             max_tokens=max_tokens,
             response_format=response_format,
-            stream=on_delta is not None,
+            # llama.cpp notices a closed connection only while streaming (a non-streamed
+            # request was measured generating on after its client left), so cancel can only
+            # stop a server we own if we stream; the caller still gets one ChatResult.
+            stream=on_delta is not None or spec.url is None,
             extra=extra,
         )
         task = asyncio.current_task()

@@ -116,7 +116,11 @@ async def _direct_vs_pool(pool: Pool, url: str) -> list[str]:
                 **extra,
             }
             usage = 0
-            async with session.post(url + "/v1/chat/completions", json=body) as r:
+            try:
+                r = await session.post(url + "/v1/chat/completions", json=body)
+            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+                r = await session.post(url + "/v1/chat/completions", json=body)  # stale keep-alive
+            async with r:
                 async for line in r.content:
                     if line.startswith(b"data: [DONE]"):
                         break

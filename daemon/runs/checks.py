@@ -210,8 +210,10 @@ def _check_schema(schema: dict[str, Any], output: str) -> list[str]:
 def _stem(word: str) -> str:
     for suffix in ("ing", "ed", "es", "s"):
         if len(word) > len(suffix) + 3 and word.endswith(suffix):
-            return word[: -len(suffix)]
-    return word
+            word = word[: -len(suffix)]
+            break
+    # "parse", "parsing" and "parses" should meet: drop a final e as well
+    return word[:-1] if len(word) > 4 and word.endswith("e") else word
 
 
 def key_words(text: str, limit: int = 24) -> list[str]:

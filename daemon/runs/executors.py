@@ -138,13 +138,15 @@ async def run_command(
         if stdin is not None and proc.stdin is not None:
             proc.stdin.write(stdin.encode())
             proc.stdin.close()
-        readers = asyncio.gather(
-            _read_capped(proc.stdout, output_cap), _read_capped(proc.stderr, output_cap)
+        readers = asyncio.ensure_future(
+            asyncio.gather(
+                _read_capped(proc.stdout, output_cap), _read_capped(proc.stderr, output_cap)
+            )
         )
         timed_out = False
         try:
             async with asyncio.timeout(timeout_s):
-                (out, out_cut), (err, err_cut) = await readers
+                (out, out_cut), (err, err_cut) = await asyncio.shield(readers)
                 await proc.wait()
         except TimeoutError:
             timed_out = True

@@ -11,9 +11,9 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from surfaces.cli import route, version
+from surfaces.cli import plan, roster, route, version
 
-GROUPS: list[ModuleType] = [version, route]
+GROUPS: list[ModuleType] = [version, roster, route, plan]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,26 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from daemon.routing import Route, Router
+from roster.loading import RosterError, default_roster_path, load_roster
 from roster.models import Roster
-
-DEFAULT_ROSTER = Path(__file__).resolve().parents[2] / "roster" / "default.toml"
 
 
 def read_roster(path: Path | None = None) -> Roster:
-    """Load a roster file (the packaged default when None).
-
-    Stands in for `roster.loading.load_roster` until that lands; raises OSError,
-    tomllib.TOMLDecodeError or pydantic.ValidationError.
-    """
-    with (path or DEFAULT_ROSTER).open("rb") as f:
-        return Roster.model_validate(tomllib.load(f))
+    """Load a roster file (the packaged default when None); raises OSError or RosterError."""
+    return load_roster(path or default_roster_path())
 
 
 def register(commands: Any) -> None:
@@ -43,7 +34,7 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         roster = read_roster(args.roster)
-    except (OSError, tomllib.TOMLDecodeError, ValidationError) as error:
+    except (OSError, RosterError) as error:
         print(f"tally route: cannot load roster: {error}", file=sys.stderr)
         return 2
     router = Router(roster)

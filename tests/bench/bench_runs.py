@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib
 import random
 import resource
 import statistics
@@ -92,10 +93,10 @@ def stub_plan(n: int, chain: bool = False) -> dict[str, Any]:
 
 async def open_ledger(state_dir: Path) -> tuple[Any, str]:
     try:
-        from daemon.ledger import Ledger  # type: ignore[attr-defined,unused-ignore]
+        module = importlib.import_module("daemon.ledger")
     except ImportError:
         return MemoryLedger(), "in-memory fake (daemon.ledger not available)"
-    ledger = await Ledger.open(state_dir)
+    ledger = await module.Ledger.open(state_dir)
     return ledger, "file ledger (fsync)"
 
 

@@ -58,7 +58,7 @@ async def test_daemon_runs_a_dag_through_the_pool(tmp_path: Path) -> None:
         assert view.answer is not None
         assert "final answer" in view.answer
         calls = [
-            await daemon.ledger.body(e.body)
+            await daemon.ledger.body(e.body or "")
             for e in await daemon.ledger.entries(limit=10_000, kind=k.MODEL_CALL, run=view.id)
         ]
         assert len(calls) == 4
@@ -118,7 +118,7 @@ async def test_sigkill_mid_run_then_interrupted_and_resumed(tmp_path: Path) -> N
     await server.start()
     s = settings(tmp_path, server.url)
     assert s.roster_path is not None
-    child = subprocess.Popen(
+    child = subprocess.Popen(  # noqa: ASYNC220 - killed with SIGKILL on purpose
         [
             sys.executable,
             "-c",

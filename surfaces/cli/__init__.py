@@ -11,9 +11,9 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from surfaces.cli import version
+from surfaces.cli import mcp, runs, serve, version
 
-GROUPS: list[ModuleType] = [version]
+GROUPS: list[ModuleType] = [version, serve, mcp, runs]
 
 
 def build_parser() -> argparse.ArgumentParser:

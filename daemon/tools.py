@@ -603,7 +603,10 @@ class ReloadOut(_Out):
 async def roster_reload(daemon: Daemon, data: ReloadIn, ctx: ToolContext) -> ReloadOut:
     from pathlib import Path
 
-    roster = await daemon.reload_roster(Path(data.path) if data.path else None)
+    try:
+        roster = await daemon.reload_roster(Path(data.path) if data.path else None)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read the roster: {exc.strerror or exc}") from None
     return ReloadOut(lanes=len(roster.lanes), members=len(roster.models))
 
 

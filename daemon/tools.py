@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -207,6 +208,7 @@ class HealthOut(_Out):
     members: int
 
 
+@functools.cache
 def _version() -> str:
     try:
         return dist_version("tallyd")
@@ -246,8 +248,23 @@ class RouteOut(_Out):
     matched: dict[str, list[str]] = Field(description="Per lane, the words that scored.")
 
 
+def _ppm(x: float) -> int:
+    return round(x * 1_000_000)  # the ledger holds no floats
+
+
 async def route(daemon: Daemon, data: RouteIn, ctx: ToolContext) -> RouteOut:
     r = daemon.router.route(data.text)
+    await daemon.ledger.append(
+        actor="tool",
+        kind="route.preview",
+        body={
+            "text": data.text,
+            "lane": r.lane,
+            "confidence_ppm": _ppm(r.confidence),
+            "escalate": r.escalate,
+            "scores_ppm": {lane: _ppm(score) for lane, score in r.scores[:5]},
+        },
+    )
     return RouteOut(
         lane=r.lane,
         confidence=r.confidence,
@@ -635,7 +652,8 @@ def _tools() -> list[Tool[Any, Any]]:
             "route",
             "Show which agent lane (backend, frontend, security, docs, ...) tally would route a "
             "request to, with confidence, per-lane scores and the words that decided it. No "
-            "model call, nothing is run. Use it to preview or debug routing before submit.",
+            "model call and nothing is run (the preview is witnessed in the ledger). Use it to "
+            "preview or debug routing before submit.",
             RouteIn,
             RouteOut,
             route,

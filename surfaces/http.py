@@ -19,6 +19,7 @@ import signal
 import socket
 import struct
 import sys
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,9 +41,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("tally.http")
 
 SOCKET_HOST = "tally"  # the Host clients send over the unix socket (any value is fine there)
-LOOPBACK = ("localhost", "127.0.0.1", "[::1]", "::1")
+LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
 _ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$")
-_HOST = re.compile(r"^(?P<name>\[[^\]]*\]|[^:]+)(:(?P<port>\d+))?$")
 
 
 @dataclass(frozen=True)
@@ -86,10 +86,83 @@ def validation_details(exc: ValidationError) -> dict[str, Any]:
     return {"errors": _plain(errors)}
 
 
+@dataclass(frozen=True)
+class Peer:
+    """What one connection is allowed, computed once per connection (keep-alive reuses it)."""
+
+    unix: bool
+    hosts: frozenset[str]  # acceptable Host header values (lowercase)
+    foreign_uid: bool
+
+
+_PEERS: weakref.WeakKeyDictionary[Any, Peer] = weakref.WeakKeyDictionary()
+
+
+def _peer(request: web.Request, options: HttpOptions) -> Peer:
+    transport = request.transport
+    cached = _PEERS.get(transport) if transport is not None else None
+    if cached is not None:
+        return cached
+    sock = transport.get_extra_info("socket") if transport else None
+    unix = sock is not None and sock.family == socket.AF_UNIX
+    if unix:
+        hosts = frozenset((SOCKET_HOST, *LOOPBACK))
+        uid = _peer_uid(sock) if options.check_peer_uid else None
+        peer = Peer(True, hosts, uid is not None and uid != os.getuid())
+    else:
+        sockname = transport.get_extra_info("sockname") if transport else None
+        port = sockname[1] if isinstance(sockname, tuple) and len(sockname) > 1 else None
+        names = ("localhost", "127.0.0.1", "[::1]")
+        hosts = frozenset((*names, *(f"{n}:{port}" for n in names if port is not None)))
+        peer = Peer(False, hosts, False)
+    if transport is not None:
+        _PEERS[transport] = peer
+    return peer
+
+
+def _peer_uid(sock: socket.socket) -> int | None:
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    _, uid, _ = struct.unpack("3i", raw)
+    return int(uid)
+
+
+def _refuse(request: web.Request, options: HttpOptions) -> web.Response | None:
+    """Host/Origin (DNS rebinding), peer and token checks, body limit: None = let it through."""
+    peer = _peer(request, options)
+    if request.headers.get("Host", "").lower() not in peer.hosts:
+        return error_response(421, "bad_host", "Host header is not this daemon's loopback address")
+    origin = request.headers.get("Origin")
+    if origin is not None and not _ORIGIN.match(origin):
+        return error_response(403, "forbidden_origin", "cross-origin requests are not allowed")
+    if peer.unix:
+        if peer.foreign_uid:
+            return error_response(403, "forbidden_peer", "socket peer is another user")
+    elif not options.token or not bearer_ok(request.headers.get("Authorization"), options.token):
+        return error_response(
+            401,
+            "unauthorized",
+            "a bearer token is required over TCP (see `tally token`)",
+            headers={"WWW-Authenticate": 'Bearer realm="tally"'},
+        )
+    length = request.content_length
+    if length is not None and length > options.body_limit:
+        return error_response(413, "payload_too_large", f"body over {options.body_limit} bytes")
+    return None
+
+
 @web.middleware
-async def errors_mw(
+async def surface_mw(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
+    """One middleware (each layer costs per request): guard first, then map errors to JSON."""
+    refused = _refuse(request, request.app[OPTIONS])
+    if refused is not None:
+        return refused
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -106,75 +179,6 @@ async def errors_mw(
     except Exception:
         log.exception("internal error on %s %s", request.method, request.path)
         return error_response(500, "internal", "internal error (see the daemon's log)")
-
-
-# ---------------------------------------------------------------- guard: host, origin, auth
-
-
-def _is_unix(request: web.Request) -> bool:
-    transport = request.transport
-    sock = transport.get_extra_info("socket") if transport else None
-    return sock is not None and sock.family == socket.AF_UNIX
-
-
-def _peer_uid(request: web.Request) -> int | None:
-    transport = request.transport
-    sock = transport.get_extra_info("socket") if transport else None
-    if sock is None or not hasattr(socket, "SO_PEERCRED"):
-        return None
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except OSError:
-        return None
-    _, uid, _ = struct.unpack("3i", raw)
-    return int(uid)
-
-
-def _host_ok(request: web.Request, unix: bool) -> bool:
-    host = request.headers.get("Host", "")
-    match = _HOST.match(host)
-    if match is None:
-        return False
-    name, port = match["name"].lower(), match["port"]
-    if unix:
-        return name in (SOCKET_HOST, *LOOPBACK)
-    if name not in LOOPBACK:
-        return False
-    transport = request.transport
-    sockname = transport.get_extra_info("sockname") if transport else None
-    ours = str(sockname[1]) if isinstance(sockname, tuple) and len(sockname) > 1 else None
-    return port is None or ours is None or port == ours
-
-
-@web.middleware
-async def guard_mw(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    options = request.app[OPTIONS]
-    unix = _is_unix(request)
-    if not _host_ok(request, unix):
-        return error_response(421, "bad_host", "Host header is not this daemon's loopback address")
-    origin = request.headers.get("Origin")
-    if origin is not None and not _ORIGIN.match(origin):
-        return error_response(403, "forbidden_origin", "cross-origin requests are not allowed")
-    if unix:
-        if options.check_peer_uid:
-            uid = _peer_uid(request)
-            if uid is not None and uid != os.getuid():
-                return error_response(403, "forbidden_peer", "socket peer is another user")
-    elif options.token is None or not bearer_ok(
-        request.headers.get("Authorization"), options.token
-    ):
-        return error_response(
-            401,
-            "unauthorized",
-            "a bearer token is required over TCP (see `tally token`)",
-            headers={"WWW-Authenticate": 'Bearer realm="tally"'},
-        )
-    length = request.content_length
-    if length is not None and length > options.body_limit:
-        return error_response(413, "payload_too_large", f"body over {options.body_limit} bytes")
-    return await handler(request)
 
 
 # ---------------------------------------------------------------- tools
@@ -203,15 +207,14 @@ async def call_tool(request: web.Request) -> web.Response:
         raise web.HTTPNotFound(reason=f"no tool named {request.match_info['name']!r}")
     raw = await request.read()
     try:
-        arguments = json.loads(raw) if raw.strip() else {}
-    except (ValueError, UnicodeDecodeError):
-        return error_response(400, "bad_json", "the body is not valid JSON")
-    try:
-        data = tool.input.model_validate(arguments)
+        # pydantic-core parses and validates in one pass (no json.loads + dict walk)
+        data = tool.input.model_validate_json(raw if raw.strip() else b"{}")
     except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            return error_response(400, "bad_json", "the body is not valid JSON")
         return error_response(422, "invalid_input", "invalid arguments", validation_details(exc))
     out = await tool.handler(request.app[DAEMON], data, ToolContext())
-    return web.json_response(out.model_dump(mode="json"))
+    return web.Response(body=out.model_dump_json().encode(), content_type="application/json")
 
 
 # ---------------------------------------------------------------- SSE run events
@@ -424,7 +427,7 @@ async def get_openapi(request: web.Request) -> web.Response:
 
 def create_app(daemon: Daemon, options: HttpOptions | None = None) -> web.Application:
     options = options or HttpOptions()
-    app = web.Application(middlewares=[errors_mw, guard_mw], client_max_size=options.body_limit)
+    app = web.Application(middlewares=[surface_mw], client_max_size=options.body_limit)
     app[DAEMON] = daemon
     app[OPTIONS] = options
     app[STREAMS] = set[asyncio.Event]()

@@ -7,9 +7,17 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 PLACEHOLDERS = ("{python}", "{model}", "{port}", "{slots}", "{ctx}")
+_PLACEHOLDER = re.compile(r"\{[a-z_]+\}")
 NAME = r"^[a-z0-9][a-z0-9_.-]*$"
 
 
@@ -46,19 +54,34 @@ class Member(_Strict):
     request_timeout_s: float = Field(default=300.0, gt=0)
     sampling: Sampling = Sampling()
 
+    @field_validator("command")
+    @classmethod
+    def _command_template(cls, command: list[str] | None) -> list[str] | None:
+        # A field validator (not the model validator) so the error is located at `command`.
+        if command is None:
+            return None
+        if not command:
+            raise ValueError("'command' must not be empty")
+        if not any("{port}" in part for part in command):
+            raise ValueError("'command' template must contain {port}")
+        unknown = sorted(
+            {p for part in command for p in _PLACEHOLDER.findall(part)} - set(PLACEHOLDERS)
+        )
+        if unknown:
+            raise ValueError(
+                f"unknown placeholder {', '.join(unknown)} (known: {', '.join(PLACEHOLDERS)})"
+            )
+        return command
+
     @model_validator(mode="after")
     def _spawned_or_external(self) -> Member:
         if (self.command is None) == (self.url is None):
             raise ValueError(
                 "a member needs exactly one of 'command' (spawned) or 'url' (external)"
             )
-        if self.command is not None:
-            if not self.command:
-                raise ValueError("'command' must not be empty")
-            if not any("{port}" in part for part in self.command):
-                raise ValueError("'command' template must contain {port}")
-            if any("{model}" in part for part in self.command) and self.model is None:
-                raise ValueError("'command' uses {model} but no 'model' is given")
+        uses_model = self.command is not None and any("{model}" in p for p in self.command)
+        if uses_model and self.model is None:
+            raise ValueError("'command' uses {model} but no 'model' is given")
         return self
 
     @property

@@ -11,9 +11,9 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from surfaces.cli import mcp, runs, serve, version
+from surfaces.cli import mcp, plan, roster, route, runs, serve, version
 
-GROUPS: list[ModuleType] = [version, serve, mcp, runs]
+GROUPS: list[ModuleType] = [version, roster, route, plan, serve, mcp, runs]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,405 @@
+"""Plans: tasks with lanes and dependencies, their validation, and their waves.
+
+A plan is a DAG of tasks (`needs` point at the tasks that must finish first). `problems`
+reports everything wrong with a plan at once, each problem naming its task ids; a cycle is
+named as a concrete path (`T2 -> T3 -> T2`). `waves` groups tasks into longest-path levels
+(a task's level is one more than the deepest of its needs), each split into chunks of at
+most `max_parallel`. Everything is O(tasks + needs): a Kahn pass orders the graph, and only
+the tasks it cannot order (cycles and what hangs below them) go through Tarjan's algorithm.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection, Sequence
+from typing import Annotated, Any, Literal
+
+from jsonschema import SchemaError
+from jsonschema.validators import validator_for
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from daemon.errors import InvalidInput
+
+ProblemCode = Literal[
+    "schema", "duplicate_id", "unknown_need", "unknown_lane", "self_dependency", "cycle"
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JsonSchemaAssertion(_Model):
+    """The output parses as JSON and validates against `schema`."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    type: Literal["json_schema"] = "json_schema"
+    # Not named `schema`: that would shadow a (deprecated) BaseModel attribute.
+    json_schema: dict[str, Any] = Field(alias="schema")
+
+    @field_validator("json_schema")
+    @classmethod
+    def _valid_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        try:
+            validator_for(schema).check_schema(schema)
+        except SchemaError as exc:
+            raise ValueError(f"not a valid JSON schema: {exc.message}") from None
+        return schema
+
+
+class ContainsAssertion(_Model):
+    type: Literal["contains"] = "contains"
+    text: str = Field(min_length=1)
+
+
+class RegexAssertion(_Model):
+    """`re.search(pattern, output)` finds a match."""
+
+    type: Literal["regex"] = "regex"
+    pattern: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, pattern: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from None
+        return pattern
+
+
+class MaxLengthAssertion(_Model):
+    type: Literal["max_length"] = "max_length"
+    chars: int = Field(ge=0)
+
+
+class ExitCodeAssertion(_Model):
+    """For the command executor: the process exited with `code`."""
+
+    type: Literal["exit_code"] = "exit_code"
+    code: int
+
+
+Assertion = Annotated[
+    JsonSchemaAssertion
+    | ContainsAssertion
+    | RegexAssertion
+    | MaxLengthAssertion
+    | ExitCodeAssertion,
+    Field(discriminator="type"),
+]
+
+
+class Task(_Model):
+    id: str = Field(min_length=1, max_length=128)
+    lane: str = Field(min_length=1)
+    instruction: str
+    needs: list[str] = []
+    assertions: list[Assertion] = []
+    executor: Literal["chat", "command", "stub"] = "chat"
+    argv: list[str] | None = None
+    timeout_s: float | None = Field(default=None, gt=0)
+
+    @field_validator("argv")
+    @classmethod
+    def _argv_not_empty(cls, argv: list[str] | None) -> list[str] | None:
+        if argv is not None and not argv:
+            raise ValueError("'argv' must not be empty")
+        return argv
+
+
+class Plan(_Model):
+    tasks: list[Task] = Field(min_length=1)
+
+
+class PlanProblem(BaseModel):
+    """One problem; `tasks` names the task ids involved (a cycle: its path, closed)."""
+
+    code: ProblemCode
+    tasks: list[str]
+    message: str
+
+
+class PlanInvalid(InvalidInput):
+    code = "invalid_plan"
+
+    def __init__(self, problems: list[PlanProblem]) -> None:
+        self.problems = problems
+        super().__init__(
+            "\n".join(p.message for p in problems),
+            details={"errors": [p.model_dump() for p in problems]},
+        )
+
+
+class Waves(BaseModel):
+    waves: list[list[str]]
+    critical_path: int
+    total_tasks: int
+
+
+def parse_plan(data: str | bytes | dict[str, Any]) -> Plan:
+    """Validate a plan from JSON (text or parsed); schema errors become `PlanInvalid`."""
+    try:
+        if isinstance(data, dict):
+            return Plan.model_validate(data)
+        return Plan.model_validate_json(data)
+    except ValidationError as exc:
+        raw: Any = data
+        if not isinstance(data, dict):
+            try:
+                raw = json.loads(data)
+            except ValueError:
+                raw = None
+        raise PlanInvalid([_schema_problem(err, raw) for err in exc.errors()]) from None
+
+
+def problems(plan: Plan, lanes: Collection[str] | None = None) -> list[PlanProblem]:
+    """Every problem with the plan; `lanes=None` skips the lane check."""
+    found: list[PlanProblem] = []
+    positions: dict[str, list[int]] = {}
+    for i, task in enumerate(plan.tasks):
+        positions.setdefault(task.id, []).append(i)
+    for tid, where in positions.items():
+        if len(where) > 1:
+            places = ", ".join(f"tasks[{i}]" for i in where)
+            found.append(
+                PlanProblem(
+                    code="duplicate_id",
+                    tasks=[tid],
+                    message=f"task id {tid!r} is used {len(where)} times ({places})",
+                )
+            )
+    known = set(lanes) if lanes is not None else None
+    for task in plan.tasks:
+        sound = (known is None or task.lane in known) and all(
+            need in positions and need != task.id for need in task.needs
+        )
+        if not sound:  # the common case skips building anything
+            found.extend(_task_problems(task, positions, known))
+    ids, deps = _graph(plan.tasks)
+    order, _ = _topological(deps)
+    if len(order) < len(ids):
+        found.extend(_cycles(ids, deps, order))
+    return found
+
+
+def check_plan(plan: Plan, lanes: Collection[str] | None) -> None:
+    """Raise `PlanInvalid` with every problem, or return when the plan is sound."""
+    found = problems(plan, lanes)
+    if found:
+        raise PlanInvalid(found)
+
+
+def waves(plan: Plan, max_parallel: int | None = None) -> Waves:
+    """Longest-path levels in plan order, each split into chunks of at most `max_parallel`.
+
+    Raises `PlanInvalid` when the plan is not a DAG of unique, known ids (lanes are not
+    checked here). `max_parallel=None` leaves levels whole.
+    """
+    if max_parallel is not None and max_parallel < 1:
+        raise InvalidInput(f"max_parallel must be at least 1, not {max_parallel}")
+    tasks = plan.tasks
+    ids, deps = _graph(tasks)
+    order, level = _topological(deps)
+    if len(ids) < len(tasks) or len(order) < len(ids) or _has_loose_needs(tasks, ids):
+        raise PlanInvalid(problems(plan, None))
+    depth = max(level, default=0)
+    levels: list[list[str]] = [[] for _ in range(depth)]
+    for node, tid in enumerate(ids):
+        levels[level[node] - 1].append(tid)
+    step = max_parallel or max(len(tasks), 1)
+    chunks = [group[i : i + step] for group in levels for i in range(0, len(group), step)]
+    return Waves(waves=chunks, critical_path=depth, total_tasks=len(tasks))
+
+
+# -- the graph ------------------------------------------------------------------------------
+
+
+def _task_problems(
+    task: Task, positions: dict[str, list[int]], known: set[str] | None
+) -> list[PlanProblem]:
+    found: list[PlanProblem] = []
+    tid = task.id
+    if known is not None and task.lane not in known:
+        listing = ", ".join(sorted(known)[:30]) or "none"
+        found.append(
+            PlanProblem(
+                code="unknown_lane",
+                tasks=[tid],
+                message=f"task {tid!r}: unknown lane {task.lane!r} (known: {listing})",
+            )
+        )
+    for need in dict.fromkeys(task.needs):
+        if need == tid:
+            found.append(
+                PlanProblem(
+                    code="self_dependency", tasks=[tid], message=f"task {tid!r} needs itself"
+                )
+            )
+        elif need not in positions:
+            found.append(
+                PlanProblem(
+                    code="unknown_need",
+                    tasks=[tid, need],
+                    message=f"task {tid!r} needs {need!r}, which is not a task in the plan",
+                )
+            )
+    return found
+
+
+def _graph(tasks: Sequence[Task]) -> tuple[list[str], list[list[int]]]:
+    """Unique ids (first occurrence wins) and each one's needs as node numbers.
+
+    Unknown needs and self-dependencies are left out: they are reported on their own.
+    """
+    index: dict[str, int] = {}
+    unique: list[Task] = []
+    for task in tasks:
+        if task.id not in index:
+            index[task.id] = len(unique)
+            unique.append(task)
+    deps = [[index[n] for n in dict.fromkeys(t.needs) if n != t.id and n in index] for t in unique]
+    return [t.id for t in unique], deps
+
+
+def _has_loose_needs(tasks: Sequence[Task], ids: list[str]) -> bool:
+    """True when some need was left out of the graph (unknown or the task itself)."""
+    known = set(ids)
+    return any(need == t.id or need not in known for t in tasks for need in t.needs)
+
+
+def _topological(deps: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Kahn's algorithm: the nodes it can order, and each ordered node's level (1-based)."""
+    count = len(deps)
+    waiting = [len(d) for d in deps]
+    dependents: list[list[int]] = [[] for _ in range(count)]
+    for node, needs in enumerate(deps):
+        for need in needs:
+            dependents[need].append(node)
+    level = [1] * count
+    order = [node for node in range(count) if not waiting[node]]
+    for node in order:  # `order` grows while we walk it: it is the queue
+        next_level = level[node] + 1
+        for dependent in dependents[node]:
+            if level[dependent] < next_level:
+                level[dependent] = next_level
+            waiting[dependent] -= 1
+            if not waiting[dependent]:
+                order.append(dependent)
+    return order, level
+
+
+def _cycles(ids: list[str], deps: list[list[int]], ordered: list[int]) -> list[PlanProblem]:
+    """One concrete cycle per strongly connected component among the unordered nodes."""
+    inside = [True] * len(ids)
+    for node in ordered:
+        inside[node] = False
+    found: list[PlanProblem] = []
+    components = _components(deps, inside)
+    for component in sorted(components, key=min):
+        if len(component) < 2:
+            continue  # a lone node hanging below a cycle, not a cycle itself
+        path = _cycle_path(deps, set(component))
+        names = [ids[node] for node in path]
+        found.append(
+            PlanProblem(
+                code="cycle",
+                tasks=names,
+                message=f"cycle: {' -> '.join(names)} (each task needs the next)",
+            )
+        )
+    return found
+
+
+def _components(deps: list[list[int]], inside: list[bool]) -> list[list[int]]:
+    """Tarjan's strongly connected components of the `inside` nodes, without recursion."""
+    count = len(deps)
+    index = [-1] * count
+    low = [0] * count
+    on_stack = [False] * count
+    stack: list[int] = []
+    result: list[list[int]] = []
+    counter = 0
+    for root in range(count):
+        if not inside[root] or index[root] >= 0:
+            continue
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack[root] = True
+        work: list[tuple[int, int]] = [(root, 0)]
+        while work:
+            node, at = work[-1]
+            needs = deps[node]
+            descended = False
+            while at < len(needs):
+                other = needs[at]
+                at += 1
+                if not inside[other]:
+                    continue
+                if index[other] < 0:
+                    work[-1] = (node, at)
+                    index[other] = low[other] = counter
+                    counter += 1
+                    stack.append(other)
+                    on_stack[other] = True
+                    work.append((other, 0))
+                    descended = True
+                    break
+                if on_stack[other] and index[other] < low[node]:
+                    low[node] = index[other]
+            if descended:
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                if low[node] < low[parent]:
+                    low[parent] = low[node]
+            if low[node] == index[node]:
+                component: list[int] = []
+                while True:
+                    member = stack.pop()
+                    on_stack[member] = False
+                    component.append(member)
+                    if member == node:
+                        break
+                result.append(component)
+    return result
+
+
+def _cycle_path(deps: list[list[int]], component: set[int]) -> list[int]:
+    """The shortest cycle through the component's first node (BFS), closed: [a, ..., a]."""
+    start = min(component)
+    parent: dict[int, int] = {start: start}
+    frontier = [start]
+    while frontier:
+        following: list[int] = []
+        for node in frontier:
+            for need in deps[node]:
+                if need == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(parent[path[-1]])
+                    path.reverse()
+                    return [*path, start]
+                if need in component and need not in parent:
+                    parent[need] = node
+                    following.append(need)
+        frontier = following
+    raise AssertionError("a strongly connected component always has a cycle")
+
+
+def _schema_problem(err: Any, data: Any) -> PlanProblem:
+    loc = err["loc"]
+    path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    tasks: list[str] = []
+    if isinstance(data, dict) and len(loc) >= 2 and loc[0] == "tasks" and isinstance(loc[1], int):
+        raw = data.get("tasks")
+        if isinstance(raw, list) and loc[1] < len(raw) and isinstance(raw[loc[1]], dict):
+            tid = raw[loc[1]].get("id")
+            if isinstance(tid, str):
+                tasks = [tid]
+    message = err["msg"].removeprefix("Value error, ")
+    return PlanProblem(code="schema", tasks=tasks, message=f"{path or 'plan'}: {message}")

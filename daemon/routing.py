@@ -1,0 +1,300 @@
+"""The keyword router: a request's text -> the lane that should handle it, or an escalation.
+
+Deterministic and model-free. Every lane's keywords, phrases and negative keywords are
+normalized once (`Router(roster)` builds an inverted index); `route(text)` normalizes the
+request the same way and only touches the lanes its terms point at.
+
+Scoring, in one place so the numbers mean the same thing everywhere:
+
+* term weight `w(t) = ln(1 + N / df(t)) / ln(1 + N)` where N is the number of lanes and
+  df(t) the number of lanes listing the keyword t: a word only one lane claims weighs 1.0,
+  a word every lane claims weighs ln(2)/ln(1+N).
+* a lane's evidence `E` = the sum of the weights of its distinct matched keywords
+  + `PHRASE_BOOST` x the same IDF weight for each distinct matched phrase
+  - `NEGATIVE_PENALTY` for each distinct matched negative keyword or phrase.
+  Counting distinct matches only, and never dividing by the size of the lane's keyword list,
+  keeps the score independent of how many keywords a lane declares: listing more words gives
+  a lane more chances to match, never a smaller score for the same matched words.
+* a lane's score `s = E / (E + SATURATION)` (0 when E <= 0), in [0, 1): the first unique
+  keyword gives 0.5, each further word adds less.
+* `confidence = s1 - s2`, the margin between the best and the second-best lane (s2 = 0 when
+  only one lane matched), in [0, 1). It is the same quantity whether or not the route decides.
+* the route decides (`lane` set, `escalate` False) iff `s1 >= policy.threshold` and
+  `confidence >= policy.margin`; otherwise `lane` is None and `escalate` is True, and a
+  `Classifier` (a model call, wired up by the run engine) picks among `Router.candidates`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from roster.models import Lane, Roster
+
+PHRASE_BOOST = 1.5
+NEGATIVE_PENALTY = 1.0
+SATURATION = 1.0
+TOP_K = 5
+
+# A word is a run of Unicode letters/digits. Words joined by `.`, `/`, `-` or `_` with no
+# space ("ci/cd", "node.js", "end-to-end", "user_id") form a compound that is kept whole as
+# an extra term next to its parts; a trailing "++" or "#" stays on its word ("c++", "c#").
+_WORD = r"[^\W_]+"
+_WORDS = re.compile(_WORD)
+_TOKEN = re.compile(rf"{_WORD}(?:[./_-]{_WORD})*(?:\+\+|#)?")
+_APOSTROPHES = re.compile(r"['’`]")
+
+# Words the suffix rules would damage; kept exactly as written.
+_UNSTEMMED = frozenset(
+    {
+        "bed", "embed", "exceed", "feed", "need", "proceed", "seed", "speed", "red", "shed",
+        "bring", "during", "nothing", "ping", "ring", "sing", "spring", "string", "thing",
+        "something", "everything", "anything", "morning", "evening", "king",
+        "canned", "news", "always", "sometimes", "perhaps", "series", "species", "lens", "canvas",
+        "physics", "mathematics", "analytics", "statistics", "graphics", "ethics",
+        "kubernetes", "redis", "postgres", "jenkins", "atlas", "alias", "bias", "gas",
+    }
+)  # fmt: skip
+_SUFFIXES: tuple[tuple[str, str], ...] = (
+    ("ization", "iz"),
+    ("isation", "iz"),
+    ("ation", "at"),
+    ("ies", "y"),
+    ("ing", ""),
+    ("ed", ""),
+    ("s", ""),
+)
+_KEEP_FINAL_S = ("ss", "us", "is")
+_VOWELS = frozenset("aeiouy")
+_NO_UNDOUBLE = frozenset("lsz")
+
+
+@lru_cache(maxsize=65536)
+def stem(word: str) -> str:
+    """A small, predictable English suffix stripper ("tests"/"testing"/"tested" -> "test").
+
+    Only lowercase ASCII alphabetic words longer than three letters are touched; anything
+    with digits or symbols ("k8s", "c++", "utf8") or non-ASCII letters is returned as is.
+    One suffix rule applies (first match in `_SUFFIXES`, and only if what remains is at
+    least three letters with a vowel; after a plural "s" one more rule may apply, so
+    "settings" meets "setting" and "set"), then a doubled final consonant left by -ing/-ed is
+    undoubled ("running" -> "run") and a final "e" is dropped ("cache" and "caching" ->
+    "cach"), so the verb, noun and plural forms of a word meet.
+    """
+    if len(word) <= 3 or not (word.isascii() and word.isalpha()) or word in _UNSTEMMED:
+        return word
+    return _strip(word, _SUFFIXES)
+
+
+def _strip(word: str, rules: tuple[tuple[str, str], ...]) -> str:
+    for suffix, replacement in rules:
+        if not word.endswith(suffix):
+            continue
+        if suffix == "s" and word.endswith(_KEEP_FINAL_S):
+            break
+        if suffix == "ed" and word.endswith("eed"):
+            break
+        base = word[: -len(suffix)]
+        if len(base) + len(replacement) < 3 or not _VOWELS.intersection(base):
+            break
+        word = base + replacement
+        if suffix == "s" and word not in _UNSTEMMED:
+            # plural of a derived form ("settings", "docstrings"): strip once more
+            return _strip(word, rules[:-1])
+        if suffix in ("ing", "ed") and _doubled(word):
+            word = word[:-1]
+        break
+    if len(word) > 3 and word.endswith("e"):
+        word = word[:-1]
+    return word
+
+
+def _doubled(word: str) -> bool:
+    last = word[-1]
+    return len(word) > 3 and word[-2] == last and last not in _VOWELS and last not in _NO_UNDOUBLE
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """A normalized text: `sequence` (stemmed words, in order, for phrases) and `bag`
+    (the same words plus whole compounds such as "ci/cd" and "node.js", for keywords)."""
+
+    sequence: tuple[str, ...]
+    bag: frozenset[str]
+
+
+def normalize(text: str) -> Terms:
+    """Case-fold, NFKC-normalize, drop apostrophes, split into words, stem each word."""
+    text = _APOSTROPHES.sub("", unicodedata.normalize("NFKC", text).casefold())
+    sequence: list[str] = []
+    bag: set[str] = set()
+    for match in _TOKEN.finditer(text):
+        token = match.group()
+        if token.endswith(("++", "#")):
+            sequence.append(token)
+            continue
+        parts = [token] if token.isalnum() else _WORDS.findall(token)
+        stems = [stem(part) for part in parts]
+        sequence.extend(stems)
+        if len(parts) > 1:
+            bag.add(token)
+    bag.update(sequence)
+    return Terms(tuple(sequence), frozenset(bag))
+
+
+def term_of(keyword: str) -> str | tuple[str, ...]:
+    """How a roster keyword is matched: one term (a stem or a compound), or, when it is
+    several words ("unit test", "tl;dr"), a phrase over the stemmed word sequence."""
+    terms = normalize(keyword)
+    compounds = terms.bag.difference(terms.sequence)
+    if len(terms.sequence) == 1 or (len(compounds) == 1 and _TOKEN.fullmatch(keyword.casefold())):
+        return next(iter(compounds)) if compounds else terms.sequence[0]
+    return terms.sequence
+
+
+class Route(BaseModel):
+    """One routing decision. `scores` are the top lanes (best first) with evidence > 0;
+    `matched` lists, per scored lane, the roster keywords and phrases that matched, and
+    negatives that matched prefixed with "-"."""
+
+    model_config = ConfigDict(frozen=True)
+
+    lane: str | None
+    confidence: float
+    escalate: bool
+    scores: list[tuple[str, float]]
+    matched: dict[str, list[str]]
+
+
+class Classifier(Protocol):
+    """Picks a lane when the keywords cannot: a model call constrained to the candidates'
+    names (wired up by the run engine). Returns None when it cannot decide either."""
+
+    async def classify(self, text: str, candidates: Sequence[Lane]) -> str | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Posting:
+    """The lanes one term (a keyword stem, a compound, or a whole phrase) adds evidence to.
+    All lanes listing a term share its IDF weight; negatives carry their own penalty."""
+
+    weight: float
+    lanes: tuple[int, ...]
+    labels: dict[int, str]  # lane -> the roster word, for `Route.matched`
+
+
+class Router:
+    """Routes request text to a lane of `roster`; build once per roster (the index is fixed)."""
+
+    def __init__(self, roster: Roster, *, top_k: int = TOP_K) -> None:
+        self.roster = roster
+        self.threshold = roster.policy.threshold
+        self.margin = roster.policy.margin
+        self.top_k = top_k
+        self._names = [lane.name for lane in roster.lanes]
+        # term -> postings (its keyword posting, then negative ones)
+        self._keywords: dict[str, list[_Posting]] = {}
+        # first stem of a phrase -> (the whole phrase, its postings)
+        self._phrases: dict[str, list[tuple[tuple[str, ...], list[_Posting]]]] = {}
+        self._build(roster.lanes)
+
+    def _build(self, lanes: Sequence[Lane]) -> None:
+        positive: dict[str | tuple[str, ...], dict[int, str]] = {}
+        negative: dict[str | tuple[str, ...], dict[int, str]] = {}
+        for index, lane in enumerate(lanes):
+            for word in [*lane.keywords, *lane.phrases]:
+                if term := term_of(word):
+                    positive.setdefault(term, {}).setdefault(index, word)
+            for word in lane.negative:
+                if term := term_of(word):
+                    negative.setdefault(term, {}).setdefault(index, f"-{word}")
+        count = len(lanes)
+        for term, owners in positive.items():
+            boost = 1.0 if isinstance(term, str) else PHRASE_BOOST
+            self._add(term, _Posting(boost * _idf(len(owners), count), tuple(owners), owners))
+        for term, owners in negative.items():
+            self._add(term, _Posting(-NEGATIVE_PENALTY, tuple(owners), owners))
+
+    def _add(self, term: str | tuple[str, ...], posting: _Posting) -> None:
+        if isinstance(term, str):
+            self._keywords.setdefault(term, []).append(posting)
+            return
+        for phrase, postings in self._phrases.setdefault(term[0], []):
+            if phrase == term:
+                postings.append(posting)
+                return
+        self._phrases[term[0]].append((term, [posting]))
+
+    def _matches(self, text: str) -> list[_Posting]:
+        """The postings of the distinct keywords and phrases found in `text`, in a fixed
+        order (sorted terms, then phrases by position) so float sums never depend on
+        hash order."""
+        terms = normalize(text)
+        keywords = self._keywords
+        found = [p for term in sorted(terms.bag) for p in keywords.get(term, ())]
+        phrases = self._phrases
+        sequence = terms.sequence
+        seen: set[tuple[str, ...]] = set()
+        for position, first in enumerate(sequence):
+            for phrase, postings in phrases.get(first, ()):
+                if phrase not in seen and sequence[position : position + len(phrase)] == phrase:
+                    seen.add(phrase)
+                    found.extend(postings)
+        return found
+
+    def evidence(self, text: str) -> dict[int, float]:
+        """Per lane index: the evidence E (see the module docstring); lanes with none absent."""
+        totals: dict[int, float] = {}
+        get = totals.get
+        for posting in self._matches(text):
+            weight = posting.weight
+            for lane in posting.lanes:
+                totals[lane] = get(lane, 0.0) + weight
+        return totals
+
+    def route(self, text: str) -> Route:
+        matches = self._matches(text)
+        totals: dict[int, float] = {}
+        get = totals.get
+        for posting in matches:
+            weight = posting.weight
+            for lane in posting.lanes:
+                totals[lane] = get(lane, 0.0) + weight
+        top = heapq.nsmallest(
+            self.top_k, ((-e, lane) for lane, e in totals.items() if e > 0)
+        )  # best evidence first, ties by roster order
+        ranked = [(lane, -negated / (SATURATION - negated)) for negated, lane in top]
+        best = ranked[0][1] if ranked else 0.0
+        second = ranked[1][1] if len(ranked) > 1 else 0.0
+        confidence = round(best - second, 4)
+        decided = bool(ranked) and best >= self.threshold and confidence >= self.margin
+        names = self._names
+        matched: dict[str, list[str]] = {}
+        for lane, _ in ranked:
+            matched[names[lane]] = sorted(
+                label for p in matches if (label := p.labels.get(lane)) is not None
+            )
+        return Route.model_construct(
+            lane=names[ranked[0][0]] if decided else None,
+            confidence=confidence,
+            escalate=not decided,
+            scores=[(names[lane], round(score, 4)) for lane, score in ranked],
+            matched=matched,
+        )
+
+    def candidates(self, route: Route) -> list[Lane]:
+        """The lanes a classifier should choose from: the scored ones, or all when none scored."""
+        scored = [lane for name, _ in route.scores if (lane := self.roster.lane(name))]
+        return scored or list(self.roster.lanes)
+
+
+def _idf(df: int, lanes: int) -> float:
+    return math.log(1 + lanes / df) / math.log(1 + lanes) if lanes > 1 else 1.0

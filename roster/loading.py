@@ -1,0 +1,274 @@
+"""Load and dump the roster, with every problem located at file:line:column and field path.
+
+Loading parses with `tomllib`, validates with the pydantic models, then cross-checks the
+names that refer to one another (lanes -> tiers -> members, the ladder). The cross-checks run
+on the raw document even when pydantic already failed, so a user sees all problems at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+import tomllib
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import ErrorDetails
+
+from daemon.errors import InvalidInput
+from roster.models import Roster
+from roster.positions import FieldPath, PositionIndex, format_path
+
+_TOML_AT = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)$")
+
+
+class RosterProblem(BaseModel):
+    """One located problem; `line` and `column` are 0 when the file could not be read."""
+
+    model_config = ConfigDict(frozen=True)
+
+    file: str
+    line: int
+    column: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}:{self.column}" if self.line else self.file
+        return f"{where} {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+
+
+class RosterError(InvalidInput):
+    """The roster is unusable; `problems` holds every problem found, in file order."""
+
+    code = "invalid_roster"
+
+    def __init__(self, problems: list[RosterProblem]) -> None:
+        self.problems = problems
+        super().__init__(
+            "\n".join(str(p) for p in problems),
+            details={"errors": [p.model_dump() for p in problems]},
+        )
+
+
+def default_roster_path() -> Path:
+    """The roster shipped inside the package (`roster/default.toml`)."""
+    return Path(str(resources.files("roster").joinpath("default.toml")))
+
+
+def load_roster(path: Path) -> Roster:
+    name = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        problem = RosterProblem(file=name, line=0, column=0, field="", message=_os(exc))
+        raise RosterError([problem]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        problem = RosterProblem(
+            file=name, line=line, column=column, field="", message="file is not valid UTF-8"
+        )
+        raise RosterError([problem]) from None
+    return load_roster_text(text, name)
+
+
+def load_roster_text(text: str, name: str = "roster.toml") -> Roster:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise RosterError([_syntax_problem(name, text, exc)]) from None
+    index = PositionIndex(text)
+    found: list[tuple[FieldPath, str, bool]] = []
+    roster: Roster | None = None
+    try:
+        roster = Roster.model_validate(data)
+    except ValidationError as exc:
+        found.extend(_pydantic_problem(err, data) for err in exc.errors())
+    found.extend((path, message, False) for path, message in _cross_checks(data))
+    if roster is None or found:
+        problems: dict[tuple[int, int, str, str], RosterProblem] = {}
+        for path, message, at_key in found:
+            where = index.locate(path, key=at_key)
+            field = format_path(path)
+            problem = RosterProblem(
+                file=name, line=where.line, column=where.column, field=field, message=message
+            )
+            problems.setdefault((where.line, where.column, field, message), problem)
+        raise RosterError([problems[k] for k in sorted(problems)])
+    return roster
+
+
+def dump_roster(roster: Roster, path: Path) -> None:
+    """Write atomically: a temp file in the same directory, fsync, rename, fsync the directory."""
+    path = Path(path)
+    data = tomli_w.dumps(roster.model_dump(mode="json", exclude_none=True)).encode()
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        mode = 0o644
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+# -- problems -------------------------------------------------------------------------------
+
+
+def _os(exc: OSError) -> str:
+    return f"cannot read: {exc.strerror or exc}"
+
+
+def _syntax_problem(name: str, text: str, exc: tomllib.TOMLDecodeError) -> RosterProblem:
+    message = str(exc)
+    match = _TOML_AT.search(message)
+    if match is None:
+        line, column = 1, 1
+    elif match.group(1) is None:  # "at end of document"
+        line = text.count("\n") + 1
+        column = len(text) - (text.rfind("\n") + 1) + 1
+    else:
+        line, column = int(match.group(1)), int(match.group(2))
+    if match is not None:
+        message = message[: match.start()]
+    return RosterProblem(
+        file=name, line=line, column=column, field="", message=f"TOML syntax: {message}"
+    )
+
+
+def _pydantic_problem(err: ErrorDetails, data: Any) -> tuple[FieldPath, str, bool]:
+    path = _data_path(err["loc"], data)
+    kind = err["type"]
+    message = err["msg"]
+    if kind == "value_error":
+        message = message.removeprefix("Value error, ")
+    elif kind == "too_short" and path[-1:] == ("keywords",):
+        message = "empty keyword list (a lane needs at least one keyword)"
+    elif kind not in ("missing", "extra_forbidden"):
+        value = err.get("input")
+        if isinstance(value, str | int | float | bool):
+            message = f"{message} (got {value!r})"
+    return path, message, kind == "extra_forbidden"
+
+
+def _data_path(loc: tuple[int | str, ...], data: Any) -> FieldPath:
+    """Turn a pydantic loc into the path in the document.
+
+    Drops levels the models add that the document does not have: `tiers.members` (the tiers
+    table is flattened in TOML) and union/validator tags pydantic appends below a value.
+    """
+    out: list[str | int] = []
+    node = data
+    parts = list(loc)
+    i = 0
+    while i < len(parts):
+        part = parts[i]
+        if isinstance(node, dict):
+            if part not in node and i + 1 < len(parts) and parts[i + 1] in node:
+                i += 1  # a level that exists only in the model
+                continue
+            out.append(part)
+            node = node.get(part) if isinstance(part, str) else None
+        elif isinstance(node, list) and isinstance(part, int):
+            out.append(part)
+            node = node[part] if 0 <= part < len(node) else None
+        elif node is None:
+            out.append(part)
+        else:
+            break  # below a scalar: a tag, not a place in the document
+        i += 1
+    return tuple(out)
+
+
+def _names(items: Any) -> Iterator[tuple[int, str]]:
+    if isinstance(items, list):
+        for i, item in enumerate(items):
+            if isinstance(item, dict) and isinstance(item.get("name"), str):
+                yield i, item["name"]
+
+
+def _duplicates(section: str, kind: str, items: Any) -> Iterator[tuple[FieldPath, str]]:
+    first: dict[str, int] = {}
+    for i, name in _names(items):
+        if name in first:
+            yield (
+                (section, i, "name"),
+                f"duplicate {kind} name {name!r} (first at {section}[{first[name]}])",
+            )
+        else:
+            first[name] = i
+
+
+def _cross_checks(data: dict[str, Any]) -> Iterator[tuple[FieldPath, str]]:
+    yield from _duplicates("models", "member", data.get("models"))
+    yield from _duplicates("lanes", "lane", data.get("lanes"))
+    members = list(dict.fromkeys(name for _, name in _names(data.get("models"))))
+    tiers = data.get("tiers")
+    defined: dict[str, Any] | None = None
+    if isinstance(tiers, dict):
+        nested = isinstance(tiers.get("members"), dict)
+        defined = tiers["members"] if nested else {k: v for k, v in tiers.items() if k != "ladder"}
+        prefix: FieldPath = ("tiers", "members") if nested else ("tiers",)
+        yield from _tier_checks(tiers.get("ladder"), defined, prefix, members)
+    lanes = data.get("lanes")
+    for i, lane in enumerate(lanes if isinstance(lanes, list) else []):
+        if not isinstance(lane, dict):
+            continue
+        tier = lane.get("tier")
+        if defined is not None and isinstance(tier, str) and tier not in defined:
+            yield (("lanes", i, "tier"), f"unknown tier {tier!r} (known: {_known(defined)})")
+        for field in ("keywords", "phrases", "negative"):
+            words = lane.get(field)
+            for j, word in enumerate(words if isinstance(words, list) else []):
+                if isinstance(word, str) and not word.strip():
+                    yield ("lanes", i, field, j), f"blank entry in {field}"
+
+
+def _tier_checks(
+    ladder: Any, defined: dict[str, Any], prefix: FieldPath, members: list[str]
+) -> Iterator[tuple[FieldPath, str]]:
+    on_ladder: set[str] = set()
+    for j, tier in enumerate(ladder if isinstance(ladder, list) else []):
+        if not isinstance(tier, str):
+            continue
+        if tier not in defined:
+            yield ("tiers", "ladder", j), f"unknown tier {tier!r} (known: {_known(defined)})"
+        elif tier in on_ladder:
+            yield ("tiers", "ladder", j), f"tier {tier!r} is on the ladder twice"
+        on_ladder.add(tier)
+    for tier, names in defined.items():
+        if isinstance(ladder, list) and tier not in on_ladder:
+            yield (*prefix, tier), f"tier {tier!r} is not on the ladder"
+        if not isinstance(names, list):
+            continue
+        if not names:
+            yield (*prefix, tier), f"tier {tier!r} names no members"
+        for k, name in enumerate(names):
+            if isinstance(name, str) and members and name not in members:
+                yield (*prefix, tier, k), f"unknown member {name!r} (known: {_known(members)})"
+
+
+def _known(names: Any) -> str:
+    return ", ".join(names) or "none"

@@ -1,0 +1,85 @@
+"""`tally route`: text and JSON output, stdin mode, bad rosters."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from surfaces.cli import main
+
+
+def test_route_text(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["route", "write pytest unit tests for the parser"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("lane:       testing\n")
+    assert "confidence:" in out
+    assert "unit test" in out
+
+
+def test_route_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["route", "--json", "translate this paragraph into Spanish"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {"lane", "confidence", "escalate", "scores", "matched"}
+    assert data["lane"] == "translation"
+    assert data["escalate"] is False
+    assert data["scores"][0][0] == "translation"
+    assert "spanish" in data["matched"]["translation"]
+
+
+def test_route_stdin_one_object_per_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = "summarize this article\n\nwhat's a good pasta recipe\nshader for water\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(lines))
+    assert main(["route", "--json", "-"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["lane"] for row in rows] == ["summarization", None, "graphics"]
+    assert rows[1] == {
+        "lane": None,
+        "confidence": 0.0,
+        "escalate": True,
+        "scores": [],
+        "matched": {},
+    }
+
+
+def test_route_escalation_text(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["route", "tell me a joke"]) == 0
+    out = capsys.readouterr().out
+    assert "escalate" in out
+    assert "no keyword" in out
+
+
+def test_route_other_roster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.toml"
+    path.write_text(
+        """
+[[models]]
+name = "m"
+url = "http://127.0.0.1:1/v1"
+[tiers]
+ladder = ["t"]
+t = ["m"]
+[[lanes]]
+name = "pasta"
+keywords = ["pasta", "recipe"]
+tier = "t"
+system = "You cook."
+""",
+        encoding="utf-8",
+    )
+    assert main(["route", "--json", "--roster", str(path), "a good pasta recipe"]) == 0
+    assert json.loads(capsys.readouterr().out)["lane"] == "pasta"
+
+
+def test_route_bad_roster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("version = [\n", encoding="utf-8")
+    assert main(["route", "--roster", str(path), "x"]) == 2
+    assert main(["route", "--roster", str(tmp_path / "missing.toml"), "x"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load roster" in err
+    assert "Traceback" not in err

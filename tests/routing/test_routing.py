@@ -1,0 +1,245 @@
+"""Unit tests of the keyword router: normalization, stemming, phrases, negatives, IDF,
+length independence, confidence and escalation, determinism."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from daemon.routing import (
+    NEGATIVE_PENALTY,
+    PHRASE_BOOST,
+    SATURATION,
+    Classifier,
+    Route,
+    Router,
+    normalize,
+    stem,
+    term_of,
+)
+from roster.models import Lane, Roster
+
+
+def lane(name: str, keywords: list[str], **extra: Any) -> dict[str, Any]:
+    return {"name": name, "keywords": keywords, "tier": "cheap", "system": "s", **extra}
+
+
+def roster(*lanes: dict[str, Any], threshold: float = 0.4, margin: float = 0.1) -> Roster:
+    return Roster.model_validate(
+        {
+            "policy": {"threshold": threshold, "margin": margin},
+            "models": [{"name": "m", "url": "http://127.0.0.1:1/v1", "model_id": "x"}],
+            "tiers": {"ladder": ["cheap"], "cheap": ["m"]},
+            "lanes": list(lanes),
+        }
+    )
+
+
+def score(evidence: float) -> float:
+    return round(evidence / (evidence + SATURATION), 4)
+
+
+@pytest.mark.parametrize(
+    "forms",
+    [
+        ["test", "tests", "testing", "tested", "Tests"],
+        ["run", "running", "runs"],
+        ["cache", "caches", "caching", "cached"],
+        ["database", "databases"],
+        ["query", "queries"],
+        ["optimize", "optimization", "optimizing", "optimized", "optimizes"],
+        ["translate", "translation", "translations", "translated"],
+        ["class", "classes"],
+        ["setting", "settings"],
+        ["docstring", "docstrings"],
+        ["string", "strings"],
+        ["deploy", "deploys", "deployed", "deploying"],
+    ],
+)
+def test_stemming_meets_word_forms(forms: list[str]) -> None:
+    assert len({normalize(form).sequence for form in forms}) == 1, forms
+
+
+@pytest.mark.parametrize(
+    "word", ["k8s", "c++", "utf8", "s3", "api", "css", "speed", "analysis", "status", "redis"]
+)
+def test_stemming_leaves_short_symbolic_and_listed_words(word: str) -> None:
+    assert stem(word) == word
+
+
+def test_stemming_is_conservative() -> None:
+    assert stem("string") == "string"  # no vowel left after -ing: not a suffix
+    assert stem("using") == "using"  # too short a stem
+    assert stem("übersetzungen") == "übersetzungen"  # only ASCII words are stemmed
+
+
+def test_normalize_keeps_compounds_and_parts() -> None:
+    terms = normalize("Our CI/CD on K8s builds C++ and C# with Node.js, end-to-end!")
+    assert {"ci/cd", "ci", "cd", "k8s", "c++", "c#", "node.js", "nod", "js"} <= terms.bag
+    assert {"end-to-end", "end", "to"} <= terms.bag
+    assert terms.sequence[:3] == ("our", "ci", "cd")
+    assert "c" not in terms.bag  # "c++" is one token, not the letter c
+
+
+def test_normalize_unicode_and_apostrophes() -> None:
+    assert normalize("Ｆｕｌｌｗｉｄｔｈ TESTS").sequence == ("fullwidth", "test")
+    assert normalize("Don’t break the user's build").sequence == (
+        "dont",
+        "break",
+        "the",
+        "user",
+        "build",
+    )
+    assert normalize("Übersetze ins Deutsche").sequence == ("übersetze", "ins", "deutsch")
+
+
+def test_term_of_keywords_and_phrases() -> None:
+    assert term_of("Testing") == "test"
+    assert term_of("ci/cd") == "ci/cd"
+    assert term_of("c++") == "c++"
+    assert term_of("unit tests") == ("unit", "test")
+    assert term_of("tl;dr") == ("tl", "dr")
+
+
+def test_phrase_matches_in_order_on_normalized_sequence() -> None:
+    router = Router(roster(lane("a", ["alpha"], phrases=["unit test"]), lane("b", ["beta"])))
+    assert router.route("add Unit Tests please").matched == {"a": ["unit test"]}
+    assert router.route("test the unit").scores == []
+    assert router.route("unit of test").scores == []
+
+
+def test_phrase_counts_more_than_a_word() -> None:
+    router = Router(roster(lane("a", ["alpha"], phrases=["gamma delta"]), lane("b", ["beta"])))
+    assert router.route("gamma delta").scores == [("a", score(PHRASE_BOOST))]
+    assert router.route("alpha").scores == [("a", score(1.0))]
+
+
+def test_keyword_with_several_words_is_a_phrase() -> None:
+    router = Router(roster(lane("a", ["pull request"]), lane("b", ["beta"])))
+    assert router.route("please look at my pull request").lane == "a"
+    assert router.route("pull the request").lane is None
+
+
+def test_negative_keyword_reduces_a_lane() -> None:
+    router = Router(
+        roster(
+            lane("web", ["react", "css"], negative=["native"]),
+            lane("mobile", ["ios"], phrases=["react native"]),
+        )
+    )
+    plain = router.route("react css")
+    assert plain.lane == "web"
+    assert plain.scores == [("web", score(2.0))]
+    hit = router.route("react native css on ios")
+    assert hit.lane == "mobile"
+    assert dict(hit.scores)["web"] == score(2.0 - NEGATIVE_PENALTY)
+    assert "-native" in hit.matched["web"]
+
+
+def test_negative_phrase_and_veto() -> None:
+    router = Router(roster(lane("plan", ["plan"], negative=["test plan"]), lane("t", ["test"])))
+    assert router.route("write a plan").lane == "plan"
+    route = router.route("write a test plan")
+    assert route.lane == "t"
+    assert "plan" not in dict(route.scores)  # evidence 1 - 1 = 0: the lane drops out
+
+
+def test_idf_weights_shared_words_less() -> None:
+    lanes = [
+        lane("a", ["shared", "only"]),
+        lane("b", ["shared", "bee"]),
+        lane("c", ["shared", "sea"]),
+        lane("d", ["dee"]),
+    ]
+    router = Router(roster(*lanes))
+    n = 4
+    weight = math.log(1 + n / 3) / math.log(1 + n)
+    route = router.route("shared")
+    assert [s for _, s in route.scores] == [score(weight)] * 3
+    assert route.lane is None  # three-way tie: escalate
+    assert router.route("shared only").lane == "a"
+    assert router.route("only").scores == [("a", score(1.0))]
+
+
+def test_score_is_independent_of_lane_size() -> None:
+    small = lane("small", ["alpha", "beta"])
+    large = lane("large", ["gamma", "delta", *[f"filler{i}" for i in range(200)]])
+    router = Router(roster(small, large, threshold=0.0, margin=0.0))
+    assert (
+        dict(router.route("alpha beta").scores)["small"]
+        == dict(router.route("gamma delta").scores)["large"]
+    )
+    # repeating a word is not more evidence
+    assert router.route("alpha alpha alpha").scores == router.route("alpha").scores
+
+
+def test_confidence_is_the_margin_on_both_paths() -> None:
+    lanes = [lane("a", ["alpha", "ant", "ape"]), lane("b", ["beta"])]
+    router = Router(roster(*lanes, margin=0.2))
+    decided = router.route("alpha ant ape beta")
+    assert decided.lane == "a"
+    assert decided.confidence == round(score(3.0) - score(1.0), 4)  # 0.25
+    close = router.route("alpha ant beta")
+    assert close.confidence == round(score(2.0) - score(1.0), 4)  # 0.1667 < margin 0.2
+    assert (close.lane, close.escalate) == (None, True)
+    tied = router.route("alpha beta")
+    assert (tied.lane, tied.escalate, tied.confidence) == (None, True, 0.0)
+    alone = router.route("alpha")
+    assert alone.confidence == score(1.0)  # the runner-up counts as 0
+
+
+def test_threshold_and_nothing_matched() -> None:
+    router = Router(roster(lane("a", ["alpha"]), lane("b", ["beta"]), threshold=0.6))
+    low = router.route("alpha")
+    assert (low.lane, low.escalate, low.confidence) == (None, True, 0.5)
+    none = router.route("what's a good pasta recipe")
+    assert none == Route(lane=None, confidence=0.0, escalate=True, scores=[], matched={})
+    assert router.route("").scores == []
+
+
+def test_route_is_deterministic() -> None:
+    lanes = [lane(f"l{i}", ["shared", f"own{i}"]) for i in range(6)]
+    first = Router(roster(*lanes)).route("shared own3 own4")
+    again = Router(roster(*lanes))
+    for _ in range(3):
+        assert again.route("shared own3 own4") == first
+    # ties are ordered by roster order, not by hash or set iteration order
+    assert [name for name, _ in first.scores[:2]] == ["l3", "l4"]
+
+
+def test_route_crosses_to_json() -> None:
+    router = Router(roster(lane("a", ["alpha"]), lane("b", ["beta"])))
+    route = router.route("alpha")
+    data = route.model_dump(mode="json")
+    assert data == {
+        "lane": "a",
+        "confidence": 0.5,
+        "escalate": False,
+        "scores": [["a", 0.5]],
+        "matched": {"a": ["alpha"]},
+    }
+    assert Route.model_validate_json(route.model_dump_json()) == route
+
+
+def test_top_k_limits_scores() -> None:
+    lanes = [lane(f"l{i}", ["shared"]) for i in range(8)]
+    route = Router(roster(*lanes), top_k=3).route("shared")
+    assert len(route.scores) == 3
+    assert set(route.matched) == {"l0", "l1", "l2"}
+
+
+async def test_classifier_protocol_and_candidates() -> None:
+    class First:
+        async def classify(self, text: str, candidates: Sequence[Lane]) -> str | None:
+            return candidates[0].name if candidates else None
+
+    router = Router(roster(lane("a", ["alpha"]), lane("b", ["beta"]), lane("c", ["gamma"])))
+    classifier: Classifier = First()
+    tied = router.route("alpha beta")
+    assert [c.name for c in router.candidates(tied)] == ["a", "b"]
+    assert await classifier.classify("alpha beta", router.candidates(tied)) == "a"
+    nothing = router.route("pasta")
+    assert [c.name for c in router.candidates(nothing)] == ["a", "b", "c"]

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from daemon.errors import DeadlineExceeded, InvalidInput
+from daemon.planning import Plan, problems, waves
 from roster.models import Budget
 
 if TYPE_CHECKING:
@@ -275,7 +276,7 @@ async def route(daemon: Daemon, data: RouteIn, ctx: ToolContext) -> RouteOut:
 
 
 class PlanIn(_In):
-    plan: dict[str, Any] = Field(
+    plan: Plan = Field(
         description=(
             'A plan: {"tasks": [{"id": "T1", "lane": "backend", "instruction": "...", '
             '"needs": [], "assertions": [{"type": "contains", "text": "..."}]}]}'
@@ -299,17 +300,7 @@ class PlanOut(_Out):
 
 
 async def plan(daemon: Daemon, data: PlanIn, ctx: ToolContext) -> PlanOut:
-    from pydantic import ValidationError
-
-    from daemon.planning import Plan, problems, waves
-
-    try:
-        parsed = Plan.model_validate(data.plan)
-    except ValidationError as exc:
-        raise InvalidInput(
-            "the plan does not match the Plan schema",
-            details={"errors": exc.errors(include_url=False, include_context=False)},
-        ) from None
+    parsed = data.plan
     lanes = [lane.name for lane in daemon.roster.lanes]
     found = [PlanProblemOut.model_validate(_plain(p)) for p in problems(parsed, lanes)]
     if found:
@@ -330,7 +321,7 @@ async def plan(daemon: Daemon, data: PlanIn, ctx: ToolContext) -> PlanOut:
 
 class SubmitIn(_In):
     request: str = Field(min_length=1, max_length=100_000, description="What you want done.")
-    plan: dict[str, Any] | None = Field(
+    plan: Plan | None = Field(
         default=None, description="An explicit plan (see the plan tool); default: tally plans."
     )
     lane: str | None = Field(default=None, description="Force a lane instead of routing.")

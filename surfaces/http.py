@@ -55,7 +55,16 @@ class HttpOptions:
 
 DAEMON: web.AppKey[Daemon] = web.AppKey("daemon")
 OPTIONS = web.AppKey("options", HttpOptions)
-STREAMS: web.AppKey[set[asyncio.Event]] = web.AppKey("streams")
+
+
+class Streams:
+    """The stop events of open SSE streams (on_shutdown sets them all)."""
+
+    def __init__(self) -> None:
+        self.stops: set[asyncio.Event] = set()
+
+
+STREAMS = web.AppKey("streams", Streams)
 
 
 # ---------------------------------------------------------------- errors
@@ -107,7 +116,7 @@ def _peer(request: web.Request, options: HttpOptions) -> Peer:
     unix = sock is not None and sock.family == socket.AF_UNIX
     if unix:
         hosts = frozenset((SOCKET_HOST, *LOOPBACK))
-        uid = _peer_uid(sock) if options.check_peer_uid else None
+        uid = _peer_uid(sock) if options.check_peer_uid and sock is not None else None
         peer = Peer(True, hosts, uid is not None and uid != os.getuid())
     else:
         sockname = transport.get_extra_info("sockname") if transport else None
@@ -244,7 +253,7 @@ async def run_events(request: web.Request) -> web.StreamResponse:
     )
     await resp.prepare(request)
     stop = asyncio.Event()
-    request.app[STREAMS].add(stop)
+    request.app[STREAMS].stops.add(stop)
     events = daemon.engine.events(run_id, after=after).__aiter__()
     stopped = asyncio.ensure_future(stop.wait())
     pending: asyncio.Future[Any] | None = None
@@ -273,7 +282,7 @@ async def run_events(request: web.Request) -> web.StreamResponse:
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
-        request.app[STREAMS].discard(stop)
+        request.app[STREAMS].stops.discard(stop)
         stopped.cancel()
         if pending is not None:
             pending.cancel()
@@ -288,7 +297,7 @@ async def run_events(request: web.Request) -> web.StreamResponse:
 
 async def close_streams(app: web.Application) -> None:
     """on_shutdown: end every SSE stream at once, so shutdown does not wait for them."""
-    for stop in list(app[STREAMS]):
+    for stop in list(app[STREAMS].stops):
         stop.set()
 
 
@@ -430,7 +439,7 @@ def create_app(daemon: Daemon, options: HttpOptions | None = None) -> web.Applic
     app = web.Application(middlewares=[surface_mw], client_max_size=options.body_limit)
     app[DAEMON] = daemon
     app[OPTIONS] = options
-    app[STREAMS] = set[asyncio.Event]()
+    app[STREAMS] = Streams()
     app.on_shutdown.append(close_streams)
     app.router.add_get("/v1/tools", list_tools)
     app.router.add_post("/v1/tools/{name}", call_tool)

@@ -99,8 +99,6 @@ def post(port: int, path: str, body: bytes) -> int:
 
 @pytest.mark.parametrize("tool", list(TOOLS))
 def test_tool_input_fuzz_never_5xx(port: int, tool: str) -> None:
-    if tool == "plan":
-        pytest.importorskip("daemon.planning")
 
     @settings(
         max_examples=25,

@@ -265,3 +265,17 @@ async def test_openapi_document_validates(client: Client) -> None:
 
 async def test_healthz(client: Client) -> None:
     assert (await (await client.get("/healthz")).json())["status"] == "ok"
+
+
+async def test_plan_tool_waves_and_problems(client: Client) -> None:
+    def task(i: str, needs: list[str]) -> dict[str, Any]:
+        return {"id": i, "lane": "backend", "instruction": "x", "needs": needs}
+
+    ok = {"plan": {"tasks": [task("A", []), task("B", ["A"]), task("C", ["A"])]}}
+    body = await (await client.post("/v1/tools/plan", json=ok)).json()
+    assert body["ok"]
+    assert body["waves"] == [["A"], ["B", "C"]]
+    cyc = {"plan": {"tasks": [task("A", ["B"]), task("B", ["A"])]}}
+    body = await (await client.post("/v1/tools/plan", json=cyc)).json()
+    assert not body["ok"]
+    assert "cycle" in {p["code"] for p in body["problems"]}

@@ -70,9 +70,8 @@ async def _call_progress_and_errors(mcp_session: ClientSession) -> None:
     async def on_progress(done: float, total: float | None, message: str | None) -> None:
         seen.append((done, total, message))
 
-    result = await mcp_session.call_tool(
-        "submit", {"request": "fix the api", "wait": True}, progress_callback=on_progress
-    )
+    args: dict[str, Any] = {"request": "fix the api", "wait": True}
+    result = await mcp_session.call_tool("submit", args, progress_callback=on_progress)
     assert not result.is_error, result.content
     assert result.structured_content is not None
     assert result.structured_content["state"] == "done"

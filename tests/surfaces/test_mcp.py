@@ -67,8 +67,8 @@ async def _call_progress_and_errors(mcp_session: ClientSession) -> None:
 
     seen: list[tuple[float, float | None, str | None]] = []
 
-    async def on_progress(done: float, total: float | None, message: str | None) -> None:
-        seen.append((done, total, message))
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
 
     args: dict[str, Any] = {"request": "fix the api", "wait": True}
     result = await mcp_session.call_tool("submit", args, progress_callback=on_progress)

@@ -17,13 +17,25 @@ def _state_dir() -> Path:
     return Path(base) / "tally"
 
 
-def _runtime_dir() -> Path:
+def default_runtime_dir() -> Path:
+    """Where the socket lives; the daemon and its clients must derive the same place.
+
+    IDE launchers start the MCP adapter with a sparse environment (no XDG_RUNTIME_DIR), so the
+    fallback is the per-user /run/user/<uid> that systemd's user manager creates, if present.
+    """
     for name in ("TALLY_RUNTIME_DIR", "RUNTIME_DIRECTORY"):
         if os.environ.get(name):
             return Path(os.environ[name].split(":")[0])
     if os.environ.get("XDG_RUNTIME_DIR"):
         return Path(os.environ["XDG_RUNTIME_DIR"]) / "tally"
+    user_run = Path(f"/run/user/{os.getuid()}")
+    if user_run.is_dir():
+        return user_run / "tally"
     return Path(f"/tmp/tally-{os.getuid()}")
+
+
+def default_socket_path() -> Path:
+    return default_runtime_dir() / "tally.sock"
 
 
 class Settings(BaseModel):
@@ -50,7 +62,7 @@ class Settings(BaseModel):
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
         state_dir = Path(overrides.pop("state_dir", None) or _state_dir())
-        runtime_dir = Path(overrides.pop("runtime_dir", None) or _runtime_dir())
+        runtime_dir = Path(overrides.pop("runtime_dir", None) or default_runtime_dir())
         socket_path = Path(overrides.pop("socket_path", None) or runtime_dir / "tally.sock")
         if "TALLY_TCP" in os.environ and "tcp" not in overrides:
             overrides["tcp"] = os.environ["TALLY_TCP"] or None

@@ -17,6 +17,8 @@ from typing import Any
 
 import aiohttp
 
+from daemon.config import default_socket_path
+
 NOT_RUNNING = (
     "tally daemon is not running — start it with `systemctl --user start tallyd` or `tally serve`"
 )
@@ -37,18 +39,6 @@ class DaemonError(Exception):
         self.code = code
         self.message = message
         self.details = details or {}
-
-
-def runtime_dir() -> Path:
-    """$RUNTIME_DIRECTORY (systemd), else $XDG_RUNTIME_DIR/tally, else /run/user/<uid>/tally."""
-    if os.environ.get("RUNTIME_DIRECTORY"):
-        return Path(os.environ["RUNTIME_DIRECTORY"].split(":")[0])
-    base = os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
-    return Path(base) / "tally"
-
-
-def default_socket_path() -> Path:
-    return runtime_dir() / "tally.sock"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,11 @@
-"""A minimal scripted OpenAI-compatible model server: replies chosen by the prompt's content.
+"""Scripted replies on top of the slot pool's fake llama-server (`tests.slots.fake_server`).
 
-Rules are (substring, reply, delay_s): the first rule whose substring is in the last user
-message answers. It counts requests and notices aborted ones (client went away).
+One fake model server for the whole suite: `FakeServer` speaks llama-server (health, props,
+/slots with is_processing, id_slot queueing, SSE, faults); `ScriptedServer` only changes what
+a chat request answers. Rules are (substring, reply, delay_s): the first rule whose substring
+is in the last user message or the system prompt answers. A reply may be a list: each match
+takes the next one (the last one repeats). It counts requests and notices aborted ones — the
+client closed the connection while the reply was being generated.
 """
 
 from __future__ import annotations
@@ -13,70 +17,55 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.slots.fake_server import FakeServer
 
-class ScriptedServer:
-    def __init__(self, rules: list[tuple[str, str, float]], default: str = "ok") -> None:
+Reply = str | list[str]
+
+
+class ScriptedServer(FakeServer):
+    def __init__(self, rules: list[tuple[str, Reply, float]], default: str = "ok") -> None:
+        super().__init__(slots=4, n_ctx=4096)
         self.rules = rules
         self.default = default
-        self.requests: list[dict[str, Any]] = []
         self.aborted = 0
         self.closing = False
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-        app = web.Application()
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/v1/health", self._health)
-        app.router.add_get("/props", self._props)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        self.app = app
+        self._taken: dict[int, int] = {}
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    async def start(self) -> str:
-        self._runner = web.AppRunner(self.app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
-        return self.url
-
     async def stop(self) -> None:
         self.closing = True
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await super().stop()
 
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def _props(self, request: web.Request) -> web.Response:
-        return web.json_response({"total_slots": 4, "default_generation_settings": {"n_ctx": 4096}})
-
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "scripted"}]})
+    def in_flight(self) -> int:
+        """Chat requests being generated right now (llama-server's busy slots)."""
+        return len(self.processing)
 
     def _reply(self, body: dict[str, Any]) -> tuple[str, float]:
-        users = [m for m in body.get("messages", []) if m.get("role") == "user"]
+        messages = body.get("messages", [])
+        users = [m for m in messages if m.get("role") == "user"]
         text = str(users[-1].get("content", "")) if users else ""
-        system = str(body["messages"][0].get("content", "")) if body.get("messages") else ""
-        for needle, reply, delay in self.rules:
+        system = str(messages[0].get("content", "")) if messages else ""
+        for i, (needle, reply, delay) in enumerate(self.rules):
             if needle in text or needle in system:
+                if isinstance(reply, list):
+                    n = self._taken.get(i, 0)
+                    self._taken[i] = n + 1
+                    return reply[min(n, len(reply) - 1)], delay
                 return reply, delay
         return self.default, 0.0
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        self.requests.append(body)
+    async def _generate(
+        self, request: web.Request, body: dict[str, Any], slot: int
+    ) -> web.StreamResponse:
         reply, delay = self._reply(body)
         deadline = time.monotonic() + delay
         try:
             while time.monotonic() < deadline and not self.closing:
                 await asyncio.sleep(0.02)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # aiohttp cancels the handler when the client leaves
             self.aborted += 1
             raise
         usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
@@ -97,12 +86,15 @@ class ScriptedServer:
                     ],
                     "usage": usage,
                     "timings": timings,
+                    "id_slot": slot,
                 }
             )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for word in reply.split(" "):
-            chunk = {"choices": [{"index": 0, "delta": {"content": word + " "}}]}
+        words = reply.split(" ")
+        for i, word in enumerate(words):
+            piece = word if i == len(words) - 1 else word + " "
+            chunk = {"choices": [{"index": 0, "delta": {"content": piece}}]}
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
         final = {
             "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
@@ -114,23 +106,26 @@ class ScriptedServer:
         return resp
 
 
-def roster_toml(url: str) -> str:
+def roster_toml(url: str, **policy: Any) -> str:
     lanes = "\n".join(
         f'[[lanes]]\nname = "{name}"\nkeywords = ["{name}"]\ntier = "cheap"\n'
         f'system = "You do {name} work."\n'
         for name in ("backend", "docs", "testing")
     )
+    extra = "".join(f"{key} = {json.dumps(value)}\n" for key, value in policy.items())
     return f"""version = 1
 [policy]
 max_parallel = 4
-
+{extra}
 [[models]]
 name = "tiny"
 url = "{url}"
+slots = 4
 
 [[models]]
 name = "big"
 url = "{url}"
+slots = 4
 
 [tiers]
 ladder = ["cheap", "capable"]

@@ -1,0 +1,275 @@
+"""The issue's run scenarios through the real Daemon: real Ledger, real Pool, fake model server.
+
+Nothing of tally's own is faked here: the pool leases real slots of a llama-server-compatible
+fake (`tests.runs.model_server.ScriptedServer`) and every entry is fsynced to the file ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.config import Settings
+from daemon.errors import Conflict
+from daemon.runs import entries as k
+from daemon.service import Daemon
+from tests.runs.model_server import Reply, ScriptedServer, roster_toml
+
+DAG = {
+    "tasks": [
+        {"id": "api", "lane": "backend", "instruction": "Design the API."},
+        {"id": "doc", "lane": "docs", "instruction": "Document it.", "needs": ["api"]},
+        {"id": "test", "lane": "testing", "instruction": "Test it.", "needs": ["api"]},
+    ]
+}
+DAG_RULES: list[tuple[str, Reply, float]] = [
+    ("Combine", "FINAL ANSWER about the api, docs and tests", 0.0),
+    ("Design the API", "GET /items", 0.0),
+    ("Document it", "docs for GET /items", 0.0),
+    ("Test it", "tests for GET /items", 0.0),
+]
+
+PRINT_ARGV = "import json, sys; print(json.dumps(sys.argv[1:]))"
+Factory = Callable[..., Any]
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[Factory]:
+    """fleet(rules, **settings) -> (daemon, server), both stopped after the test."""
+    made: list[tuple[Daemon, ScriptedServer]] = []
+
+    async def make(
+        rules: list[tuple[str, Reply, float]], policy: dict[str, Any] | None = None, **over: Any
+    ) -> tuple[Daemon, ScriptedServer]:
+        server = ScriptedServer(rules, default="done")
+        await server.start()
+        roster = tmp_path / "roster.toml"
+        roster.write_text(roster_toml(server.url, **(policy or {})))
+        settings = Settings.from_env(
+            state_dir=tmp_path / "state",
+            runtime_dir=tmp_path / "run",
+            roster_path=roster,
+            checkpoint_interval_s=3600,
+            drain_s=0.2,
+            **over,
+        )
+        daemon = Daemon(settings)
+        await daemon.start()
+        made.append((daemon, server))
+        return daemon, server
+
+    yield make
+    for daemon, server in made:
+        await daemon.stop()
+        await server.stop()
+
+
+async def bodies(daemon: Daemon, kind: str, run: str) -> list[Any]:
+    found = await daemon.ledger.entries(start=0, limit=10_000, kind=kind, run=run)
+    return [await daemon.ledger.body(e.body) if e.body else None for e in found]
+
+
+async def kinds(daemon: Daemon, run: str) -> list[str]:
+    return [e.kind for e in await daemon.ledger.entries(start=0, limit=10_000, run=run)]
+
+
+def user_texts(server: ScriptedServer) -> list[str]:
+    return [
+        "\n".join(str(m["content"]) for m in r["messages"] if m["role"] == "user")
+        for r in server.requests
+    ]
+
+
+async def test_three_task_dag_with_scripted_replies(fleet: Factory) -> None:
+    daemon, server = await fleet(DAG_RULES)
+    view = await daemon.engine.submit("build an api with docs", plan=DAG)
+    done = await daemon.engine.wait(view.id, timeout=20)
+    assert done.state == "done", done.error
+    assert done.answer is not None
+    assert done.answer.startswith("FINAL ANSWER about the api")
+    assert [t.state for t in done.tasks] == ["done", "done", "done"]
+    assert done.spent.model_calls == 4 == len(server.requests)
+    assert done.spent.tokens == 4 * 15
+    # upstream results reach dependants
+    doc_prompt = next(t for t in user_texts(server) if "Document it" in t)
+    assert "GET /items" in doc_prompt
+    calls = await bodies(daemon, k.MODEL_CALL, view.id)
+    assert all(isinstance(c["slot"], int) and c["member"] == "tiny" for c in calls)
+    assert done.answer_seq is not None
+    chain = [e.kind for e in await daemon.ledger.causal_chain(done.answer_seq)]
+    expected = [k.REQUEST, k.ROUTE, k.PLAN, k.TASK_START, k.TASK_RESULT, k.TASK_VERDICT, k.ANSWER]
+    it = iter(chain)
+    assert all(kind in it for kind in expected), chain
+    assert k.INTENT in await kinds(daemon, view.id)
+    assert (await daemon.ledger.verify(deep=True)).ok
+
+
+async def test_failed_validation_escalates_to_the_next_rung(fleet: Factory) -> None:
+    # Both members are the same server: the first attempt says "no idea", the second (carrying
+    # what failed) says OK.
+    daemon, server = await fleet([("must contain 'OK'", "OK: the answer", 0.0)], default="x")
+    server.default = "no idea"
+    plan = {
+        "tasks": [
+            {
+                "id": "t1",
+                "lane": "backend",
+                "instruction": "Say OK.",
+                "assertions": [{"type": "contains", "text": "OK"}],
+            }
+        ]
+    }
+    view = await daemon.engine.wait((await daemon.engine.submit("say ok", plan=plan)).id, 20)
+    assert view.state == "done", view.error
+    assert view.answer == "OK: the answer"
+    assert (await bodies(daemon, k.TASK_ESCALATE, view.id)) == [
+        {
+            "task": "t1",
+            "from_tier": "cheap",
+            "to_tier": "capable",
+            "reason": "the output must contain 'OK'",
+            "failures": ["the output must contain 'OK'"],
+        }
+    ]
+    members = [c["member"] for c in await bodies(daemon, k.MODEL_CALL, view.id)]
+    assert members == ["tiny", "big"]
+    assert view.tasks[0].attempts == 2
+    assert view.tasks[0].tier == "capable"
+
+
+async def test_garbled_plan_reply_is_rescued(fleet: Factory) -> None:
+    plan_replies = [
+        "I think the plan is: tasks, lots of them",
+        'Sure! Here it is:\n```json\n{"tasks": [{"id": "a", "lane": "backend", '
+        '"instruction": "Do A", "needs": []}, {"id": "b", "lane": "docs", '
+        '"instruction": "Do B", "needs": ["a"]}]}\n```\nHope that helps.',
+    ]
+    daemon, server = await fleet(
+        [
+            ("You route a request", '{"lane": "backend"}', 0.0),
+            ("You split a request", plan_replies, 0.0),
+            ("Combine", "combined", 0.0),
+        ],
+        coordinator="big",
+    )
+    view = await daemon.engine.submit("plan the backend api docs")
+    view = await daemon.engine.wait(view.id, timeout=20)
+    assert view.state == "done", view.error
+    assert [t.id for t in view.tasks] == ["a", "b"]
+    guards = await bodies(daemon, k.GUARD, view.id)
+    assert [(g["purpose"], g["outcome"]) for g in guards] == [
+        ("classify", "parsed"),
+        ("plan", "invalid"),
+        ("plan", "rescued_fenced"),
+    ]
+    assert (await bodies(daemon, k.PLAN, view.id))[0]["source"] == "coordinator"
+    # the retry told the model what was wrong
+    planning = [r for r in server.requests if "You split" in r["messages"][0]["content"]]
+    assert len(planning) == 2
+    assert len(planning[1]["messages"]) > len(planning[0]["messages"])
+    assert planning[0]["response_format"]["type"] == "json_schema"
+
+
+async def test_budget_stop(fleet: Factory) -> None:
+    daemon, server = await fleet(DAG_RULES)
+    view = await daemon.engine.submit("api", plan=DAG, budget={"model_calls": 2}, max_parallel=1)
+    view = await daemon.engine.wait(view.id, timeout=20)
+    assert view.state == "budget_exhausted"
+    assert view.spent.model_calls == 2 == len(server.requests)
+    stop = (await bodies(daemon, k.BUDGET, view.id))[0]
+    assert stop["limit"] == "model_calls"
+    assert stop["spent"]["model_calls"] == 2
+    assert stop["spent"]["tokens"] == 30
+
+
+async def test_cancel_mid_run_aborts_the_request_and_starts_nothing_after(fleet: Factory) -> None:
+    daemon, server = await fleet([("Design the API", "never", 30.0), *DAG_RULES])
+    view = await daemon.engine.submit("api", plan=DAG)
+    for _ in range(500):
+        if server.in_flight():
+            break
+        await asyncio.sleep(0.01)
+    else:
+        pytest.fail("the first task never reached the model server")
+    cancelled = await daemon.engine.cancel(view.id)
+    assert cancelled.state == "cancelled"
+    for _ in range(200):  # the server learns of the closed connection asynchronously
+        if server.aborted and not server.in_flight():
+            break
+        await asyncio.sleep(0.01)
+    assert server.aborted == 1
+    assert server.in_flight() == 0
+    status = daemon.pool.status()
+    tiny = next(m for m in status.members if m.name == "tiny")
+    assert tiny.leases == 0
+    assert all(i.slots_busy == 0 for i in tiny.instances)
+    seen = await kinds(daemon, view.id)
+    assert k.TASK_START not in seen[seen.index(k.CANCEL) :]
+    await asyncio.sleep(0.2)
+    assert await kinds(daemon, view.id) == seen
+    assert len(server.requests) == 1
+    assert (await daemon.engine.cancel(view.id)).state == "cancelled"  # idempotent
+
+
+async def test_idempotency_key_returns_the_same_run(fleet: Factory) -> None:
+    daemon, _ = await fleet([("backend", "an answer", 0.0)])
+    first, second = await asyncio.gather(
+        daemon.engine.submit("backend api", idempotency_key="k1"),
+        daemon.engine.submit("backend api", idempotency_key="k1"),
+    )
+    assert first.id == second.id
+    requests = await daemon.ledger.entries(start=0, limit=10_000, kind=k.REQUEST)
+    assert len(requests) == 1
+    with pytest.raises(Conflict):
+        await daemon.engine.submit("something else", idempotency_key="k1")
+    await daemon.engine.wait(first.id, timeout=20)
+
+
+async def test_idempotency_key_survives_a_restart(fleet: Factory) -> None:
+    daemon, _ = await fleet([("backend", "an answer", 0.0)])
+    first = await daemon.engine.submit("backend api", idempotency_key="k2")
+    await daemon.engine.wait(first.id, timeout=20)
+    await daemon.stop()
+    again = Daemon(daemon.settings)
+    await again.start()
+    try:
+        second = await again.engine.submit("backend api", idempotency_key="k2")
+        assert second.id == first.id
+        assert second.state == "done"
+    finally:
+        await again.stop()
+
+
+async def test_command_gets_shell_metacharacters_as_literal_arguments(
+    fleet: Factory, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    evil = f"; touch {marker} && echo $HOME | cat `id` $(id) > {marker}"
+    plan = {
+        "tasks": [
+            {
+                "id": "c",
+                "lane": "testing",
+                "instruction": "run",
+                "executor": "command",
+                "argv": [sys.executable, "-c", PRINT_ARGV, evil, "*"],
+                "assertions": [{"type": "exit_code", "code": 0}],
+            }
+        ]
+    }
+    daemon, server = await fleet([])
+    view = await daemon.engine.submit("run it", plan=plan)
+    view = await daemon.engine.wait(view.id, timeout=20)
+    assert view.state == "done", view.error
+    assert json.loads(view.answer or "") == [evil, "*"]
+    assert not marker.exists()
+    run = (await bodies(daemon, k.COMMAND_RUN, view.id))[0]
+    assert run["exit_code"] == 0
+    assert run["argv"][-2:] == [evil, "*"]
+    assert server.requests == []  # a single command task needs no model

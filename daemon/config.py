@@ -50,6 +50,8 @@ class Settings(BaseModel):
     """None = the packaged default roster."""
     body_limit: int = 1024 * 1024
     checkpoint_interval_s: float = 60.0
+    snapshot_interval_s: float = 60.0
+    """How often the run-state snapshot (bounded start-up) is rewritten, if the ledger grew."""
     drain_s: float = 5.0
     """On stop, how long running runs may finish before they are interrupted (resumable)."""
     coordinator: str | None = None

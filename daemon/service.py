@@ -5,6 +5,10 @@
 shows in flight becomes `interrupted`, witnessed, so nothing is left "running" that is not.
 `stop()` lets runs drain for `settings.drain_s`, interrupts the rest (resumable), stops the
 pool and writes a checkpoint.
+
+Start-up is bounded by the run-state snapshot (`daemon.runs.snapshot`): written after start,
+every `snapshot_interval_s` and on stop, it lets `start()` replay only the entries after it;
+without a valid one, start-up replays the whole ledger (the result is the same).
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from pathlib import Path
 
 from daemon.config import Settings
 from daemon.ledger import Ledger
 from daemon.routing import Router
+from daemon.runs import snapshot as snapshots
 from daemon.runs.engine import Engine, EngineOptions
 from daemon.slots import Pool, SlotEvent
 from roster.loading import default_roster_path, load_roster
@@ -34,7 +40,12 @@ class Daemon:
         self._roster: Roster | None = None
         self._router: Router | None = None
         self._checkpoints: asyncio.Task[None] | None = None
+        self._snapshots: asyncio.Task[None] | None = None
+        self._snapshot_size = -1
         self.interrupted_on_start: list[str] = []
+        self.restored_from: int | None = None
+        """The ledger size the start-up snapshot covered (None: the whole ledger was replayed)."""
+        self.start_seconds = 0.0
 
     # The parts exist only between start() and stop(); asking earlier is a programming error.
     @property
@@ -68,6 +79,7 @@ class Daemon:
 
     async def start(self) -> None:
         settings = self.settings
+        started = time.perf_counter()
         settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         roster = load_roster(self.roster_path)  # a bad roster at start is fatal: nothing to keep
         self._ledger = await Ledger.open(settings.state_dir)
@@ -87,11 +99,35 @@ class Daemon:
                     judge=settings.judge,
                 ),
             )
-            self.interrupted_on_start = await self._engine.restore()
+            base = snapshots.load(settings.state_dir, self._ledger)
+            self.restored_from = base.size if base is not None else None
+            self.interrupted_on_start = await self._engine.restore(base)
+            await self.write_snapshot()
         except BaseException:
             await self._ledger.close()
             raise
         self._checkpoints = asyncio.create_task(self._checkpoint_loop(), name="checkpoints")
+        self._snapshots = asyncio.create_task(self._snapshot_loop(), name="run snapshots")
+        self.start_seconds = time.perf_counter() - started
+
+    async def write_snapshot(self, patience_s: float = 0.5) -> bool:
+        """Write the run-state snapshot if the ledger grew since the last one.
+
+        It waits up to `patience_s` for an instant with no run entry in flight (see
+        Engine.snapshot); under constant load it gives up and the next period tries again.
+        """
+        deadline = time.monotonic() + patience_s
+        while (taken := self.engine.snapshot()) is None:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.005)
+        size, views = taken
+        if size == self._snapshot_size:
+            return True
+        stamped = snapshots.stamp(self.ledger, size, views)
+        await asyncio.to_thread(snapshots.save, self.settings.state_dir, stamped)
+        self._snapshot_size = size
+        return True
 
     async def reload_roster(self, path: Path | None = None) -> Roster:
         """Load the roster again; on any problem raise RosterError and keep the last good one."""
@@ -109,12 +145,18 @@ class Daemon:
         return roster
 
     async def stop(self) -> None:
-        if self._checkpoints is not None:
-            self._checkpoints.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._checkpoints
+        for loop in (self._checkpoints, self._snapshots):
+            if loop is not None:
+                loop.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop
         if self._engine is not None:
             await self._engine.shutdown(self.settings.drain_s)
+            if self._ledger is not None:
+                try:
+                    await self.write_snapshot(patience_s=5.0)
+                except Exception:  # derived data: the next start replays the ledger instead
+                    log.exception("run snapshot failed")
         if self._pool is not None:
             await self._pool.stop()
         if self._ledger is not None:
@@ -127,6 +169,14 @@ class Daemon:
             return
         body = event.model_dump(mode="json")
         await self._ledger.append(actor="pool", kind=event.kind, body=body)
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.snapshot_interval_s)
+            try:
+                await self.write_snapshot()
+            except Exception:  # derived data: logged, the next period retries
+                log.exception("run snapshot failed")
 
     async def _checkpoint_loop(self) -> None:
         while True:

@@ -27,7 +27,8 @@ from daemon.runs.budget import BudgetExhausted, Meter, limits
 from daemon.runs.dispatch import Capacity, Node, dispatch, levels
 from daemon.runs.executors import Stub, chat_messages, clip, echo_stub, run_command, upstream_block
 from daemon.runs.ports import LedgerPort, PoolPort, RouterPort
-from daemon.runs.replay import apply, replay
+from daemon.runs.replay import RedactedAfterSnapshot, apply, replay
+from daemon.runs.snapshot import Snapshot
 from daemon.runs.state import FINAL, STOPPED, Limits, RunEvent, RunView
 from roster.models import Budget, Lane, Roster
 
@@ -92,6 +93,8 @@ class Engine:
         self._listeners: dict[str, set[asyncio.Queue[RunEvent]]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._closing = False
+        self._appending = 0
+        """Run entries being appended and not yet applied: a snapshot needs none in between."""
         self.set_roster(roster)
 
     # ---------------------------------------------------------------- configuration
@@ -255,15 +258,31 @@ class Engine:
             raise Conflict(f"run {run_id} is {view.state}; only an interrupted run resumes")
         done = [t.id for t in view.tasks if t.state == "done"]
         redo = [t.id for t in view.tasks if t.state != "done"]
-        await self._witness(
-            run_id, k.RESUME, {"reused": done, "redo": redo}, view.answer_seq or view.request_seq
-        )
+        body = {
+            "reused": done,
+            "redo": redo,
+            "stage": "dispatch" if view.plan_seq is not None else "route",
+            "spent": view.spent.model_dump(),
+        }
+        await self._witness(run_id, k.RESUME, body, view.answer_seq or view.request_seq)
         self._start(run_id, fresh=None)
         return self.get(run_id)
 
-    async def restore(self) -> builtins.list[str]:
-        """Rebuild run state from the ledger; every run found in flight becomes interrupted."""
-        views = await replay(self.ledger)
+    async def restore(self, snapshot: Snapshot | None = None) -> builtins.list[str]:
+        """Rebuild run state from the ledger; every run found in flight becomes interrupted.
+
+        With a `snapshot` (already checked against the ledger) only the entries after it are
+        replayed; a redaction among them makes it replay everything instead.
+        """
+        views: dict[str, RunView] = {}
+        if snapshot is not None:
+            base = {v.id: v.model_copy(deep=True) for v in snapshot.views}
+            try:
+                views = await replay(self.ledger, start=snapshot.size, views=base)
+            except RedactedAfterSnapshot:
+                snapshot = None
+        if snapshot is None:
+            views = await replay(self.ledger)
         self._views.update(views)
         for view in views.values():
             if view.idempotency_key is not None:
@@ -279,13 +298,34 @@ class Engine:
             body = {
                 "reason": "the daemon stopped while the run was in flight",
                 "previous": view.state,
+                "spent_wall_ms": view.spent.wall_ms,
             }
-            entry = await self.ledger.append(
-                actor="daemon", kind=k.INTERRUPTED, body=body, run=view.id, parent=view.request_seq
-            )
-            apply(self._views, entry.seq, entry.ts, k.INTERRUPTED, view.id, body)
+            self._appending += 1
+            try:
+                entry = await self.ledger.append(
+                    actor="daemon",
+                    kind=k.INTERRUPTED,
+                    body=body,
+                    run=view.id,
+                    parent=view.request_seq,
+                )
+                apply(self._views, entry.seq, entry.ts, k.INTERRUPTED, view.id, body)
+            finally:
+                self._appending -= 1
             interrupted.append(view.id)
         return interrupted
+
+    def snapshot(self) -> tuple[int, builtins.list[RunView]] | None:
+        """(ledger size, every run view) at one instant, or None while an append is in flight.
+
+        Synchronous on purpose: with no run entry between its append and its apply, the views
+        are exactly the reduction of the ledger's first `size` entries (only the engine writes
+        run entries).
+        """
+        if self._appending:
+            return None
+        size = int(getattr(self.ledger, "size", 0))
+        return size, [v.model_copy(deep=True) for v in self._views.values()]
 
     async def shutdown(self, drain_s: float = 5.0) -> None:
         """Let runs finish for `drain_s`, then interrupt the rest (witnessed, resumable)."""
@@ -315,10 +355,14 @@ class Engine:
     async def _witness(
         self, run_id: str, kind: str, body: dict[str, Any], parent: int | None
     ) -> int:
-        entry = await self.ledger.append(
-            actor=k.ACTOR, kind=kind, body=body, run=run_id, parent=parent
-        )
-        apply(self._views, entry.seq, entry.ts, kind, run_id, body)
+        self._appending += 1
+        try:
+            entry = await self.ledger.append(
+                actor=k.ACTOR, kind=kind, body=body, run=run_id, parent=parent
+            )
+            apply(self._views, entry.seq, entry.ts, kind, run_id, body)
+        finally:
+            self._appending -= 1
         listeners = self._listeners.get(run_id)
         if listeners:
             event = RunEvent(seq=entry.seq, kind=kind, data=body)
@@ -362,7 +406,7 @@ class Engine:
         ctx.started = True
         view = self._views[ctx.id]
         try:
-            elapsed_ms = (time.time_ns() // 1000 - view.started_at_us) // 1000
+            elapsed_ms = view.wall_base_ms + (time.time_ns() // 1000 - view.started_at_us) // 1000
             wall = asyncio.timeout(ctx.meter.wall_s(elapsed_ms))
             try:
                 async with wall, self._run_gate:
@@ -374,14 +418,15 @@ class Engine:
                     raise
                 raise BudgetExhausted("wall") from None
         except BudgetExhausted as exc:
+            spent = view.spent.model_dump()
+            now_us = time.time_ns() // 1000
+            spent["wall_ms"] = max(
+                view.spent.wall_ms, view.wall_base_ms + (now_us - view.started_at_us) // 1000
+            )
             seq = await self._witness(
                 ctx.id,
                 k.BUDGET,
-                {
-                    "limit": exc.limit,
-                    "budget": view.budget.model_dump(),
-                    "spent": view.spent.model_dump(),
-                },
+                {"limit": exc.limit, "budget": view.budget.model_dump(), "spent": spent},
                 view.request_seq,
             )
             await self._final(ctx, "budget_exhausted", f"budget exhausted: {exc.limit}", seq)
@@ -390,12 +435,14 @@ class Engine:
             if task is not None:
                 task.uncancel()
             if ctx.interrupting and not ctx.cancelling:
-                await self._witness(
-                    ctx.id,
-                    k.INTERRUPTED,
-                    {"reason": "the daemon stopped", "previous": view.state},
-                    view.request_seq,
-                )
+                now_us = time.time_ns() // 1000
+                wall_ms = view.wall_base_ms + (now_us - view.started_at_us) // 1000
+                body = {
+                    "reason": "the daemon stopped",
+                    "previous": view.state,
+                    "spent_wall_ms": max(view.spent.wall_ms, wall_ms),
+                }
+                await self._witness(ctx.id, k.INTERRUPTED, body, view.request_seq)
             else:
                 await self._final(ctx, "cancelled", "cancelled by request", None)
         except Exception as exc:

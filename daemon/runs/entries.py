@@ -70,7 +70,8 @@ TASK_SKIP: Final = "task.skip"
 
 BUDGET: Final = "run.budget"
 """[run.request] {limit: "model_calls"|"tokens"|"wall", budget: {...}, spent: {model_calls,
-tokens, wall_ms}}  — followed by run.state budget_exhausted"""
+tokens, wall_ms}}  — followed by run.state budget_exhausted. `wall_ms` is the time the run was
+driven across resumes (see run.interrupted / run.resume)."""
 
 CANCEL: Final = "run.cancel"
 """[run.request] {reason: str}"""
@@ -87,11 +88,18 @@ STATE: Final = "run.state"
 error: str|null}"""
 
 INTERRUPTED: Final = "run.interrupted"
-"""[run.request] {reason: str, previous: state}  — written by the daemon on start (reconcile)
-or on a stop that could not drain"""
+"""[run.request] {reason: str, previous: state, spent_wall_ms: int}  — written by the daemon on
+start (reconcile) or on a stop that could not drain. `spent_wall_ms` is the wall time the run
+was driven, all attempts together: on a stop, up to now; on reconcile after a crash, up to the
+run's last witnessed entry (the time the daemon was down is not the run's). Older entries
+without it: the reducer's own count (to the last entry) stands."""
 
 RESUME: Final = "run.resume"
-"""[run.request] {reused: [task id], redo: [task id]}"""
+"""[run.answer | run.request] {reused: [task id], redo: [task id], stage: "route"|"dispatch",
+spent: {model_calls, tokens, wall_ms}}  — `stage` "route": the run stopped before its plan was
+witnessed, so it is routed (and planned) again, witnessed as a new run.route; "dispatch": the
+plan stands and only the tasks in `redo` run. The budget carries over whole: calls, tokens and
+wall time already spent (`spent`) count against it, the wall clock from `spent.wall_ms`."""
 
 KINDS: Final = (
     REQUEST,

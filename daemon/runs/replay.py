@@ -7,7 +7,7 @@ construction (a test checks it). No model is called: replies are in the record.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from daemon.runs import entries as k
@@ -59,8 +59,11 @@ def apply(
         return None
     view = found
     view.updated_at_us = ts
-    if view.state not in FINAL and view.state != "interrupted":
-        view.spent.wall_ms = max(view.spent.wall_ms, (ts - view.created_at_us) // 1000)
+    if view.state not in FINAL and view.state != "interrupted" and kind != k.INTERRUPTED:
+        # Wall time counts while the run is driven: earlier attempts plus this one. The time
+        # between a crash and the reconcile is not the run's (see run.interrupted).
+        active = view.wall_base_ms + (ts - view.started_at_us) // 1000
+        view.spent.wall_ms = max(view.spent.wall_ms, active)
     _REDUCERS.get(kind, _ignore)(view, seq, ts, b)
     return view
 
@@ -168,6 +171,9 @@ def _state(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
 
 
 def _interrupted(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    wall = b.get("spent_wall_ms")
+    if isinstance(wall, int) and not isinstance(wall, bool):
+        view.spent.wall_ms = max(view.spent.wall_ms, wall)
     view.state = "interrupted"
     view.error = b.get("reason")
     for task in view.tasks:
@@ -179,6 +185,7 @@ def _resume(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
     view.state = "running" if view.plan is not None else "queued"
     view.error = None
     view.started_at_us = ts
+    view.wall_base_ms = view.spent.wall_ms
 
 
 _REDUCERS: dict[str, Callable[[RunView, int, int, dict[str, Any]], None]] = {
@@ -219,17 +226,26 @@ class LedgerReader(Protocol):
     async def body(self, body_hash: str) -> Any: ...
 
 
+class RedactedAfterSnapshot(Exception):
+    """A redaction came after the snapshot: what replay reads changed, so replay it all."""
+
+
 async def replay(
     ledger: LedgerReader,
     *,
     until: int | None = None,
     run: str | None = None,
     page: int = 1000,
-    on_view: Callable[[RunView], Awaitable[None] | None] | None = None,
+    start: int = 0,
+    views: dict[str, RunView] | None = None,
 ) -> dict[str, RunView]:
-    """Rebuild run views from the ledger alone, as they stood after entry `until` (inclusive)."""
-    views: dict[str, RunView] = {}
-    start = 0
+    """Rebuild run views from the ledger alone, as they stood after entry `until` (inclusive).
+
+    `start` and `views` continue from a snapshot (the reduction of entries before `start`);
+    a `redaction` entry at or after `start` then raises RedactedAfterSnapshot.
+    """
+    views = {} if views is None else views
+    continuing = start > 0
     while True:
         batch = await ledger.entries(start=start, limit=page, run=run)
         if not batch:
@@ -238,6 +254,8 @@ async def replay(
             if until is not None and entry.seq > until:
                 return views
             if entry.run is None:
+                if continuing and entry.kind == "redaction":
+                    raise RedactedAfterSnapshot(f"redaction at seq {entry.seq}")
                 continue
             body = await ledger.body(entry.body) if entry.body else None
             apply(views, entry.seq, entry.ts, entry.kind, entry.run, body)

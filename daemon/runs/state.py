@@ -82,7 +82,10 @@ class RunView(BaseModel):
     max_parallel: int | None = None
     barrier: bool = False
     started_at_us: int = 0
-    """When the current attempt began (request or latest resume): the wall budget's origin."""
+    """When the current attempt began (request or latest resume)."""
+    wall_base_ms: int = 0
+    """Wall time spent by earlier attempts (before the latest resume): the wall budget carries
+    it over, so a resumed run has only what is left of its wall budget."""
 
     def task(self, task_id: str) -> TaskView | None:
         return next((t for t in self.tasks if t.id == task_id), None)

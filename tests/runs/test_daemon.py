@@ -102,6 +102,7 @@ CHILD = textwrap.dedent(
         daemon = Daemon(s)
         await daemon.start()
         view = await daemon.engine.submit("build the backend", plan=json.loads(sys.argv[4]))
+        assert await daemon.write_snapshot()  # the restart replays only what came after it
         print(view.id, flush=True)
         await asyncio.Event().wait()
 
@@ -153,6 +154,8 @@ async def test_sigkill_mid_run_then_interrupted_and_resumed(tmp_path: Path) -> N
     daemon = Daemon(s)
     await daemon.start()
     try:
+        assert daemon.restored_from is not None
+        assert daemon.restored_from > 0
         assert run_id in daemon.interrupted_on_start
         view = daemon.engine.get(run_id)
         assert view.state == "interrupted"

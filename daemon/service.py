@@ -101,6 +101,8 @@ class Daemon:
             )
             base = snapshots.load(settings.state_dir, self._ledger)
             self.restored_from = base.size if base is not None else None
+            if base is not None:
+                self._snapshot_size = base.size
             self.interrupted_on_start = await self._engine.restore(base)
             await self.write_snapshot()
         except BaseException:
@@ -124,8 +126,9 @@ class Daemon:
         size, views = taken
         if size == self._snapshot_size:
             return True
-        stamped = snapshots.stamp(self.ledger, size, views)
-        await asyncio.to_thread(snapshots.save, self.settings.state_dir, stamped)
+        # Serialized now, before any await: the views are the live ones.
+        data = snapshots.encode(snapshots.stamp(self.ledger, size, views))
+        await asyncio.to_thread(snapshots.save, self.settings.state_dir, data)
         self._snapshot_size = size
         return True
 

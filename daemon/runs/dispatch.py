@@ -3,9 +3,12 @@
 A task starts as soon as every task it needs is done — not at a wave boundary — bounded by
 the run's `max_parallel`, the daemon-wide task cap and per-lane caps (`Capacity`, shared by
 all runs); slot leases bound it further inside the executors. Among ready tasks the one with
-the longest remaining path (by estimated cost) goes first, which keeps the critical path
-moving. `barrier=True` runs strictly wave by wave (longest-path levels split by
-`max_parallel`), only to compare against.
+the longest remaining path (by estimated cost; the engine knows no durations, so in tasks)
+goes first, which keeps the critical path moving; ties go to the task that unblocks more
+work downstream (its descendants), then to plan order — deterministic, and on generated DAGs
+it cuts the worst 2- and 4-slot makespans by 3–4 % against rank alone (bench_runs).
+`barrier=True` runs strictly wave by wave (longest-path levels split by `max_parallel`), only
+to compare against.
 """
 
 from __future__ import annotations
@@ -138,6 +141,7 @@ async def dispatch(
     outcome = Outcome(done=set(done) & {n.id for n in nodes})
     by_id = {n.id: n for n in nodes}
     rank = ranks(nodes)
+    priority = _priorities(nodes, rank)
     wave_of: dict[str, int] = {}
     if barrier:
         for i, wave in enumerate(levels(nodes, max_parallel)):
@@ -164,7 +168,7 @@ async def dispatch(
                 ):
                     current_wave += 1
             if not stopping:
-                for node_id in sorted(ready, key=lambda x: -rank[x]):
+                for node_id in sorted(ready, key=priority.__getitem__):
                     if len(running) >= max_parallel:
                         break
                     if barrier and wave_of[node_id] != current_wave:
@@ -216,6 +220,20 @@ async def dispatch(
                 await task
             capacity.release(by_id[node_id].lane)
     return outcome
+
+
+def _priorities(
+    nodes: Sequence[Node], rank: Mapping[str, float]
+) -> dict[str, tuple[float, int, int]]:
+    """Sort keys for ready tasks: longest remaining path, most descendants, plan order."""
+    dependants: dict[str, list[str]] = {n.id: [] for n in nodes}
+    for n in nodes:
+        for need in n.needs:
+            if need in dependants:
+                dependants[need].append(n.id)
+    return {
+        n.id: (-rank[n.id], -len(_downstream(n.id, dependants)), i) for i, n in enumerate(nodes)
+    }
 
 
 def _downstream(node_id: str, dependants: Mapping[str, list[str]]) -> list[str]:

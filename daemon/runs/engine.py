@@ -276,7 +276,7 @@ class Engine:
         """
         views: dict[str, RunView] = {}
         if snapshot is not None:
-            base = {v.id: v.model_copy(deep=True) for v in snapshot.views}
+            base = {v.id: v for v in snapshot.views}  # the caller hands the views over
             try:
                 views = await replay(self.ledger, start=snapshot.size, views=base)
             except RedactedAfterSnapshot:
@@ -318,14 +318,14 @@ class Engine:
     def snapshot(self) -> tuple[int, builtins.list[RunView]] | None:
         """(ledger size, every run view) at one instant, or None while an append is in flight.
 
-        Synchronous on purpose: with no run entry between its append and its apply, the views
-        are exactly the reduction of the ledger's first `size` entries (only the engine writes
-        run entries).
+        With no run entry between its append and its apply, the views are exactly the
+        reduction of the ledger's first `size` entries (only the engine writes run entries).
+        The views are the live ones: serialize them before the next await.
         """
         if self._appending:
             return None
         size = int(getattr(self.ledger, "size", 0))
-        return size, [v.model_copy(deep=True) for v in self._views.values()]
+        return size, list(self._views.values())
 
     async def shutdown(self, drain_s: float = 5.0) -> None:
         """Let runs finish for `drain_s`, then interrupt the rest (witnessed, resumable)."""

@@ -49,13 +49,16 @@ def stamp(ledger: StampedLedger, size: int, views: list[RunView]) -> Snapshot:
     return Snapshot(size=size, root=ledger.root(size), leaf=ledger.leaf_hash(size - 1), views=views)
 
 
-def save(state_dir: Path, snapshot: Snapshot) -> None:
+def encode(snapshot: Snapshot) -> bytes:
+    return snapshot.model_dump_json().encode()
+
+
+def save(state_dir: Path, data: bytes) -> None:
     """Write atomically: a crash leaves the old snapshot or the new one, never a torn one."""
     path = state_dir / FILE
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        data = snapshot.model_dump_json().encode()
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]

@@ -100,10 +100,10 @@ class Daemon:
                 ),
             )
             base = snapshots.load(settings.state_dir, self._ledger)
-            self.restored_from = base.size if base is not None else None
-            if base is not None:
-                self._snapshot_size = base.size
             self.interrupted_on_start = await self._engine.restore(base)
+            self.restored_from = self._engine.restored_from
+            if self.restored_from is not None:
+                self._snapshot_size = self.restored_from
             await self.write_snapshot()
         except BaseException:
             await self._ledger.close()

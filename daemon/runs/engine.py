@@ -94,6 +94,8 @@ class Engine:
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._closing = False
         self._appending = 0
+        self.restored_from: int | None = None
+        """The ledger size of the snapshot the last restore() continued from (None: full)."""
         """Run entries being appended and not yet applied: a snapshot needs none in between."""
         self.set_roster(roster)
 
@@ -283,6 +285,7 @@ class Engine:
                 snapshot = None
         if snapshot is None:
             views = await replay(self.ledger)
+        self.restored_from = snapshot.size if snapshot is not None else None
         self._views.update(views)
         for view in views.values():
             if view.idempotency_key is not None:

@@ -163,3 +163,21 @@ async def daemon_entries(daemon: Daemon, run_id: str) -> list[dict[str, Any]]:
         {"kind": e.kind, "body": await daemon.ledger.body(e.body) if e.body else None}
         for e in await daemon.ledger.entries(start=0, limit=10_000, run=run_id)
     ]
+
+
+async def test_a_redaction_after_the_snapshot_means_a_full_replay(fleet: Factory) -> None:
+    daemon, _ = await fleet([("Combine", "combined", 0.0)])
+    [run_id] = await run_some(daemon, 1)
+    await daemon.stop()
+    async with await Ledger.open(daemon.settings.state_dir) as ledger:
+        [request] = await ledger.entries(start=0, limit=1, kind=k.REQUEST, run=run_id)
+        assert request.body is not None
+        await ledger.redact(request.body, actor="test", reason="personal data")
+    again = await restarted(daemon)
+    try:
+        assert again.restored_from is None  # the snapshot still held the redacted request
+        full = await replay(again.ledger)
+        assert again.engine.get(run_id).model_dump() == full[run_id].model_dump()
+        assert again.engine.get(run_id).request == ""
+    finally:
+        await again.stop()

@@ -78,14 +78,8 @@ def hello_app() -> web.Application:
 
 @asynccontextmanager
 async def a_daemon(state: Path) -> AsyncIterator[tuple[Any, str]]:
-    try:
-        from daemon.config import Settings
-        from daemon.service import Daemon
-    except ImportError:
-        from tests.surfaces.fake import FakeDaemon
-
-        yield FakeDaemon(), "fake daemon"
-        return
+    from daemon.config import Settings
+    from daemon.service import Daemon
     daemon = Daemon(Settings.from_env(state_dir=state, socket_path=state / "tally.sock"))
     await daemon.start()
     try:

@@ -80,6 +80,7 @@ def hello_app() -> web.Application:
 async def a_daemon(state: Path) -> AsyncIterator[tuple[Any, str]]:
     from daemon.config import Settings
     from daemon.service import Daemon
+
     daemon = Daemon(Settings.from_env(state_dir=state, socket_path=state / "tally.sock"))
     await daemon.start()
     try:

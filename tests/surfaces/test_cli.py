@@ -28,8 +28,6 @@ async def test_slots_asks_the_daemon(
     assert "tiny" in table
 
 
-def test_slots_without_a_daemon_says_so(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_slots_without_a_daemon_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["slots", "--socket", str(tmp_path / "none.sock")]) == 1
     assert "daemon not running" in capsys.readouterr().err

@@ -24,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from daemon.errors import DeadlineExceeded, InvalidInput
 from daemon.planning import Plan, problems, waves
 from daemon.runs import entries as k
+from daemon.runs.state import STOPPED as TERMINAL
+from daemon.runs.state import RunState
 from roster.models import Budget
 
 if TYPE_CHECKING:
@@ -35,19 +37,6 @@ Out = TypeVar("Out", bound=BaseModel)
 
 Progress = Callable[[float, float | None, str], Awaitable[None]]
 
-TERMINAL = frozenset({"done", "failed", "cancelled", "interrupted", "budget_exhausted"})
-RunState = Literal[
-    "queued",
-    "routing",
-    "planning",
-    "running",
-    "synthesizing",
-    "done",
-    "failed",
-    "cancelled",
-    "interrupted",
-    "budget_exhausted",
-]
 HEX64 = r"^[0-9a-f]{64}$"
 STARTED = time.monotonic()
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from daemon.tools import RunState, _plain, slots_out
+from daemon.runs.state import RunState
+from daemon.tools import _plain, slots_out
 
 if TYPE_CHECKING:
     from daemon.service import Daemon

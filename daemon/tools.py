@@ -23,6 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from daemon.errors import DeadlineExceeded, InvalidInput
 from daemon.planning import Plan, problems, waves
+from daemon.runs import entries as k
+from daemon.runs.state import STOPPED as TERMINAL
+from daemon.runs.state import RunState
 from roster.models import Budget
 
 if TYPE_CHECKING:
@@ -34,19 +37,6 @@ Out = TypeVar("Out", bound=BaseModel)
 
 Progress = Callable[[float, float | None, str], Awaitable[None]]
 
-TERMINAL = frozenset({"done", "failed", "cancelled", "interrupted", "budget_exhausted"})
-RunState = Literal[
-    "queued",
-    "routing",
-    "planning",
-    "running",
-    "synthesizing",
-    "done",
-    "failed",
-    "cancelled",
-    "interrupted",
-    "budget_exhausted",
-]
 HEX64 = r"^[0-9a-f]{64}$"
 STARTED = time.monotonic()
 
@@ -517,10 +507,12 @@ async def ledger_redact(daemon: Daemon, data: RedactIn, ctx: ToolContext) -> Ent
 
 
 class MemberUsage(_Out):
-    calls: int = 0
+    calls: int = Field(default=0, description="model.call entries naming this member.")
+    errors: int = Field(default=0, description="Replies that carry an error.")
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    ms: int = 0
+    cached_tokens: int = 0
+    ms: int = Field(default=0, description="Time from each model.call to its model.reply.")
 
 
 class SummaryIn(_In):
@@ -533,9 +525,12 @@ class SummaryOut(_Out):
     entries: int
     by_kind: dict[str, int]
     model_calls: int
-    tokens: int
+    tokens: int = Field(description="Prompt + completion tokens the servers reported.")
     per_member: dict[str, MemberUsage]
-    escalations: int
+    by_purpose: dict[str, int] = Field(description="Model calls by purpose (task, plan, ...).")
+    escalations: int = Field(description="task.escalate entries: a task moved up a tier.")
+    route_escalations: int = Field(description="Routes that asked for a classifier.")
+    runs_by_state: dict[str, int] = Field(description="Final states witnessed by run.state.")
     verify: VerifyOut | None = None
     checkpoint: dict[str, Any] | None = None
 
@@ -544,50 +539,79 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+class _Tally:
+    """Accumulates a summary from entries in seq order; bodies only of the kinds it reads."""
+
+    READS = frozenset({k.MODEL_CALL, k.MODEL_REPLY, k.ROUTE, k.STATE})
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.by_kind: dict[str, int] = {}
+        self.members: dict[str, MemberUsage] = {}
+        self.by_purpose: dict[str, int] = {}
+        self.route_escalations = 0
+        self.states: dict[str, int] = {}
+        self.calls: dict[int, int] = {}  # model.call seq -> its ts (µs), until the reply
+
+    def member(self, name: Any) -> MemberUsage:
+        return self.members.setdefault(str(name or "unknown"), MemberUsage())
+
+    def add(self, entry: Any, body: Any) -> None:
+        self.count += 1
+        self.by_kind[entry.kind] = self.by_kind.get(entry.kind, 0) + 1
+        if not isinstance(body, dict):
+            return
+        if entry.kind == k.MODEL_CALL:
+            self.member(body.get("member")).calls += 1
+            purpose = str(body.get("purpose") or "unknown")
+            self.by_purpose[purpose] = self.by_purpose.get(purpose, 0) + 1
+            self.calls[entry.seq] = entry.ts
+        elif entry.kind == k.MODEL_REPLY:
+            m = self.member(body.get("member"))
+            usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+            assert isinstance(usage, dict)
+            m.prompt_tokens += _int(usage.get("prompt_tokens"))
+            m.completion_tokens += _int(usage.get("completion_tokens"))
+            m.cached_tokens += _int(usage.get("cached_tokens"))
+            m.errors += body.get("error") is not None
+            called = self.calls.pop(entry.parent, None) if entry.parent is not None else None
+            if called is not None:
+                m.ms += max(0, entry.ts - called) // 1000
+        elif entry.kind == k.ROUTE:
+            self.route_escalations += body.get("escalate") is True
+        elif entry.kind == k.STATE:
+            state = str(body.get("state"))
+            self.states[state] = self.states.get(state, 0) + 1
+
+
 async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> SummaryOut:
-    by_kind: dict[str, int] = {}
-    members: dict[str, MemberUsage] = {}
-    escalations = 0
-    count = 0
+    acc = _Tally()
     start = 0
     while True:
         batch = await daemon.ledger.entries(start=start, limit=1000, run=data.run)
         for e in batch:
-            count += 1
-            by_kind[e.kind] = by_kind.get(e.kind, 0) + 1
-            if "escalat" in e.kind:
-                escalations += 1
-            if e.kind.startswith("model") and e.body is not None:
-                body = await daemon.ledger.body(e.body)
-                if isinstance(body, dict):
-                    _account(members, body)
+            wanted = e.body if e.kind in _Tally.READS else None
+            acc.add(e, await daemon.ledger.body(wanted) if wanted is not None else None)
         if len(batch) < 1000:
             break
         start = batch[-1].seq + 1
     report = VerifyOut.model_validate(_plain(await daemon.ledger.verify())) if data.verify else None
     cp = daemon.ledger.latest_checkpoint()
+    members = acc.members
     return SummaryOut(
         run=data.run,
-        entries=count,
-        by_kind=by_kind,
-        model_calls=sum(m.calls for m in members.values()),
+        entries=acc.count,
+        by_kind=acc.by_kind,
+        model_calls=acc.by_kind.get(k.MODEL_CALL, 0),
         tokens=sum(m.prompt_tokens + m.completion_tokens for m in members.values()),
         per_member=members,
-        escalations=escalations,
+        by_purpose=acc.by_purpose,
+        escalations=acc.by_kind.get(k.TASK_ESCALATE, 0),
+        route_escalations=acc.route_escalations,
+        runs_by_state=acc.states,
         verify=report,
         checkpoint=None if cp is None else _plain(cp),
     )
-
-
-def _account(members: dict[str, MemberUsage], body: dict[str, Any]) -> None:
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    assert isinstance(usage, dict)
-    name = str(body.get("member") or "unknown")
-    m = members.setdefault(name, MemberUsage())
-    m.calls += 1
-    m.prompt_tokens += _int(usage.get("prompt_tokens"))
-    m.completion_tokens += _int(usage.get("completion_tokens"))
-    m.ms += _int(body.get("ms", body.get("duration_ms")))
 
 
 # ---------------------------------------------------------------- roster and slots
@@ -620,12 +644,54 @@ async def roster_reload(daemon: Daemon, data: ReloadIn, ctx: ToolContext) -> Rel
     return ReloadOut(lanes=len(roster.lanes), members=len(roster.models))
 
 
+class SlotInstanceOut(_Out):
+    index: int
+    state: str = Field(description="stopped, starting, ready, backoff, stopping, cooldown, ...")
+    port: int | None = None
+    pid: int | None = None
+    url: str | None = None
+    slots_total: int = 0
+    slots_busy: int = 0
+    slots_idle: int = 0
+    n_ctx: int | None = None
+    restarts: int = 0
+    last_error: str | None = None
+
+
+class SlotMemberOut(_Out):
+    name: str
+    external: bool = Field(description="True for a `url` member tally does not spawn.")
+    state: str
+    queue: int = Field(description="Callers waiting for a slot of this member.")
+    max_queue: int
+    leases: int = Field(description="Slots leased right now.")
+    restarts: int = 0
+    failures: int = 0
+    cooldown_remaining_ms: int = 0
+    last_error: str | None = None
+    instances: list[SlotInstanceOut] = []
+
+
 class SlotsOut(_Out):
-    status: dict[str, Any] = Field(description="Members → instances → state, slots, queue.")
+    members: list[SlotMemberOut]
+    busy: int = Field(description="Busy slots across all members.")
+    idle: int = Field(description="Idle slots of running instances.")
+    queue: int = Field(description="Callers waiting across all members.")
+
+
+def slots_out(status: Any) -> SlotsOut:
+    members = [SlotMemberOut.model_validate(_plain(m)) for m in status.members]
+    instances = [i for m in members for i in m.instances]
+    return SlotsOut(
+        members=members,
+        busy=sum(i.slots_busy for i in instances),
+        idle=sum(i.slots_idle for i in instances if i.state == "ready"),
+        queue=sum(m.queue for m in members),
+    )
 
 
 async def slots_status(daemon: Daemon, _: Empty, ctx: ToolContext) -> SlotsOut:
-    return SlotsOut(status=_plain(daemon.pool.status()))
+    return slots_out(daemon.pool.status())
 
 
 # ---------------------------------------------------------------- the registry

@@ -1,15 +1,16 @@
 """Prometheus text for GET /metrics, from in-memory counters only (never O(ledger)).
 
-Sources: the engine's runs in memory, the pool's status, the ledger's `stats` counters.
+Sources: the engine's runs in memory, `pool.status()` (PoolStatus) and `ledger.stats`
+(LedgerStats: counters and cumulative fsync buckets).
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+import math
+from typing import TYPE_CHECKING
 
-from daemon.tools import RunState, _plain
+from daemon.runs.state import RunState
+from daemon.tools import _plain, slots_out
 
 if TYPE_CHECKING:
     from daemon.service import Daemon
@@ -75,95 +76,44 @@ def _runs(out: _Text, daemon: Daemon) -> None:
     out.sample("tally_tokens_total", tokens)
 
 
-def _walk(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str, int]]:
-    """Every integer leaf named like a slot/queue counter, with its path of names."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if isinstance(value, int) and not isinstance(value, bool):
-                yield path, str(key), value
-            else:
-                yield from _walk(value, (*path, str(key)))
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            name = value.get("name") if isinstance(value, dict) else None
-            yield from _walk(value, (*path, str(name if name is not None else i)))
-
-
 def _slots(out: _Text, daemon: Daemon) -> None:
-    status = _plain(daemon.pool.status())
-    busy: dict[str, int] = {}
-    idle: dict[str, int] = {}
-    queue: dict[str, int] = {}
-    for path, key, value in _walk(status):
-        member = _member_of(path)
-        if key in ("busy", "slots_busy", "busy_slots"):
-            busy[member] = busy.get(member, 0) + value
-        elif key in ("idle", "slots_idle", "idle_slots"):
-            idle[member] = idle.get(member, 0) + value
-        elif key in ("queue", "queued", "queue_depth", "waiting"):
-            queue[member] = queue.get(member, 0) + value
-    out.family("tally_slots", "gauge", "Model server slots, by member and state.")
-    for member in sorted(set(busy) | set(idle)):
-        out.sample("tally_slots", busy.get(member, 0), member=member, state="busy")
-        out.sample("tally_slots", idle.get(member, 0), member=member, state="idle")
+    status = slots_out(daemon.pool.status())
+    out.family("tally_slots", "gauge", "Model server slots of running instances, by state.")
+    for m in status.members:
+        ready = [i for i in m.instances if i.state == "ready"]
+        out.sample("tally_slots", sum(i.slots_busy for i in ready), member=m.name, state="busy")
+        out.sample("tally_slots", sum(i.slots_idle for i in ready), member=m.name, state="idle")
+    out.family("tally_instances", "gauge", "Model server instances, by member and state.")
+    for m in status.members:
+        states: dict[str, int] = {}
+        for i in m.instances:
+            states[i.state] = states.get(i.state, 0) + 1
+        for state, n in sorted(states.items()):
+            out.sample("tally_instances", n, member=m.name, state=state)
     out.family("tally_queue_depth", "gauge", "Callers waiting for a slot, by member.")
-    for member, n in sorted(queue.items()):
-        out.sample("tally_queue_depth", n, member=member)
-
-
-def _member_of(path: tuple[str, ...]) -> str:
-    # {"members": {"tiny": {...}}} or {"members": [{"name": "tiny", ...}]} -> "tiny"
-    for i, part in enumerate(path):
-        if part == "members" and i + 1 < len(path):
-            return path[i + 1]
-    return path[0] if path else "pool"
+    for m in status.members:
+        out.sample("tally_queue_depth", m.queue, member=m.name)
+    out.family("tally_slot_restarts_total", "counter", "Model server restarts, by member.")
+    for m in status.members:
+        out.sample("tally_slot_restarts_total", m.restarts, member=m.name)
 
 
 def _ledger(out: _Text, daemon: Daemon) -> None:
     ledger = daemon.ledger
-    stats = _plain(ledger.stats)
-    stats = stats if isinstance(stats, dict) else {}
+    stats = ledger.stats
     out.family("tally_ledger_entries", "gauge", "Entries committed to the ledger.")
     out.sample("tally_ledger_entries", ledger.size)
     out.family("tally_ledger_appends_total", "counter", "Appends since the daemon started.")
-    out.sample("tally_ledger_appends_total", int(stats.get("appends", 0)))
+    out.sample("tally_ledger_appends_total", stats.appends)
     out.family("tally_ledger_batches_total", "counter", "Group commits since start.")
-    out.sample("tally_ledger_batches_total", int(stats.get("batches", 0)))
+    out.sample("tally_ledger_batches_total", stats.batches)
     name = "tally_ledger_fsync_seconds"
     out.family(name, "histogram", "Latency of the ledger's fsync per group commit.")
-    cumulative = 0
-    for bound, count in _buckets(stats):
-        cumulative = count
-        le = "+Inf" if bound == float("inf") else repr(float(bound))
+    # The ledger keeps cumulative (le, count) buckets ending with +Inf, as Prometheus wants.
+    for bound, count in stats.fsync_buckets:
+        le = "+Inf" if math.isinf(bound) else repr(float(bound))
         out.sample(f"{name}_bucket", count, le=le)
-    total = int(stats.get("fsync_count", cumulative))
-    if not any(line.startswith(f'{name}_bucket{{le="+Inf"') for line in out.lines):
-        out.sample(f"{name}_bucket", total, le="+Inf")
-    out.sample(f"{name}_sum", float(stats.get("fsync_seconds_sum", 0.0)))
-    out.sample(f"{name}_count", total)
-
-
-def _buckets(stats: dict[str, Any]) -> list[tuple[float, int]]:
-    """Cumulative (upper bound, count) pairs from whatever shape the ledger keeps them in."""
-    raw = None
-    for key in ("fsync_buckets", "fsync_histogram", "buckets"):
-        if key in stats:
-            raw = stats[key]
-            break
-    pairs: list[tuple[float, int]] = []
-    if isinstance(raw, dict):
-        pairs = [(float(k), int(v)) for k, v in raw.items()]
-    elif isinstance(raw, list):
-        pairs = [
-            (float(p[0]), int(p[1])) for p in raw if isinstance(p, list | tuple) and len(p) == 2
-        ]
-    pairs.sort()
-    cumulative = all(b >= a for (_, a), (_, b) in itertools.pairwise(pairs))
-    if not cumulative:
-        running = 0
-        acc = []
-        for bound, n in pairs:
-            running += n
-            acc.append((bound, running))
-        pairs = acc
-    return pairs
+    if not stats.fsync_buckets or not math.isinf(stats.fsync_buckets[-1][0]):
+        out.sample(f"{name}_bucket", stats.fsync_count, le="+Inf")
+    out.sample(f"{name}_sum", float(stats.fsync_seconds_sum))
+    out.sample(f"{name}_count", stats.fsync_count)

@@ -1,10 +1,14 @@
-"""`tally slots --roster FILE [--json]`: start a roster's pool in-process, wait until every
-member is ready, print the status and stop (a smoke check until the daemon serves it)."""
+"""`tally slots [--json]`: the running daemon's pool status (`slots_status`).
+
+`tally slots --roster FILE` instead starts that roster's pool in-process, waits until every
+member is ready, prints the status and stops: a smoke check of a roster without a daemon.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import tempfile
 import time
@@ -20,8 +24,14 @@ from roster import Roster
 
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
-    parser = commands.add_parser("slots", help="start the roster's model pool, show its status")
-    parser.add_argument("--roster", type=Path, required=True, help="roster TOML file")
+    parser = commands.add_parser("slots", help="show the daemon's model pool (slots, queues)")
+    parser.add_argument(
+        "--roster",
+        type=Path,
+        default=None,
+        help="smoke-check this roster's pool in-process instead of asking the daemon",
+    )
+    parser.add_argument("--socket", type=Path, help="daemon socket (default: $TALLY_SOCKET)")
     parser.add_argument("--json", action="store_true", help="print the status as JSON")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for ready")
     parser.add_argument("--state-dir", type=Path, default=None, help="logs go here (temp dir)")
@@ -59,7 +69,26 @@ def _table(status: PoolStatus) -> str:
     return "\n".join(lines)
 
 
+async def _ask(args: argparse.Namespace) -> int:
+    from surfaces.client import DaemonClient, Endpoint
+
+    async with DaemonClient(Endpoint.from_env(args.socket)) as client:
+        body = await client.call("slots_status")
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        print(_table(PoolStatus.model_validate({"members": body.get("members", [])})))
+        print(
+            f"busy {body.get('busy', 0)}  idle {body.get('idle', 0)}  queue {body.get('queue', 0)}"
+        )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.roster is None:
+        from surfaces.client import run_client
+
+        return run_client(_ask(args))
     try:
         roster = _load(args.roster)
     except (OSError, tomllib.TOMLDecodeError, ValidationError) as err:

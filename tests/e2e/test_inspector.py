@@ -1,19 +1,17 @@
-"""The real third-party client: MCP Inspector CLI (npm, pinned in tests/e2e/package.json)."""
+"""The real third-party client: MCP Inspector CLI (npm, pinned in tests/e2e/package.json),
+through the adapter to the real daemon (fixtures from tests/surfaces/conftest.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
+from daemon.service import Daemon
 from daemon.tools import TOOLS
-from surfaces.http import HttpOptions, create_app
-from tests.surfaces.fake import FakeDaemon
 
 ROOT = Path(__file__).resolve().parents[2]
 INSPECTOR = ROOT / "tests/e2e/node_modules/.bin/mcp-inspector"
@@ -22,18 +20,6 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(not INSPECTOR.exists(), reason="run `make install` for the inspector"),
 ]
-
-
-@pytest.fixture
-async def daemon_socket(tmp_path: Path) -> AsyncIterator[Path]:
-    path = tmp_path / "tally.sock"
-    runner = web.AppRunner(create_app(FakeDaemon(), HttpOptions()))  # type: ignore[arg-type]
-    await runner.setup()
-    await web.UnixSite(runner, str(path)).start()
-    try:
-        yield path
-    finally:
-        await runner.cleanup()
 
 
 async def inspector(socket_path: Path, *args: str) -> tuple[int, str, str]:
@@ -57,16 +43,16 @@ async def inspector(socket_path: Path, *args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-async def test_inspector_lists_tools_strict(daemon_socket: Path) -> None:
-    code, out, err = await inspector(daemon_socket, "--method", "tools/list", "--strict")
+async def test_inspector_lists_tools_strict(unix_server: Path) -> None:
+    code, out, err = await inspector(unix_server, "--method", "tools/list", "--strict")
     assert code == 0, err
     names = [t["name"] for t in json.loads(out)["tools"]]
     assert names == list(TOOLS)
 
 
-async def test_inspector_calls_a_tool(daemon_socket: Path) -> None:
+async def test_inspector_calls_a_tool(unix_server: Path, daemon: Daemon) -> None:
     code, out, err = await inspector(
-        daemon_socket,
+        unix_server,
         "--method",
         "tools/call",
         "--tool-name",
@@ -78,3 +64,5 @@ async def test_inspector_calls_a_tool(daemon_socket: Path) -> None:
     result = json.loads(out)
     assert result["isError"] is False
     assert result["structuredContent"]["lane"] == "backend"
+    previews = await daemon.ledger.entries(kind="route.preview")
+    assert len(previews) == 1  # the call reached the daemon and was witnessed

@@ -1,4 +1,5 @@
-"""Property-based fuzzing of every tool's HTTP input: whatever the body, never a 5xx."""
+"""Property-based fuzzing of every tool's HTTP input against the real daemon: whatever the
+body, never a 5xx, and the ledger still verifies (deep) after each tool's examples."""
 
 from __future__ import annotations
 
@@ -7,16 +8,19 @@ import http.client
 import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from daemon.service import Daemon
 from daemon.tools import TOOLS
 from surfaces.http import HttpOptions, create_app
-from tests.surfaces.fake import FakeDaemon
+from tests.slots.fake_server import FakeServer
+from tests.surfaces.conftest import daemon_settings
 
 TOKEN = "fuzz"
 
@@ -37,6 +41,15 @@ values = st.recursive(
 )
 
 
+# One valid call per tool that changes state, so the fuzzing runs among real runs and entries.
+VALID: dict[str, Any] = {
+    "submit": {"request": "fuzz the api", "wait": True, "timeout_s": 20},
+    "route": {"text": "the api server"},
+    "ledger_checkpoint": {"create": True},
+    "ledger_summary": {},
+}
+
+
 def bodies(tool: str) -> st.SearchStrategy[Any]:
     props = list(TOOLS[tool].input.model_json_schema().get("properties", {}))
     keys = st.sampled_from(props) if props else st.text(max_size=8)
@@ -48,20 +61,28 @@ def bodies(tool: str) -> st.SearchStrategy[Any]:
 
 
 @pytest.fixture(scope="module")
-def port() -> Iterator[int]:
-    """The app over the fake daemon on its own loop in a thread (hypothesis drives it sync)."""
+def port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """The app over the real daemon on its own loop in a thread (hypothesis drives it sync)."""
+    tmp: Path = tmp_path_factory.mktemp("fuzz")
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     holder: dict[str, Any] = {}
 
     async def start() -> None:
-        fake = FakeDaemon(step_s=0.001)
-        runner = web.AppRunner(create_app(fake, HttpOptions(token=TOKEN)))  # type: ignore[arg-type]
+        model = FakeServer(slots=4)
+        await model.start()
+        daemon = Daemon(daemon_settings(tmp, model.url))
+        await daemon.start()
+        runner = web.AppRunner(create_app(daemon, HttpOptions(token=TOKEN)))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        holder["runner"] = runner
-        holder["port"] = runner.addresses[0][1]
+        holder.update(runner=runner, port=runner.addresses[0][1], daemon=daemon, model=model)
+
+    async def stop() -> None:
+        await holder["runner"].cleanup()
+        await holder["daemon"].stop()
+        await holder["model"].stop()
 
     def run() -> None:
         asyncio.set_event_loop(loop)
@@ -73,12 +94,16 @@ def port() -> Iterator[int]:
     thread.start()
     ready.wait(10)
     yield holder["port"]
-    asyncio.run_coroutine_threadsafe(holder["runner"].cleanup(), loop).result(10)
+    asyncio.run_coroutine_threadsafe(stop(), loop).result(30)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
 
 
 def post(port: int, path: str, body: bytes) -> int:
+    return exchange(port, path, body)[0]
+
+
+def exchange(port: int, path: str, body: bytes) -> tuple[int, Any]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         conn.request(
@@ -92,7 +117,7 @@ def post(port: int, path: str, body: bytes) -> int:
         assert resp.status < 500, (path, body[:300], resp.status, data[:300])
         if resp.status != 200:
             assert set(json.loads(data)) == {"error"}
-        return resp.status
+        return resp.status, json.loads(data)
     finally:
         conn.close()
 
@@ -109,7 +134,12 @@ def test_tool_input_fuzz_never_5xx(port: int, tool: str) -> None:
     def check(body: Any) -> None:
         post(port, f"/v1/tools/{tool}", json.dumps(body).encode())
 
+    if tool in VALID:
+        check = example(body=VALID[tool])(check)
     check()
+    status, report = exchange(port, "/v1/tools/ledger_verify", b'{"deep": true}')
+    assert status == 200
+    assert report["ok"], report
 
 
 @given(raw=st.binary(max_size=200))

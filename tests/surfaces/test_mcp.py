@@ -1,4 +1,4 @@
-"""MCP adapter end to end over stdio with the SDK's client, against the HTTP app + fake daemon."""
+"""MCP adapter end to end over stdio with the SDK's client, against the real daemon's HTTP app."""
 
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from daemon.runs import entries as k
+from daemon.service import Daemon
 from daemon.tools import TOOLS
-from tests.surfaces.fake import FakeDaemon
+from tests.slots.fake_server import FakeServer
+from tests.surfaces.conftest import two_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,12 +57,12 @@ async def test_tools_list_parity_with_http(
         assert mcp_tool.description == http_tool["description"]
 
 
-async def test_call_progress_and_errors(unix_server: Path, fake: FakeDaemon) -> None:
+async def test_call_progress_and_errors(unix_server: Path, daemon: Daemon) -> None:
     async with session_for(unix_server) as mcp_session:
-        await _call_progress_and_errors(mcp_session)
+        await _call_progress_and_errors(mcp_session, daemon)
 
 
-async def _call_progress_and_errors(mcp_session: ClientSession) -> None:
+async def _call_progress_and_errors(mcp_session: ClientSession, daemon: Daemon) -> None:
     routed = await mcp_session.call_tool("route", {"text": "the api server is down"})
     assert not routed.is_error
     assert routed.structured_content is not None
@@ -70,15 +73,22 @@ async def _call_progress_and_errors(mcp_session: ClientSession) -> None:
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         seen.append((progress, total, message))
 
-    args: dict[str, Any] = {"request": "fix the api", "wait": True}
+    args: dict[str, Any] = {"request": "fix the api", "plan": two_tasks(), "wait": True}
     result = await mcp_session.call_tool("submit", args, progress_callback=on_progress)
     assert not result.is_error, result.content
-    assert result.structured_content is not None
-    assert result.structured_content["state"] == "done"
-    assert result.structured_content["answer"] == "hello world"
+    run = result.structured_content
+    assert run is not None
+    assert run["state"] == "done"
+    assert run["answer"] == daemon.engine.get(run["id"]).answer
+    assert run["answer"].startswith("t0 ")
     assert len(seen) >= 3
-    assert seen[-1][0] == 2.0
+    assert seen[-1][:2] == (2.0, 2.0)
+    assert seen[-1][2] == "done: 2/2 tasks"
     assert [p[0] for p in seen] == sorted(p[0] for p in seen)
+
+    summary = await mcp_session.call_tool("ledger_summary", {"run": run["id"]})
+    assert summary.structured_content is not None
+    assert summary.structured_content["model_calls"] == 3
 
     bad = await mcp_session.call_tool("route", {"text": ""})
     assert bad.is_error
@@ -87,17 +97,24 @@ async def _call_progress_and_errors(mcp_session: ClientSession) -> None:
     assert "not_found" in missing.content[0].text  # type: ignore[union-attr]
 
 
-async def test_cancellation_reaches_the_run(unix_server: Path, fake: FakeDaemon) -> None:
-    fake.engine.step_s = 30  # the run would take minutes
+async def test_cancellation_reaches_the_run(
+    unix_server: Path, daemon: Daemon, model: FakeServer
+) -> None:
+    model.token_delay_s = 0.05  # 512 tokens per call: the run would take a minute
     async with session_for(unix_server) as mcp_session:
-        with anyio.move_on_after(1.5):
+        with anyio.move_on_after(2.0):
             await mcp_session.call_tool("submit", {"request": "slow api", "wait": True})
-    for _ in range(100):
-        if fake.engine.cancelled:
+    (run,) = daemon.engine.list()
+    for _ in range(200):
+        if daemon.engine.get(run.id).state == "cancelled":
             break
         await asyncio.sleep(0.05)
-    assert fake.engine.cancelled == ["r1"]
-    assert fake.engine.runs["r1"].state == "cancelled"
+    assert daemon.engine.get(run.id).state == "cancelled"
+    record = await daemon.ledger.entries(run=run.id, limit=1000)
+    assert k.CANCEL in [e.kind for e in record]
+    assert record[-1].kind == k.STATE
+    assert (await daemon.ledger.body(record[-1].body or ""))["state"] == "cancelled"
+    assert (await daemon.ledger.verify()).ok
 
 
 async def test_daemon_down_every_call_says_how_to_start(tmp_path: Path) -> None:

@@ -64,9 +64,29 @@ def test_system_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:]
 
 
+SPAWNED_ROSTER = """version = 1
+[[models]]
+name = "tiny"
+command = ["{python}", "-m", "tests.slots.fake_server", "--port", "{port}"]
+
+[tiers]
+ladder = ["cheap"]
+cheap = ["tiny"]
+
+[[lanes]]
+name = "backend"
+keywords = ["api"]
+tier = "cheap"
+system = "b"
+"""
+
+
 def test_sd_notify_ready_watchdog_stopping_in_order(tmp_path: Path) -> None:
+    """`tally serve` itself (real daemon; the pool is lazy, so no model server starts)."""
     notify = tmp_path / "notify.sock"
     sock_path = tmp_path / "run" / "tally.sock"
+    roster = tmp_path / "roster.toml"
+    roster.write_text(SPAWNED_ROSTER)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
         listener.bind(str(notify))
         listener.settimeout(15)
@@ -75,9 +95,11 @@ def test_sd_notify_ready_watchdog_stopping_in_order(tmp_path: Path) -> None:
             "NOTIFY_SOCKET": str(notify),
             "WATCHDOG_USEC": "200000",
             "PYTHONPATH": str(ROOT),
+            "TALLY_STATE_DIR": str(tmp_path / "state"),
+            "TALLY_RUNTIME_DIR": str(tmp_path / "run"),
         }
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.surfaces.fake_serve", str(sock_path)],
+            [sys.executable, "-m", "surfaces", "serve", "--roster", str(roster)],
             env=env,
             cwd=ROOT,
         )
@@ -105,3 +127,12 @@ def test_sd_notify_ready_watchdog_stopping_in_order(tmp_path: Path) -> None:
     assert kinds.index("WATCHDOG=1") > 0
     assert kinds[-1] == "STOPPING=1"
     assert not sock_path.exists()
+    # The real daemon recovered, served and closed its ledger: it verifies offline.
+    verify = subprocess.run(
+        [sys.executable, "-m", "surfaces", "ledger", "verify", "--state", str(tmp_path / "state")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert verify.returncode == 0, verify.stderr

@@ -19,6 +19,7 @@ import asyncio
 import bisect
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from daemon.errors import InvalidInput, NotFound
 from daemon.ledger.audit import VerifyReport, verify_files
 from daemon.ledger.canonical import NotCanonical, canonical_bytes, canonicalize, check_text
 from daemon.ledger.checkpoint import Checkpoint, Signer, load_checkpoint, save_checkpoint
-from daemon.ledger.entry import GENESIS_PREV, Entry, encode_line, entry_from_fields
+from daemon.ledger.entry import GENESIS_PREV, VERSION, Entry, fill_line, line_template
 from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerLocked
 from daemon.ledger.merkle import consistency_path, inclusion_path, leaf_hash
 from daemon.ledger.store import (
@@ -59,6 +60,9 @@ READ_CHUNK = 1 << 22
 FSYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 Subscriber = Callable[[list[Entry]], Any]
+
+_set = object.__setattr__
+_FIELDS = set(Entry.model_fields)
 
 
 class InclusionProof(BaseModel):
@@ -87,15 +91,21 @@ class LedgerStats(BaseModel):
     size: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
+    """One queued append, encoded by `append` so the writer only splices in seq, ts, prev."""
+
     actor: str
     kind: str
     run: str | None
     parent: int | None
     body: bytes | None
     digest: bytes | None
+    body_hex: str | None
+    head: str
+    tail: str
     future: asyncio.Future[Entry]
+    redacts: bytes | None = None  # the body this `redaction` entry removes
 
 
 @dataclass
@@ -136,6 +146,8 @@ class Ledger:
         self._vkey: str | None = None
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
+        self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-pack-sync")
+        self._unapplied: dict[int, bytes] = {}  # redaction seq -> body not yet zeroed
         self._writer: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.tree: Tree
@@ -325,12 +337,28 @@ class Ledger:
             data = None if body is None else canonicalize(body)
         except NotCanonical as err:
             raise InvalidInput(f"not storable in the ledger: {err}") from err
+        return await self._enqueue(actor, kind, run, parent, data, None)
+
+    def _enqueue(
+        self,
+        actor: str,
+        kind: str,
+        run: str | None,
+        parent: int | None,
+        data: bytes | None,
+        redacts: bytes | None,
+    ) -> asyncio.Future[Entry]:
+        """Queue checked fields; the encoding and body hash happen here, off the writer."""
         future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
         digest = None if data is None else body_digest(data)
-        self._queue.put_nowait(_Pending(actor, kind, run, parent, data, digest, future))
+        body_hex = None if digest is None else digest.hex()
+        head, tail = line_template(actor=actor, kind=kind, run=run, parent=parent, body=body_hex)
+        self._queue.put_nowait(
+            _Pending(actor, kind, run, parent, data, digest, body_hex, head, tail, future, redacts)
+        )
         # A cancelled caller cancels only its wait: the writer skips done futures and still
         # commits the entry, so nothing acknowledged is ever undone.
-        return await future
+        return future
 
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -360,56 +388,63 @@ class Ledger:
                 return
 
     def _commit(self, batch: list[_Pending]) -> list[Entry]:
-        """Writer thread: encode, write pack + entries, fsync both, extend the tree."""
+        """Writer thread: encode, write pack + entries, fsync both at once, extend the tree."""
         tree, bodies = self.tree, self.bodies
         seq, prev, end = tree.size, self._last_hash, self._entries_end_offset()
         ts = max(time.time_ns() // 1000, self._last_ts)
         lines: list[bytes] = []
         entries: list[Entry] = []
         staged: set[bytes] = set()
+        grow, new_entry, sha256 = tree.append, Entry.__new__, hashlib.sha256
         for p in batch:
-            if p.digest is not None and p.digest not in staged:
-                staged.add(p.digest)
-                if not bodies.has_live(p.digest):
+            digest = p.digest
+            if digest is not None and digest not in staged:
+                staged.add(digest)
+                if not bodies.has_live(digest):
                     assert p.body is not None
-                    bodies.stage(p.digest, p.body)
-            body_hex = None if p.digest is None else p.digest.hex()
-            line = encode_line(
-                seq=seq,
-                ts=ts,
-                actor=p.actor,
-                kind=p.kind,
-                run=p.run,
-                parent=p.parent,
-                body=body_hex,
-                prev=prev,
-            )
-            fields = {
-                "v": 1,
+                    bodies.stage(digest, p.body)
+            line = fill_line(p.head, p.tail, seq, ts, prev)
+            leaf = sha256(b"\x00" + line).digest()
+            end += len(line) + 1
+            grow(leaf, end)
+            lines.append(line)
+            leaf_hex = leaf.hex()
+            # What `model_construct` does, minus its per-field work: every field is checked.
+            entry = new_entry(Entry)
+            values = {
+                "v": VERSION,
                 "seq": seq,
                 "ts": ts,
                 "actor": p.actor,
                 "kind": p.kind,
                 "run": p.run,
                 "parent": p.parent,
-                "body": body_hex,
+                "body": p.body_hex,
                 "prev": prev,
+                "hash": leaf_hex,
             }
-            digest = leaf_hash(line)
-            end += len(line) + 1
-            tree.append(digest, end)
-            lines.append(line)
-            entries.append(entry_from_fields(fields, digest))
-            prev = digest.hex()
+            _set(entry, "__dict__", values)
+            _set(entry, "__pydantic_fields_set__", _FIELDS.copy())
+            _set(entry, "__pydantic_extra__", None)
+            _set(entry, "__pydantic_private__", None)
+            entries.append(entry)
+            if p.redacts is not None:
+                self._unapplied[seq] = p.redacts
+            prev = leaf_hex
             seq += 1
         wrote_bodies = bool(bodies.pending)
         bodies.write()
         lines.append(b"")
         write_all(self._entries_fd, b"\n".join(lines))
         t0 = time.perf_counter()
-        if wrote_bodies:
-            bodies.sync_pack()
-        os.fsync(self._entries_fd)
+        # Both writes are done, so the two fsyncs may run at once (the pack's in a second
+        # thread); the batch is acknowledged only after both returned (see the module doc).
+        pack_sync = self._syncer.submit(bodies.sync_pack) if wrote_bodies else None
+        try:
+            os.fsync(self._entries_fd)
+        finally:
+            if pack_sync is not None:
+                pack_sync.result()
         self._stats.observe(time.perf_counter() - t0)
         self._stats.appends += len(batch)
         self._stats.batches += 1
@@ -672,6 +707,7 @@ class Ledger:
                 await loop.run_in_executor(self._executor, self._sync_derived)
         await loop.run_in_executor(self._executor, self._release)
         self._executor.shutdown(wait=True)
+        self._syncer.shutdown(wait=True)
 
     async def abandon(self) -> None:
         """Drop the handle as a crash would (no checkpoint, no derived sync); for tests."""
@@ -683,6 +719,7 @@ class Ledger:
                     await task
         await asyncio.get_running_loop().run_in_executor(self._executor, self._release)
         self._executor.shutdown(wait=True)
+        self._syncer.shutdown(wait=True)
 
     def _release(self) -> None:
         with contextlib.suppress(AttributeError):

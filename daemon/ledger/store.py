@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import struct
 import threading
@@ -295,6 +296,7 @@ class BodyStore:
         self.pack_size = os.fstat(self.pack).st_size if self.pack >= 0 else 0
         self.extra: dict[bytes, list[int]] = {}  # read-only opener: records past the table
         self.table = -1
+        self.map: mmap.mmap | None = None  # the table, mapped: probes cost no syscalls
         self.slots = 0
         self.count = table_count
         mark = table_mark
@@ -307,35 +309,52 @@ class BodyStore:
             if writable:
                 self._new_table(INITIAL_SLOTS)
             else:
+                if self.table >= 0:
+                    os.close(self.table)
                 self.table, self.slots = -1, 0
+        else:
+            self._map()
         self.mark = mark
         self.pending = bytearray()
         self._scan_tail(mark)
 
     # -- table --
+    def _map(self) -> None:
+        access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
+        self.map = mmap.mmap(self.table, self.slots * _SLOT.size, access=access)
+
+    def _unmap(self) -> None:
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+
     def _new_table(self, slots: int) -> None:
+        self._unmap()
         if self.table >= 0:
             os.close(self.table)
         fd = os.open(self.table_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         os.ftruncate(fd, slots * _SLOT.size)
         self.table, self.slots, self.count = fd, slots, 0
+        self._map()
 
     def _probe(self, digest: bytes) -> tuple[int, int]:
         prefix = int.from_bytes(digest[:8], "little") or 1
         return prefix, prefix & (self.slots - 1)
 
     def _table_offsets(self, digest: bytes) -> list[int]:
-        if self.table < 0:
+        table = self.map
+        if table is None:
             return []
         prefix, i = self._probe(digest)
         found: list[int] = []
+        mask, unpack = self.slots - 1, _SLOT.unpack_from
         while True:
-            key, off = _SLOT.unpack(os.pread(self.table, _SLOT.size, i * _SLOT.size))
+            key, off = unpack(table, i * _SLOT.size)
             if off == 0:
                 return found
             if key == prefix:
                 found.append(off - 1)
-            i = (i + 1) & (self.slots - 1)
+            i = (i + 1) & mask
 
     def _insert(self, digest: bytes, offset: int) -> None:
         if not self.writable:
@@ -343,35 +362,47 @@ class BodyStore:
             return
         if (self.count + 1) * 2 > self.slots:
             self._grow()
+        table = self.map
+        assert table is not None
         prefix, i = self._probe(digest)
+        mask, unpack = self.slots - 1, _SLOT.unpack_from
         while True:
-            key, off = _SLOT.unpack(os.pread(self.table, _SLOT.size, i * _SLOT.size))
+            key, off = unpack(table, i * _SLOT.size)
             if off == 0:
-                os.pwrite(self.table, _SLOT.pack(prefix, offset + 1), i * _SLOT.size)
+                _SLOT.pack_into(table, i * _SLOT.size, prefix, offset + 1)
                 self.count += 1
                 return
             if key == prefix and off - 1 == offset:
                 return  # already there (written before a crash)
-            i = (i + 1) & (self.slots - 1)
+            i = (i + 1) & mask
 
     def _grow(self) -> None:
-        old, old_slots = self.table, self.slots
-        data = pread_exact(old, old_slots * _SLOT.size, 0)
-        self.table = -1
+        """Rehash into a table twice the size, built in memory and swapped in atomically."""
+        assert self.map is not None
+        slots = self.slots * 2
+        mask = slots - 1
+        data = bytearray(slots * _SLOT.size)
+        count = 0
+        for key, off in _SLOT.iter_unpack(self.map):
+            if off:
+                i = key & mask
+                while _SLOT.unpack_from(data, i * _SLOT.size)[1]:
+                    i = (i + 1) & mask
+                _SLOT.pack_into(data, i * _SLOT.size, key, off)
+                count += 1
         tmp = self.table_path.with_name("bodies.idx.tmp")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        os.ftruncate(fd, old_slots * 2 * _SLOT.size)
-        self.table, self.slots, self.count = fd, old_slots * 2, 0
-        for key, off in _SLOT.iter_unpack(data):
-            if off:
-                i = key & (self.slots - 1)
-                while os.pread(fd, _SLOT.size, i * _SLOT.size) != bytes(_SLOT.size):
-                    i = (i + 1) & (self.slots - 1)
-                os.pwrite(fd, _SLOT.pack(key, off), i * _SLOT.size)
-                self.count += 1
-        os.fsync(fd)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
         os.replace(tmp, self.table_path)
-        os.close(old)
+        self._unmap()
+        os.close(self.table)
+        self.table, self.slots, self.count = fd, slots, count
+        self._map()
 
     def _scan_tail(self, start: int) -> None:
         """Index pack records from `start`; drop (or ignore, read-only) a torn last record."""
@@ -464,10 +495,13 @@ class BodyStore:
 
     def sync_table(self) -> None:
         if self.writable and self.table >= 0:
+            if self.map is not None:
+                self.map.flush()
             os.fsync(self.table)
         self.mark = self.pack_size
 
     def close(self) -> None:
+        self._unmap()
         for fd in (self.pack, self.table):
             if fd >= 0:
                 os.close(fd)

@@ -146,7 +146,7 @@ class Ledger:
         self._vkey: str | None = None
         self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
-        self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-pack-sync")
+        self._syncer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ledger-sync")
         self._unapplied: dict[int, bytes] = {}  # redaction seq -> body not yet zeroed
         self._writer: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -393,9 +393,9 @@ class Ledger:
         seq, prev, end = tree.size, self._last_hash, self._entries_end_offset()
         ts = max(time.time_ns() // 1000, self._last_ts)
         lines: list[bytes] = []
-        entries: list[Entry] = []
+        leaves: list[bytes] = []
         staged: set[bytes] = set()
-        grow, new_entry, sha256 = tree.append, Entry.__new__, hashlib.sha256
+        sha256 = hashlib.sha256
         for p in batch:
             digest = p.digest
             if digest is not None and digest not in staged:
@@ -405,25 +405,65 @@ class Ledger:
                     bodies.stage(digest, p.body)
             line = fill_line(p.head, p.tail, seq, ts, prev)
             leaf = sha256(b"\x00" + line).digest()
+            lines.append(line)
+            leaves.append(leaf)
+            prev = leaf.hex()
+            seq += 1
+        wrote_bodies = bool(bodies.pending)
+        bodies.write()
+        lines.append(b"")
+        write_all(self._entries_fd, b"\n".join(lines))
+        t0 = time.perf_counter()
+        # Both writes are done, so the two fsyncs run at once in the sync threads while this
+        # thread does the rest of the batch's CPU work; the batch is acknowledged only after
+        # both fsyncs returned (see the module doc).
+        syncs = [self._syncer.submit(os.fsync, self._entries_fd)]
+        if wrote_bodies:
+            syncs.append(self._syncer.submit(bodies.sync_pack))
+        try:
+            entries = self._extend(batch, lines, leaves, end, ts)
+        finally:
+            for sync in syncs:
+                sync.result()
+        self._stats.observe(time.perf_counter() - t0)
+        self._stats.appends += len(batch)
+        self._stats.batches += 1
+        self._last_hash, self._last_ts = prev, ts
+        if tree.size - self._synced >= SYNC_EVERY:
+            self._sync_derived()
+        return entries
+
+    def _extend(
+        self, batch: list[_Pending], lines: list[bytes], leaves: list[bytes], end: int, ts: int
+    ) -> list[Entry]:
+        """Writer thread, during the fsyncs: index the bodies, grow the tree, build entries."""
+        self.bodies.index()
+        tree = self.tree
+        grow, new_entry = tree.append, Entry.__new__
+        seq, prev = tree.size, self._last_hash
+        entries: list[Entry] = []
+        for p, line, leaf in zip(batch, lines, leaves, strict=False):
             end += len(line) + 1
             grow(leaf, end)
-            lines.append(line)
             leaf_hex = leaf.hex()
             # What `model_construct` does, minus its per-field work: every field is checked.
             entry = new_entry(Entry)
-            values = {
-                "v": VERSION,
-                "seq": seq,
-                "ts": ts,
-                "actor": p.actor,
-                "kind": p.kind,
-                "run": p.run,
-                "parent": p.parent,
-                "body": p.body_hex,
-                "prev": prev,
-                "hash": leaf_hex,
-            }
-            _set(entry, "__dict__", values)
+            _set(
+                entry,
+                "__dict__",
+                {
+                    "v": VERSION,
+                    "seq": seq,
+                    "ts": ts,
+                    "actor": p.actor,
+                    "kind": p.kind,
+                    "run": p.run,
+                    "parent": p.parent,
+                    "body": p.body_hex,
+                    "prev": prev,
+                    "hash": leaf_hex,
+                },
+            )
             _set(entry, "__pydantic_fields_set__", _FIELDS.copy())
             _set(entry, "__pydantic_extra__", None)
             _set(entry, "__pydantic_private__", None)
@@ -432,26 +472,8 @@ class Ledger:
                 self._unapplied[seq] = p.redacts
             prev = leaf_hex
             seq += 1
-        wrote_bodies = bool(bodies.pending)
-        bodies.write()
-        lines.append(b"")
-        write_all(self._entries_fd, b"\n".join(lines))
-        t0 = time.perf_counter()
-        # Both writes are done, so the two fsyncs may run at once (the pack's in a second
-        # thread); the batch is acknowledged only after both returned (see the module doc).
-        pack_sync = self._syncer.submit(bodies.sync_pack) if wrote_bodies else None
-        try:
-            os.fsync(self._entries_fd)
-        finally:
-            if pack_sync is not None:
-                pack_sync.result()
-        self._stats.observe(time.perf_counter() - t0)
-        self._stats.appends += len(batch)
-        self._stats.batches += 1
-        self._entries_end, self._last_hash, self._last_ts = end, prev, ts
+        self._entries_end = end
         tree.flush()
-        if tree.size - self._synced >= SYNC_EVERY:
-            self._sync_derived()
         return entries
 
     def _entries_end_offset(self) -> int:

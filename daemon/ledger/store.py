@@ -316,6 +316,7 @@ class BodyStore:
             self._map()
         self.mark = mark
         self.pending = bytearray()
+        self.unindexed: list[tuple[int, bytearray]] = []  # written, not yet in the table
         self._scan_tail(mark)
 
     # -- table --
@@ -451,19 +452,28 @@ class BodyStore:
         self.pending += PACK_HEADER.pack(digest, len(data), 0) + data
 
     def write(self) -> None:
-        """Append the staged records (not fsynced: the caller syncs with the entries)."""
+        """Append the staged records (not fsynced: the caller syncs with the entries).
+
+        They are found by `locate` only after `index` (the writer calls it while the fsync
+        runs; until the batch is acknowledged nothing refers to them).
+        """
         if not self.pending:
             return
-        start = self.pack_size
-        pwrite_all(self.pack, self.pending, start)
+        self.unindexed.append((self.pack_size, self.pending))
+        pwrite_all(self.pack, self.pending, self.pack_size)
         self.pack_size += len(self.pending)
-        staged, self.pending = self.pending, bytearray()
+        self.pending = bytearray()
+
+    def index(self) -> None:
+        """Enter the records written by `write` into the table."""
         with self.lock:
-            offset = start
-            while offset < self.pack_size:
-                digest, length, _ = PACK_HEADER.unpack_from(staged, offset - start)
-                self._insert(digest, offset)
-                offset += PACK_HEADER.size + length
+            for start, staged in self.unindexed:
+                offset = 0
+                while offset < len(staged):
+                    digest, length, _ = PACK_HEADER.unpack_from(staged, offset)
+                    self._insert(digest, start + offset)
+                    offset += PACK_HEADER.size + length
+            self.unindexed.clear()
 
     def truncate(self, size: int) -> None:
         """Drop records from `size` on (a recovery of an un-acknowledged tail)."""

@@ -4,13 +4,20 @@ Layout of `<state>/ledger/`: `entries.jsonl` (the record: one canonical entry pe
 `bodies.pack` (content-addressed bodies), derived files (see `store`), `meta.json`,
 `checkpoint` (the latest signed note), `checkpoint.key` / `checkpoint.vkey`, `lock`.
 
-Durability invariant. A batch is committed as: pack records written, entry lines written, the
-pack fsynced, the entries fsynced; only then are the appenders' futures resolved. Because the two
-writes share one sync point, a crash may leave entry lines on disk whose bodies never reached
-the pack; such entries were never acknowledged (their batch's fsyncs had not both returned), and
-every later entry is in the same or a later batch, so recovery drops the tail from the first
-entry whose body record is missing. A body that was redacted keeps its (zeroed, flagged) record,
-so "missing" never means "redacted".
+Durability invariant. A batch is committed as: pack records written, entry lines written, then
+the pack and the entries fsynced concurrently (two sync threads); only once both fsyncs have
+returned are the appenders' futures resolved. Both writes precede both fsyncs, and neither
+fsync's outcome is acted on alone, so a crash may leave entry lines on disk whose bodies never
+reached the pack; such entries were never acknowledged (their batch's fsyncs had not both
+returned), and every later entry is in the same or a later batch, so recovery drops the tail
+from the first entry whose body record is missing. A body that was redacted keeps its (zeroed,
+flagged) record, so "missing" never means "redacted".
+
+Redaction invariant. `redact` makes the `redaction` entry durable first and zeroes the body
+second. A crash in between is repaired on open: `meta.json`'s `redact_from` is the lowest seq
+of a redaction not yet zeroed when the derived files were last synced (else their size), and
+open re-applies every `redaction` entry from there (and from the unindexed tail) on, so a
+witnessed redaction always ends with its body gone.
 """
 
 from __future__ import annotations
@@ -199,7 +206,10 @@ class Ledger:
         self.bodies = BodyStore(
             self.dir, not self.readonly, int(meta.get("pack", 0)), int(meta.get("bodies", 0))
         )
+        indexed = self.tree.size
         self._recover()
+        if not self.readonly:
+            self._reapply_redactions(min(int(meta.get("redact_from", indexed)), indexed))
         self._size = self.tree.size
         self._synced = min(trusted, self._size)
         if self._size:
@@ -423,8 +433,14 @@ class Ledger:
         try:
             entries = self._extend(batch, lines, leaves, end, ts)
         finally:
-            for sync in syncs:
-                sync.result()
+            try:
+                for sync in syncs:
+                    sync.result()
+            except OSError as err:
+                # The tree now holds entries that may not be durable: nothing may checkpoint
+                # or persist it from here on (the loop fails the waiting appenders).
+                self._failed = LedgerFailed(f"ledger fsync failed: {err}")
+                raise
         self._stats.observe(time.perf_counter() - t0)
         self._stats.appends += len(batch)
         self._stats.batches += 1
@@ -483,9 +499,16 @@ class Ledger:
 
     def _sync_derived(self) -> None:
         """Writer thread: fsync the derived files and record how far they can be trusted."""
+        if self._failed is not None:
+            raise self._failed
         self.tree.sync()
         self.bodies.sync_table()
-        meta = {"size": self.tree.size, "pack": self.bodies.mark, "bodies": self.bodies.count}
+        meta = {
+            "size": self.tree.size,
+            "pack": self.bodies.mark,
+            "bodies": self.bodies.count,
+            "redact_from": min(self._unapplied, default=self.tree.size),
+        }
         write_atomic(self.dir / "meta.json", json.dumps(meta).encode())
         self._synced = self.tree.size
 
@@ -520,24 +543,69 @@ class Ledger:
     # ---- redaction ------------------------------------------------------------------------
 
     async def redact(self, body_hash: str, *, actor: str, reason: str) -> Entry:
-        """Witness the removal with a `redaction` entry, then zero the body in place."""
+        """Witness the removal with a `redaction` entry, then zero the body in place.
+
+        A crash (or a cancelled caller) between the two steps leaves a witnessed redaction
+        whose body is still there: the writer keeps the entry's seq in `_unapplied` until the
+        body is zeroed, `meta.json` records the lowest such seq (`redact_from`), and open
+        re-applies every redaction from there on (see `_reapply_redactions`).
+        """
         try:
             digest = bytes.fromhex(body_hash)
         except ValueError as err:
             raise InvalidInput(f"not a body hash: {body_hash!r}") from err
-        where = self.bodies.locate(digest)
-        if where is None:
+        if self._failed is not None:
+            raise self._failed
+        if self.readonly or self._closed:
+            raise LedgerFailed("the ledger is closed or read-only")
+        if not isinstance(actor, str) or not actor:
+            raise InvalidInput("actor must be a non-empty string")
+        if self.bodies.locate(digest) is None:
             raise NotFound(f"no body {body_hash}")
-        entry = await self.append(
-            actor=actor, kind="redaction", body={"redacted": body_hash, "reason": reason}
-        )
+        try:
+            check_text(actor)
+            data = canonicalize({"redacted": body_hash, "reason": reason})
+        except NotCanonical as err:
+            raise InvalidInput(f"not storable in the ledger: {err}") from err
+        entry = await self._enqueue(actor, "redaction", None, None, data, digest)
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, self.bodies.redact, digest)
+            await loop.run_in_executor(self._executor, self._apply_redaction, entry.seq, digest)
         except OSError as err:
             self._failed = LedgerFailed(f"redaction write failed: {err}")
             raise self._failed from err
         return entry
+
+    def _apply_redaction(self, seq: int, digest: bytes) -> None:
+        """Writer thread: zero the body (fsynced), then forget the pending redaction."""
+        self.bodies.redact(digest)
+        self._unapplied.pop(seq, None)
+
+    def _reapply_redactions(self, start: int) -> None:
+        """Open: zero the bodies named by `redaction` entries from `start` on (idempotent)."""
+        size = self.tree.size
+        seq = start
+        while seq < size:
+            stop = min(size, seq + 4096)
+            a, b = self.tree.end(seq - 1), self.tree.end(stop - 1)
+            for line in os.pread(self._entries_fd, b - a, a).split(b"\n")[:-1]:
+                if b'"kind":"redaction"' not in line:
+                    continue
+                target = self._redaction_target(Entry.from_line(line))
+                if target is not None and self.bodies.redact(target):
+                    log.warning("ledger: re-applied the redaction of body %s", target.hex())
+            seq = stop
+
+    def _redaction_target(self, entry: Entry) -> bytes | None:
+        if entry.kind != "redaction" or entry.body is None:
+            return None
+        data, _ = self.bodies.read(bytes.fromhex(entry.body))
+        try:
+            value = json.loads(data) if data is not None else None
+            target = value.get("redacted") if isinstance(value, dict) else None
+            return bytes.fromhex(target) if isinstance(target, str) else None
+        except ValueError:
+            return None
 
     # ---- reading --------------------------------------------------------------------------
 
@@ -672,6 +740,8 @@ class Ledger:
 
     def _checkpoint(self) -> Checkpoint:
         assert self._signer is not None
+        if self._failed is not None:
+            raise self._failed
         self._sync_derived()
         checkpoint = self._signer.sign(
             self.tree.size, self.tree.root(), max(time.time_ns() // 1000, self._last_ts)

@@ -455,12 +455,13 @@ class Ledger:
         """Writer thread, during the fsyncs: index the bodies, grow the tree, build entries."""
         self.bodies.index()
         tree = self.tree
-        grow, new_entry = tree.append, Entry.__new__
+        new_entry = Entry.__new__
         seq, prev = tree.size, self._last_hash
         entries: list[Entry] = []
+        ends: list[int] = []
         for p, line, leaf in zip(batch, lines, leaves, strict=False):
             end += len(line) + 1
-            grow(leaf, end)
+            ends.append(end)
             leaf_hex = leaf.hex()
             # What `model_construct` does, minus its per-field work: every field is checked.
             entry = new_entry(Entry)
@@ -488,8 +489,9 @@ class Ledger:
                 self._unapplied[seq] = p.redacts
             prev = leaf_hex
             seq += 1
+        tree.extend(leaves, ends)
         self._entries_end = end
-        tree.flush()
+        tree.flush(force=False)
         return entries
 
     def _entries_end_offset(self) -> int:

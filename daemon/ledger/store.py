@@ -28,6 +28,8 @@ from daemon.ledger.merkle import EMPTY_ROOT, Frontier, node_hash, split_point
 INDEX_RECORD = 40
 NODE_RECORD = 32
 _END = struct.Struct("<Q")
+_RECORD = struct.Struct("<32sQ")
+FLUSH_BYTES = 1 << 16  # the writer's per-batch flush leaves smaller buffers in memory
 
 
 def fsync_dir(path: Path) -> None:
@@ -248,9 +250,24 @@ class Tree:
                     column = self._open_level(level, 0)
                 column.append(digest)
 
-    def flush(self) -> None:
+    def extend(self, leaves: list[bytes], ends: list[int]) -> None:
+        """`append` for a batch: one pass over the frontier, one buffer append per level."""
+        nodes = self.frontier.push_many(leaves)
+        self.index.append(b"".join(map(_RECORD.pack, leaves, ends)))
+        by_level: dict[int, list[bytes]] = {}
+        for level, digest in nodes:
+            by_level.setdefault(level, []).append(digest)
+        for level in sorted(by_level):
+            column = self.levels[level] if level < len(self.levels) else None
+            if column is None:
+                column = self._open_level(level, 0)
+            column.append(b"".join(by_level[level]))
+
+    def flush(self, force: bool = True) -> None:
+        """Write the buffered records; unless `force`, only buffers past `FLUSH_BYTES`."""
         for column in self.levels:
-            column.flush()
+            if force or len(column.mem) >= FLUSH_BYTES:
+                column.flush()
 
     def truncate(self, n: int) -> None:
         for level, column in enumerate(self.levels):

@@ -97,67 +97,82 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
 
 
 class Column:
-    """A file of fixed-size records; records not yet on disk live in `mem`."""
+    """A file of fixed-size records; records not yet on disk live in `mem`.
+
+    `(disk, mem)` is one attribute swapped whole by `flush`, so a reader on another thread
+    (the loop, while the writer thread flushes) never pairs a new `disk` with the old `mem`.
+    """
 
     def __init__(self, path: Path, record: int, writable: bool, trusted: int) -> None:
         self.path = path
         self.record = record
         self.writable = writable
-        self.mem = bytearray()
         self.fd: int | None = None
         if writable:
             self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         elif path.exists():
             self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         on_disk = os.fstat(self.fd).st_size // record if self.fd is not None else 0
-        self.disk = min(on_disk, trusted)
-        if writable and on_disk != self.disk:
-            os.ftruncate(self.fd, self.disk * record)  # type: ignore[arg-type]
+        disk = min(on_disk, trusted)
+        self._view: tuple[int, bytearray] = (disk, bytearray())
+        if writable and on_disk != disk:
+            os.ftruncate(self.fd, disk * record)  # type: ignore[arg-type]
+
+    @property
+    def disk(self) -> int:
+        return self._view[0]
+
+    @property
+    def mem(self) -> bytearray:
+        return self._view[1]
 
     @property
     def count(self) -> int:
-        return self.disk + len(self.mem) // self.record
+        disk, mem = self._view
+        return disk + len(mem) // self.record
 
     def read(self, i: int) -> bytes:
-        if i < self.disk:
+        disk, mem = self._view
+        if i < disk:
             assert self.fd is not None
             return pread_exact(self.fd, self.record, i * self.record)
-        at = (i - self.disk) * self.record
-        if not 0 <= at < len(self.mem):
+        at = (i - disk) * self.record
+        if not 0 <= at < len(mem):
             raise IndexError(i)
-        return bytes(self.mem[at : at + self.record])
+        return bytes(mem[at : at + self.record])
 
     def read_range(self, start: int, stop: int) -> bytes:
         """Records [start, stop) as one bytes object (used by scans)."""
+        disk, mem = self._view
         parts = []
-        if start < self.disk:
+        if start < disk:
             assert self.fd is not None
-            end = min(stop, self.disk)
+            end = min(stop, disk)
             parts.append(pread_exact(self.fd, (end - start) * self.record, start * self.record))
             start = end
         if start < stop:
-            a, b = (start - self.disk) * self.record, (stop - self.disk) * self.record
-            parts.append(bytes(self.mem[a:b]))
+            a, b = (start - disk) * self.record, (stop - disk) * self.record
+            parts.append(bytes(mem[a:b]))
         return b"".join(parts)
 
     def append(self, data: bytes) -> None:
-        self.mem += data
+        self._view[1].extend(data)
 
     def flush(self) -> None:
-        if self.writable and self.mem:
+        disk, mem = self._view
+        if self.writable and mem:
             assert self.fd is not None
-            pwrite_all(self.fd, self.mem, self.disk * self.record)
-            self.disk += len(self.mem) // self.record
-            self.mem.clear()
+            pwrite_all(self.fd, mem, disk * self.record)
+            self._view = (disk + len(mem) // self.record, bytearray())
 
     def truncate(self, n: int) -> None:
+        disk, mem = self._view
         if n >= self.count:
             return
-        if n >= self.disk:
-            del self.mem[(n - self.disk) * self.record :]
+        if n >= disk:
+            self._view = (disk, mem[: (n - disk) * self.record])
             return
-        self.mem.clear()
-        self.disk = n
+        self._view = (n, bytearray())
         if self.writable:
             assert self.fd is not None
             os.ftruncate(self.fd, n * self.record)

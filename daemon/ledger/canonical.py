@@ -38,8 +38,12 @@ def check_json(value: object, path: str = "$") -> None:
         return
     if t is list:
         for i, item in enumerate(cast("list[Any]", value)):
-            if type(item) is not str:
-                check_json(item, f"{path}[{i}]")
+            u = type(item)
+            if u is str or u is bool or item is None:
+                continue
+            if u is int and -MAX_SAFE_INT <= item <= MAX_SAFE_INT:
+                continue
+            check_json(item, f"{path}[{i}]")
         return
     if t is dict:
         for key, item in cast("dict[Any, Any]", value).items():
@@ -47,8 +51,12 @@ def check_json(value: object, path: str = "$") -> None:
                 raise NotCanonical(f"{path}: object key {key!r} is not a string")
             if not key.isascii() and any(ord(c) > 0xFFFF for c in key):
                 raise NotCanonical(f"{path}: object key {key!r} is outside the BMP")
-            if type(item) is not str:
-                check_json(item, f"{path}.{key}")
+            u = type(item)
+            if u is str or u is bool or item is None:
+                continue
+            if u is int and -MAX_SAFE_INT <= item <= MAX_SAFE_INT:
+                continue
+            check_json(item, f"{path}.{key}")
         return
     if isinstance(value, float):
         raise NotCanonical(f"{path}: floats are not allowed in ledger data ({value!r})")

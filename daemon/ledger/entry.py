@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring as _encode_basestring
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from daemon.ledger.canonical import MAX_SAFE_INT, canonical_bytes, encode_string
+from daemon.ledger.canonical import MAX_SAFE_INT, canonical_bytes
 from daemon.ledger.merkle import leaf_hash
 
 SafeInt = Annotated[int, Field(strict=True, ge=-MAX_SAFE_INT, le=MAX_SAFE_INT)]
@@ -62,12 +63,12 @@ def line_template(
     The line is `head + prev + tail + seq + ',"ts":' + ts + '}'`-shaped (see `fill_line`), so
     `append` encodes the caller's fields once and the writer only splices in seq, ts and prev.
     """
-    run_json = "null" if run is None else encode_string(run)
+    run_json = "null" if run is None else _encode_basestring(run)
     parent_json = "null" if parent is None else str(parent)
     body_json = "null" if body is None else f'"{body}"'
     head = (
-        f'{{"actor":{encode_string(actor)},"body":{body_json},"kind":{encode_string(kind)},'
-        f'"parent":{parent_json},"prev":"'
+        f'{{"actor":{_encode_basestring(actor)},"body":{body_json},'
+        f'"kind":{_encode_basestring(kind)},"parent":{parent_json},"prev":"'
     )
     return head, f'","run":{run_json},"seq":'
 

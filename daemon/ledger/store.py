@@ -476,6 +476,13 @@ class BodyStore:
         return pread_exact(self.pack, length, off + PACK_HEADER.size), False
 
     def has_live(self, digest: bytes) -> bool:
+        table = self.map
+        if table is not None and not self.extra:
+            # The writer's common case, a new body: one probe of the mapped table, no lock
+            # (the writer thread is the table's only mutator).
+            i = self._probe(digest)[1]
+            if _SLOT.unpack_from(table, i * _SLOT.size)[1] == 0:
+                return False
         where = self.locate(digest)
         return where is not None and not where[2] & REDACTED
 

@@ -11,9 +11,9 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from surfaces.cli import ledger, plan, roster, route, version
+from surfaces.cli import ledger, mcp, plan, roster, route, runs, serve, slots, version
 
-GROUPS: list[ModuleType] = [version, ledger, roster, route, plan]
+GROUPS: list[ModuleType] = [version, serve, mcp, runs, ledger, roster, route, plan, slots]
 
 
 def build_parser() -> argparse.ArgumentParser:

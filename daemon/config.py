@@ -1,0 +1,73 @@
+"""Daemon settings, from the environment (systemd's directories first) with overrides."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def _state_dir() -> Path:
+    for name in ("TALLY_STATE_DIR", "STATE_DIRECTORY"):
+        if os.environ.get(name):
+            return Path(os.environ[name].split(":")[0])
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "tally"
+
+
+def default_runtime_dir() -> Path:
+    """Where the socket lives; the daemon and its clients must derive the same place.
+
+    IDE launchers start the MCP adapter with a sparse environment (no XDG_RUNTIME_DIR), so the
+    fallback is the per-user /run/user/<uid> that systemd's user manager creates, if present.
+    """
+    for name in ("TALLY_RUNTIME_DIR", "RUNTIME_DIRECTORY"):
+        if os.environ.get(name):
+            return Path(os.environ[name].split(":")[0])
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(os.environ["XDG_RUNTIME_DIR"]) / "tally"
+    user_run = Path(f"/run/user/{os.getuid()}")
+    if user_run.is_dir():
+        return user_run / "tally"
+    return Path(f"/tmp/tally-{os.getuid()}")
+
+
+def default_socket_path() -> Path:
+    return default_runtime_dir() / "tally.sock"
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    state_dir: Path
+    runtime_dir: Path
+    socket_path: Path
+    tcp: str | None = Field(default=None, pattern=r"^127\.0\.0\.1:\d{1,5}$")
+    """Opt-in TCP bind ("127.0.0.1:PORT"); None = unix socket only."""
+    roster_path: Path | None = None
+    """None = the packaged default roster."""
+    body_limit: int = 1024 * 1024
+    checkpoint_interval_s: float = 60.0
+    drain_s: float = 5.0
+    """On stop, how long running runs may finish before they are interrupted (resumable)."""
+    coordinator: str | None = None
+    """Tier or member that plans requests without a client plan; None = one task per run."""
+    judge: str | None = None
+    """Tier or member that judges task outputs after their assertions; None = no judge."""
+    max_tasks: int = 256
+    """Tasks in flight across all runs."""
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> Settings:
+        state_dir = Path(overrides.pop("state_dir", None) or _state_dir())
+        runtime_dir = Path(overrides.pop("runtime_dir", None) or default_runtime_dir())
+        socket_path = Path(overrides.pop("socket_path", None) or runtime_dir / "tally.sock")
+        if "TALLY_TCP" in os.environ and "tcp" not in overrides:
+            overrides["tcp"] = os.environ["TALLY_TCP"] or None
+        if "TALLY_ROSTER" in os.environ and "roster_path" not in overrides:
+            overrides["roster_path"] = Path(os.environ["TALLY_ROSTER"])
+        return cls(
+            state_dir=state_dir, runtime_dir=runtime_dir, socket_path=socket_path, **overrides
+        )

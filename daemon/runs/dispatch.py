@@ -1,0 +1,232 @@
+"""The dependency-driven dispatcher.
+
+A task starts as soon as every task it needs is done — not at a wave boundary — bounded by
+the run's `max_parallel`, the daemon-wide task cap and per-lane caps (`Capacity`, shared by
+all runs); slot leases bound it further inside the executors. Among ready tasks the one with
+the longest remaining path (by estimated cost) goes first, which keeps the critical path
+moving. `barrier=True` runs strictly wave by wave (longest-path levels split by
+`max_parallel`), only to compare against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+class Capacity:
+    """Daemon-wide task slots: a total cap and per-lane caps, shared by every run."""
+
+    def __init__(self, total: int, lanes: Mapping[str, int] | None = None) -> None:
+        self.total = total
+        self.lanes = dict(lanes or {})
+        self.busy = 0
+        self.lane_busy: Counter[str] = Counter()
+        self._watchers: set[asyncio.Event] = set()
+
+    def try_acquire(self, lane: str) -> bool:
+        cap = self.lanes.get(lane)
+        if self.busy >= self.total or (cap is not None and self.lane_busy[lane] >= cap):
+            return False
+        self.busy += 1
+        self.lane_busy[lane] += 1
+        return True
+
+    def release(self, lane: str) -> None:
+        self.busy -= 1
+        self.lane_busy[lane] -= 1
+        for event in self._watchers:
+            event.set()
+
+    def watch(self, event: asyncio.Event) -> None:
+        self._watchers.add(event)
+
+    def unwatch(self, event: asyncio.Event) -> None:
+        self._watchers.discard(event)
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    lane: str
+    needs: tuple[str, ...] = ()
+    cost: float = 1.0
+
+
+@dataclass
+class Outcome:
+    done: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)
+    skipped: set[str] = field(default_factory=set)
+
+
+def ranks(nodes: Sequence[Node]) -> dict[str, float]:
+    """Upward rank: a node's cost plus the largest rank among the nodes that need it."""
+    dependants: dict[str, list[str]] = {n.id: [] for n in nodes}
+    for n in nodes:
+        for need in n.needs:
+            dependants.setdefault(need, []).append(n.id)
+    by_id = {n.id: n for n in nodes}
+    out: dict[str, float] = {}
+    for node_id in reversed(_topological(nodes)):
+        below = [out[d] for d in dependants.get(node_id, []) if d in out]
+        out[node_id] = by_id[node_id].cost + (max(below) if below else 0.0)
+    return out
+
+
+def _topological(nodes: Sequence[Node]) -> list[str]:
+    indegree = {n.id: sum(1 for x in n.needs if x in {m.id for m in nodes}) for n in nodes}
+    ids = {n.id for n in nodes}
+    dependants: dict[str, list[str]] = {n.id: [] for n in nodes}
+    for n in nodes:
+        for need in n.needs:
+            if need in ids:
+                dependants[need].append(n.id)
+    order: list[str] = []
+    frontier = [n.id for n in nodes if indegree[n.id] == 0]
+    while frontier:
+        current = frontier.pop()
+        order.append(current)
+        for d in dependants[current]:
+            indegree[d] -= 1
+            if indegree[d] == 0:
+                frontier.append(d)
+    return order
+
+
+def levels(nodes: Sequence[Node], max_parallel: int) -> list[list[str]]:
+    """Waves: longest-path levels, each split into chunks of at most `max_parallel`."""
+    by_id = {n.id: n for n in nodes}
+    level: dict[str, int] = {}
+    for node_id in _topological(nodes):
+        needs = [level[x] for x in by_id[node_id].needs if x in level]
+        level[node_id] = 1 + max(needs) if needs else 0
+    grouped: dict[int, list[str]] = {}
+    for n in nodes:
+        grouped.setdefault(level[n.id], []).append(n.id)
+    waves: list[list[str]] = []
+    for lvl in sorted(grouped):
+        ids = grouped[lvl]
+        waves.extend(ids[i : i + max_parallel] for i in range(0, len(ids), max_parallel))
+    return waves
+
+
+Execute = Callable[[str], Awaitable[bool]]
+
+
+async def dispatch(
+    nodes: Sequence[Node],
+    execute: Execute,
+    *,
+    max_parallel: int,
+    capacity: Capacity | None = None,
+    barrier: bool = False,
+    done: Collection[str] = (),
+    stop_on_failure: bool = True,
+    on_skip: Callable[[str, str], Awaitable[None]] | None = None,
+) -> Outcome:
+    """Run every node once its needs are done. `execute(id)` returns True when the task is done.
+
+    An exception from `execute` (a budget stop, a cancellation) cancels the in-flight tasks
+    and propagates. With `stop_on_failure`, a failed task stops new starts and cancels the
+    rest; otherwise its dependants are skipped (`on_skip(id, reason)`) and the others go on.
+    """
+    capacity = capacity or Capacity(total=max_parallel)
+    outcome = Outcome(done=set(done) & {n.id for n in nodes})
+    by_id = {n.id: n for n in nodes}
+    rank = ranks(nodes)
+    wave_of: dict[str, int] = {}
+    if barrier:
+        for i, wave in enumerate(levels(nodes, max_parallel)):
+            for node_id in wave:
+                wave_of[node_id] = i
+    current_wave = 0
+    pending = {n.id for n in nodes} - outcome.done
+    waiting_on = {n: {x for x in by_id[n].needs if x in by_id} - outcome.done for n in pending}
+    dependants: dict[str, list[str]] = {n.id: [] for n in nodes}
+    for n in nodes:
+        for need in n.needs:
+            if need in dependants:
+                dependants[need].append(n.id)
+    ready = {n for n in pending if not waiting_on[n]}
+    running: dict[asyncio.Task[bool], str] = {}
+    wake = asyncio.Event()
+    capacity.watch(wake)
+    stopping = False
+    try:
+        while True:
+            if barrier:
+                while current_wave < len(set(wave_of.values())) and not any(
+                    wave_of[x] == current_wave for x in pending
+                ):
+                    current_wave += 1
+            if not stopping:
+                for node_id in sorted(ready, key=lambda x: -rank[x]):
+                    if len(running) >= max_parallel:
+                        break
+                    if barrier and wave_of[node_id] != current_wave:
+                        continue
+                    if not capacity.try_acquire(by_id[node_id].lane):
+                        continue
+                    ready.discard(node_id)
+                    task = asyncio.ensure_future(execute(node_id))
+                    task.add_done_callback(lambda _t: wake.set())
+                    running[task] = node_id
+            if not running and (stopping or not ready):
+                break
+            wake.clear()
+            if not any(t.done() for t in running):
+                await wake.wait()
+            for task in [t for t in running if t.done()]:
+                node_id = running.pop(task)
+                capacity.release(by_id[node_id].lane)
+                pending.discard(node_id)
+                if task.cancelled() and stopping:
+                    continue
+                ok = task.result()  # re-raises the task's exception
+                if ok:
+                    outcome.done.add(node_id)
+                    for d in dependants[node_id]:
+                        waiting_on[d].discard(node_id)
+                        if not waiting_on[d] and d in pending:
+                            ready.add(d)
+                    continue
+                outcome.failed.add(node_id)
+                if stop_on_failure:
+                    stopping = True
+                    for other in running:
+                        other.cancel()
+                    continue
+                for skipped in _downstream(node_id, dependants):
+                    if skipped in pending:
+                        pending.discard(skipped)
+                        ready.discard(skipped)
+                        outcome.skipped.add(skipped)
+                        if on_skip is not None:
+                            await on_skip(skipped, f"needs {node_id}, which failed")
+    finally:
+        capacity.unwatch(wake)
+        for task in running:
+            task.cancel()
+        for task, node_id in running.items():
+            with contextlib.suppress(BaseException):  # cancelled siblings end here
+                await task
+            capacity.release(by_id[node_id].lane)
+    return outcome
+
+
+def _downstream(node_id: str, dependants: Mapping[str, list[str]]) -> list[str]:
+    out: list[str] = []
+    stack = list(dependants.get(node_id, []))
+    seen: set[str] = set()
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        out.append(current)
+        stack.extend(dependants.get(current, []))
+    return out

@@ -1,0 +1,139 @@
+"""Every ledger entry kind the runs engine writes, and the shape of its body — in one place.
+
+All bodies hold only JSON null/bool/str/int/list/dict (no floats): confidences and scores are
+parts per million (`*_ppm`), durations integer milliseconds (`*_ms`) or microseconds (`*_us`).
+Every entry carries `run` = the run id. `parent` (in brackets) makes the causal chain, so
+`causal_chain(answer)` reads request → route → plan → task.start → model.call → model.reply
+→ task.result → task.verdict → [synthesis call → reply] → run.answer.
+
+Actor is "engine" for everything here; the daemon writes `slot.*` entries with actor "pool"
+(body = SlotEvent fields) and the reconcile entries (`run.interrupted`) with actor "daemon".
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+ACTOR: Final = "engine"
+
+REQUEST: Final = "run.request"
+"""[none] {request: str, lane: str|null, plan: Plan|null, budget: {model_calls, tokens, wall_ms}
+(ints or null), max_parallel: int|null, barrier: bool, idempotency_key: str|null}"""
+
+ROUTE: Final = "run.route"
+"""[run.request] {lane: str|null, confidence_ppm: int, escalate: bool, source: "router"|"client",
+scores: [[lane, score_ppm], ...] (top 8), matched: {lane: [words]}}"""
+
+CLASSIFY: Final = "run.classify"
+"""[classifier model.reply or run.route] {lane: str, candidates: [lane], source: "model"|"fallback",
+error: str|null}"""
+
+PLAN: Final = "run.plan"
+"""[run.route | run.classify] {source: "client"|"coordinator"|"single"|"fallback", plan: Plan,
+waves: [[task id]], critical_path: int, error: str|null}"""
+
+GUARD: Final = "output.guard"
+"""[model.reply] one structured-output attempt: {purpose: "classify"|"plan"|"judge", attempt: int,
+outcome: "parsed"|"rescued_fenced"|"rescued_object"|"invalid", error: str|null}"""
+
+TASK_START: Final = "task.start"
+"""[run.plan, the last need's task.verdict, or task.escalate] {task, lane, executor, tier: str|null,
+attempt: int (1-based), needs: [task id], feedback: [str] (what failed in the previous attempt)}"""
+
+MODEL_CALL: Final = "model.call"
+"""[task.start | run.route | run.plan's parent | last verdict] {purpose: "task"|"classify"|"plan"|
+"judge"|"synthesize", task: str|null, target: tier or member, member, instance: int, slot: int,
+request: the exact request body sent (messages, max_tokens, response_format, sampling, id_slot)}"""
+
+MODEL_REPLY: Final = "model.reply"
+"""[model.call] {text, finish_reason: str|null, usage: {prompt_tokens, completion_tokens,
+cached_tokens} (ints or null = not reported), timings_us: {name: int}, member, instance, slot,
+error: str|null}  (an error reply has text "" and the error; its tokens count as 0)"""
+
+COMMAND_RUN: Final = "command.run"
+"""[task.start] {task, argv: [str], exit_code: int|null, timed_out: bool, stdout: str, stderr: str,
+truncated: bool, duration_ms: int}"""
+
+TASK_RESULT: Final = "task.result"
+"""[model.reply | command.run | task.start] {task, attempt, ok: bool (the executor finished),
+output: str (bounded), exit_code: int|null, error: str|null}"""
+
+TASK_VERDICT: Final = "task.verdict"
+"""[task.result] {task, attempt, ok: bool, failures: [str], judge: {ok, reason}|null,
+next: "done"|"escalate"|"failed"}"""
+
+TASK_ESCALATE: Final = "task.escalate"
+"""[task.verdict] {task, from_tier: str|null, to_tier: str, reason: str, failures: [str]}"""
+
+TASK_SKIP: Final = "task.skip"
+"""[run.plan] {task, reason} — a dependency failed (policy on_task_failure = "continue")."""
+
+BUDGET: Final = "run.budget"
+"""[run.request] {limit: "model_calls"|"tokens"|"wall", budget: {...}, spent: {model_calls,
+tokens, wall_ms}}  — followed by run.state budget_exhausted"""
+
+CANCEL: Final = "run.cancel"
+"""[run.request] {reason: str}"""
+
+ANSWER: Final = "run.answer"
+"""[synthesis model.reply | the single task's task.verdict] {answer: str, source: "single"|
+"synthesis"|"results"}"""
+
+INTENT: Final = "run.intent"
+"""[run.answer] {coverage_ppm: int, keys: [str], missing: [str]}  (witnessed; never blocks)"""
+
+STATE: Final = "run.state"
+"""[last entry of the run] {state: "done"|"failed"|"cancelled"|"budget_exhausted",
+error: str|null}"""
+
+INTERRUPTED: Final = "run.interrupted"
+"""[run.request] {reason: str, previous: state}  — written by the daemon on start (reconcile)
+or on a stop that could not drain"""
+
+RESUME: Final = "run.resume"
+"""[run.request] {reused: [task id], redo: [task id]}"""
+
+KINDS: Final = (
+    REQUEST,
+    ROUTE,
+    CLASSIFY,
+    PLAN,
+    GUARD,
+    TASK_START,
+    MODEL_CALL,
+    MODEL_REPLY,
+    COMMAND_RUN,
+    TASK_RESULT,
+    TASK_VERDICT,
+    TASK_ESCALATE,
+    TASK_SKIP,
+    BUDGET,
+    CANCEL,
+    ANSWER,
+    INTENT,
+    STATE,
+    INTERRUPTED,
+    RESUME,
+)
+
+
+def safe(value: object) -> object:
+    """Make `value` ledger-safe: floats become {"__float__": "<repr>"} (reversed by `unsafe`)."""
+    if isinstance(value, float):
+        return {"__float__": repr(value)}
+    if isinstance(value, dict):
+        return {str(key): safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [safe(item) for item in value]
+    return value
+
+
+def unsafe(value: object) -> object:
+    """Undo `safe`."""
+    if isinstance(value, dict):
+        if set(value) == {"__float__"}:
+            return float(value["__float__"])
+        return {key: unsafe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [unsafe(item) for item in value]
+    return value

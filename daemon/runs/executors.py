@@ -1,0 +1,182 @@
+"""What runs a task: a chat prompt for the pool, a command (never through a shell), a stub.
+
+The chat executor's model call goes through the engine (which leases, witnesses and meters
+it); this module builds its messages. The command executor is self-contained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+UPSTREAM_CHARS = 4000
+"""Each upstream result passed to a dependant is cut to this many characters…"""
+UPSTREAM_TOTAL = 12000
+"""…and all of them together to this many, so prompts stay bounded however wide the DAG."""
+OUTPUT_CAP = 64 * 1024
+ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "SYSTEMROOT")
+
+
+def clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 14] + "\n…[truncated]"
+
+
+def upstream_block(results: Mapping[str, str]) -> str:
+    """The results of the tasks a task needs, bounded in size."""
+    if not results:
+        return ""
+    per = max(200, min(UPSTREAM_CHARS, UPSTREAM_TOTAL // len(results)))
+    parts = [f"## Result of {tid}\n{clip(text, per)}" for tid, text in results.items()]
+    return "\n\n".join(parts)
+
+
+def chat_messages(
+    system: str,
+    instruction: str,
+    upstream: Mapping[str, str],
+    feedback: Sequence[str],
+    previous: str | None = None,
+) -> list[dict[str, Any]]:
+    """A task's prompt: lane system prompt first (a stable prefix keeps the slot cache warm)."""
+    parts = [instruction]
+    block = upstream_block(upstream)
+    if block:
+        parts.append("Results of earlier tasks you can use:\n\n" + block)
+    if feedback:
+        tried = f"\n\nYour previous answer was:\n{clip(previous, 1500)}" if previous else ""
+        parts.append(
+            "A previous attempt at this task failed these checks:\n- "
+            + "\n- ".join(feedback)
+            + tried
+            + "\n\nAnswer again so that every check passes."
+        )
+    return [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "\n\n".join(parts)},
+    ]
+
+
+@dataclass(frozen=True)
+class CommandOutcome:
+    argv: list[str]
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    truncated: bool
+    duration_ms: int
+
+    def body(self, task: str) -> dict[str, Any]:
+        return {
+            "task": task,
+            "argv": self.argv,
+            "exit_code": self.exit_code,
+            "timed_out": self.timed_out,
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "truncated": self.truncated,
+            "duration_ms": self.duration_ms,
+        }
+
+
+async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, bool]:
+    kept = bytearray()
+    truncated = False
+    while chunk := await stream.read(65536):
+        room = cap - len(kept)
+        if room > 0:
+            kept.extend(chunk[:room])
+        if len(chunk) > room:
+            truncated = True  # keep draining so the child never blocks on a full pipe
+    return bytes(kept), truncated
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def run_command(
+    argv: Sequence[str],
+    *,
+    timeout_s: float = 60.0,
+    output_cap: int = OUTPUT_CAP,
+    env_allow: Sequence[str] = ENV_ALLOW,
+    stdin: str | None = None,
+) -> CommandOutcome:
+    """Run `argv` (no shell: metacharacters are literal arguments) in a fresh temporary dir.
+
+    The child gets only the allow-listed environment, its own process group (so a timeout or
+    a cancellation kills everything it started), and at most `output_cap` bytes of each
+    stream are kept.
+    """
+    if not argv:
+        raise ValueError("a command task needs a non-empty argv")
+    env = {key: os.environ[key] for key in env_allow if key in os.environ}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="tally-task-") as workdir:
+        env["HOME"] = workdir
+        env["TMPDIR"] = workdir
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=workdir,
+            env=env,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        if stdin is not None and proc.stdin is not None:
+            proc.stdin.write(stdin.encode())
+            proc.stdin.close()
+        readers = asyncio.ensure_future(
+            asyncio.gather(
+                _read_capped(proc.stdout, output_cap), _read_capped(proc.stderr, output_cap)
+            )
+        )
+        timed_out = False
+        try:
+            async with asyncio.timeout(timeout_s):
+                (out, out_cut), (err, err_cut) = await asyncio.shield(readers)
+                await proc.wait()
+        except TimeoutError:
+            timed_out = True
+            _kill_group(proc)
+            await proc.wait()
+            out, out_cut, err, err_cut = b"", False, b"", False
+            with contextlib.suppress(Exception):
+                (out, out_cut), (err, err_cut) = await asyncio.wait_for(readers, 1.0)
+        except BaseException:
+            _kill_group(proc)
+            readers.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(proc.wait(), 2.0)
+            raise
+        _kill_group(proc)  # anything it left running in its group
+    return CommandOutcome(
+        argv=list(argv),
+        exit_code=None if timed_out else proc.returncode,
+        stdout=out.decode(errors="replace"),
+        stderr=err.decode(errors="replace"),
+        timed_out=timed_out,
+        truncated=out_cut or err_cut,
+        duration_ms=int((time.monotonic() - started) * 1000),
+    )
+
+
+Stub = Callable[[str, str, int, Mapping[str, str]], Awaitable[str]]
+"""(task id, instruction, attempt, upstream results) -> output. For tests and benchmarks."""
+
+
+async def echo_stub(task: str, instruction: str, attempt: int, upstream: Mapping[str, str]) -> str:
+    """The default stub: the instruction is the output."""
+    return instruction

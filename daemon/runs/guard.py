@@ -1,0 +1,150 @@
+"""The structured-output guard: ask for a JSON schema, rescue what comes back, retry briefly.
+
+Small local models often ignore `response_format`, wrap JSON in a markdown fence, or add a
+sentence around it. The guard parses the reply directly, then rescues a fenced block, then
+the first balanced JSON object; a reply that still fails (or fails validation) is answered
+with a short corrective message, at most `attempts` times. Each attempt is witnessed by the
+caller's `on_attempt`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+_FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
+
+
+class GuardFailed(Exception):
+    """No attempt produced a valid structure."""
+
+    def __init__(self, purpose: str, errors: list[str]) -> None:
+        super().__init__(f"{purpose}: no valid structured reply after {len(errors)} attempts")
+        self.purpose = purpose
+        self.errors = errors
+
+
+def first_balanced_object(text: str) -> str | None:
+    """The first `{…}` span whose braces balance (strings and escapes respected)."""
+    start = text.find("{")
+    while start != -1:
+        depth = 0
+        in_string = False
+        escaped = False
+        for i in range(start, len(text)):
+            ch = text[i]
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == '"':
+                    in_string = False
+            elif ch == '"':
+                in_string = True
+            elif ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    candidate = text[start : i + 1]
+                    try:
+                        json.loads(candidate)
+                    except ValueError:
+                        break
+                    return candidate
+        start = text.find("{", start + 1)
+    return None
+
+
+def parse_json(text: str) -> tuple[Any, str]:
+    """Parse `text` as JSON, rescuing it if needed. Returns (value, how); raises ValueError."""
+    stripped = text.strip()
+    try:
+        return json.loads(stripped), "parsed"
+    except ValueError:
+        pass
+    for match in _FENCE.finditer(text):
+        try:
+            return json.loads(match.group(1).strip()), "rescued_fenced"
+        except ValueError:
+            continue
+    span = first_balanced_object(text)
+    if span is not None:
+        return json.loads(span), "rescued_object"
+    raise ValueError("no JSON object in the reply")
+
+
+def response_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI-compatible `response_format` asking for `schema` (llama.cpp honours it)."""
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+@dataclass(frozen=True)
+class Attempt:
+    purpose: str
+    attempt: int
+    outcome: str
+    error: str | None
+    reply_seq: int | None
+
+
+@dataclass
+class Guarded(Generic[T]):
+    value: T
+    reply_seq: int | None
+    attempts: int
+
+
+Ask = Callable[[list[dict[str, Any]], int], Awaitable[tuple[str, int | None]]]
+"""(messages, attempt) -> (reply text, the seq of the witnessed reply or None)."""
+
+
+async def structured(
+    purpose: str,
+    messages: list[dict[str, Any]],
+    ask: Ask,
+    validate: Callable[[Any], T],
+    *,
+    attempts: int = 3,
+    on_attempt: Callable[[Attempt], Awaitable[None]] | None = None,
+) -> Guarded[T]:
+    """Ask until `validate(parsed)` accepts, at most `attempts` times; raise GuardFailed."""
+    history = list(messages)
+    errors: list[str] = []
+    for n in range(1, attempts + 1):
+        text, seq = await ask(history, n)
+        outcome = "invalid"
+        error: str | None = None
+        value: T | None = None
+        try:
+            parsed, outcome = parse_json(text)
+            value = validate(parsed)
+        except Exception as exc:  # validation errors of every kind become feedback
+            error = _short(exc)
+            outcome = "invalid"
+        if on_attempt is not None:
+            await on_attempt(Attempt(purpose, n, outcome, error, seq))
+        if error is None:
+            return Guarded(value=value, reply_seq=seq, attempts=n)  # type: ignore[arg-type]
+        errors.append(error)
+        history = [
+            *messages,
+            {"role": "assistant", "content": text[:2000]},
+            {
+                "role": "user",
+                "content": f"That reply was not valid: {error}. Reply with only one JSON "
+                "object that matches the schema, no prose and no code fence.",
+            },
+        ]
+    raise GuardFailed(purpose, errors)
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = str(exc).replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,65 @@
+"""The engine's view of the parts below it (ledger, slot pool, router), as protocols.
+
+The engine needs only these few operations; stating them here keeps it testable with
+in-memory fakes and keeps the dependency one-way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+
+class LedgerPort(Protocol):
+    async def append(
+        self,
+        *,
+        actor: str,
+        kind: str,
+        body: Any = None,
+        run: str | None = None,
+        parent: int | None = None,
+    ) -> Any: ...
+
+    async def entries(
+        self,
+        start: int = 0,
+        limit: int = 100,
+        kind: str | None = None,
+        run: str | None = None,
+        actor: str | None = None,
+    ) -> list[Any]: ...
+
+    async def body(self, body_hash: str) -> Any: ...
+
+    def subscribe(self, callback: Callable[[list[Any]], None]) -> Callable[[], None]: ...
+
+
+class LeasePort(Protocol):
+    member: str
+    instance: int
+    id_slot: int
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        max_tokens: int = 256,
+        response_format: dict[str, Any] | None = None,
+        on_delta: Callable[[str], Any] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Any: ...
+
+
+class PoolPort(Protocol):
+    def lease(
+        self,
+        target: str,
+        priority: int = 0,
+        deadline: float | None = None,
+        affinity: str | None = None,
+    ) -> AbstractAsyncContextManager[Any]: ...
+
+
+class RouterPort(Protocol):
+    def route(self, text: str) -> Any: ...

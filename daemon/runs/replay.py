@@ -1,0 +1,245 @@
+"""The replay reducer: run state from ledger entries alone.
+
+The engine feeds every entry it witnesses through `apply`, and replay feeds the stored
+entries through the same function, so live state and replayed state are equal by
+construction (a test checks it). No model is called: replies are in the record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
+
+from daemon.runs import entries as k
+from daemon.runs.state import FINAL, Limits, RunView, TaskView
+
+
+class EntryLike(Protocol):
+    @property
+    def seq(self) -> int: ...
+    @property
+    def ts(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def run(self) -> str | None: ...
+    @property
+    def body(self) -> str | None: ...
+
+
+def _task(view: RunView, body: dict[str, Any]) -> TaskView | None:
+    return view.task(str(body.get("task")))
+
+
+def apply(
+    views: dict[str, RunView], seq: int, ts: int, kind: str, run: str | None, body: Any
+) -> RunView | None:
+    """Apply one entry; return the run's view it changed (None if the entry is not a run's)."""
+    if run is None:
+        return None
+    b: dict[str, Any] = body if isinstance(body, dict) else {}
+    if kind == k.REQUEST:
+        view = RunView(
+            id=run,
+            request=str(b.get("request", "")),
+            lane=b.get("lane"),
+            budget=Limits.model_validate(b.get("budget") or {}),
+            request_seq=seq,
+            created_at_us=ts,
+            updated_at_us=ts,
+            started_at_us=ts,
+            idempotency_key=b.get("idempotency_key"),
+            max_parallel=b.get("max_parallel"),
+            barrier=bool(b.get("barrier", False)),
+        )
+        views[run] = view
+        return view
+    found = views.get(run)
+    if found is None:
+        return None
+    view = found
+    view.updated_at_us = ts
+    if view.state not in FINAL and view.state != "interrupted":
+        view.spent.wall_ms = max(view.spent.wall_ms, (ts - view.created_at_us) // 1000)
+    _REDUCERS.get(kind, _ignore)(view, seq, ts, b)
+    return view
+
+
+def _ignore(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    return None
+
+
+def _route(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    view.lane = b.get("lane")
+    view.state = "planning"
+
+
+def _classify(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    view.lane = b.get("lane")
+    view.state = "planning"
+
+
+def _plan(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    plan = b.get("plan") or {"tasks": []}
+    view.plan = plan
+    view.plan_seq = seq
+    view.tasks = [
+        TaskView(
+            id=t["id"],
+            lane=t.get("lane", ""),
+            executor=t.get("executor", "chat"),
+            needs=list(t.get("needs", [])),
+        )
+        for t in plan.get("tasks", [])
+    ]
+    view.state = "running"
+
+
+def _task_start(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    task = _task(view, b)
+    if task is not None:
+        task.state = "running"
+        task.attempts = int(b.get("attempt", task.attempts + 1))
+        task.tier = b.get("tier")
+        task.error = None
+
+
+def _model_call(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    view.spent.model_calls += 1
+    purpose = b.get("purpose")
+    if purpose == "synthesize":
+        view.state = "synthesizing"
+    elif purpose == "classify":
+        view.state = "routing"
+    task = _task(view, b) if purpose == "task" else None
+    if task is not None:
+        task.member = b.get("member")
+
+
+def _model_reply(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    usage = b.get("usage") or {}
+    view.spent.tokens += int(usage.get("prompt_tokens") or 0) + int(
+        usage.get("completion_tokens") or 0
+    )
+
+
+def _task_result(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    task = _task(view, b)
+    if task is not None:
+        task.result = b.get("output")
+        task.error = b.get("error")
+
+
+def _task_verdict(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    task = _task(view, b)
+    if task is None:
+        return
+    task.failures = list(b.get("failures", []))
+    task.verdict_seq = seq
+    nxt = b.get("next")
+    if nxt == "done":
+        task.state = "done"
+    elif nxt == "failed":
+        task.state = "failed"
+        task.error = task.error or "; ".join(task.failures) or "failed"
+    else:
+        task.state = "pending"
+
+
+def _task_skip(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    task = _task(view, b)
+    if task is not None:
+        task.state = "skipped"
+        task.error = b.get("reason")
+
+
+def _answer(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    view.answer = b.get("answer")
+    view.answer_seq = seq
+
+
+def _state(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    view.state = b["state"]
+    view.error = b.get("error")
+    if view.state in FINAL:
+        for task in view.tasks:
+            if task.state in ("running", "pending") and view.state != "done":
+                task.state = "cancelled"
+
+
+def _interrupted(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    view.state = "interrupted"
+    view.error = b.get("reason")
+    for task in view.tasks:
+        if task.state == "running":
+            task.state = "pending"
+
+
+def _resume(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    view.state = "running" if view.plan is not None else "queued"
+    view.error = None
+    view.started_at_us = ts
+
+
+_REDUCERS: dict[str, Callable[[RunView, int, int, dict[str, Any]], None]] = {
+    k.ROUTE: _route,
+    k.CLASSIFY: _classify,
+    k.PLAN: _plan,
+    k.TASK_START: _task_start,
+    k.MODEL_CALL: _model_call,
+    k.MODEL_REPLY: _model_reply,
+    k.TASK_RESULT: _task_result,
+    k.TASK_VERDICT: _task_verdict,
+    k.TASK_SKIP: _task_skip,
+    k.ANSWER: _answer,
+    k.STATE: _state,
+    k.INTERRUPTED: _interrupted,
+    k.RESUME: _resume,
+}
+
+
+def reduce(records: Iterable[tuple[int, int, str, str | None, Any]]) -> dict[str, RunView]:
+    """Fold (seq, ts, kind, run, body) records into run views."""
+    views: dict[str, RunView] = {}
+    for seq, ts, kind, run, body in records:
+        apply(views, seq, ts, kind, run, body)
+    return views
+
+
+class LedgerReader(Protocol):
+    async def entries(
+        self,
+        start: int = 0,
+        limit: int = 100,
+        kind: str | None = None,
+        run: str | None = None,
+        actor: str | None = None,
+    ) -> list[Any]: ...
+
+    async def body(self, body_hash: str) -> Any: ...
+
+
+async def replay(
+    ledger: LedgerReader,
+    *,
+    until: int | None = None,
+    run: str | None = None,
+    page: int = 1000,
+    on_view: Callable[[RunView], Awaitable[None] | None] | None = None,
+) -> dict[str, RunView]:
+    """Rebuild run views from the ledger alone, as they stood after entry `until` (inclusive)."""
+    views: dict[str, RunView] = {}
+    start = 0
+    while True:
+        batch = await ledger.entries(start=start, limit=page, run=run)
+        if not batch:
+            break
+        for entry in batch:
+            if until is not None and entry.seq > until:
+                return views
+            if entry.run is None:
+                continue
+            body = await ledger.body(entry.body) if entry.body else None
+            apply(views, entry.seq, entry.ts, entry.kind, entry.run, body)
+        start = batch[-1].seq + 1
+    return views

@@ -1,0 +1,96 @@
+"""Run state as clients see it: RunView, TaskView, Spent, Limits, RunEvent.
+
+These are projections of the ledger: the replay reducer (`daemon.runs.replay`) is the only
+code that changes them, for live runs and for replay alike, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+RunState = Literal[
+    "queued",
+    "routing",
+    "planning",
+    "running",
+    "synthesizing",
+    "done",
+    "failed",
+    "cancelled",
+    "interrupted",
+    "budget_exhausted",
+]
+TaskState = Literal["pending", "running", "done", "failed", "skipped", "cancelled"]
+
+FINAL: frozenset[str] = frozenset({"done", "failed", "cancelled", "budget_exhausted"})
+"""States a run never leaves."""
+STOPPED: frozenset[str] = FINAL | {"interrupted"}
+"""States in which nothing is executing (an interrupted run can be resumed)."""
+
+
+class Limits(BaseModel):
+    """A run's budget in ledger-safe integers; None means unlimited."""
+
+    model_calls: int | None = None
+    tokens: int | None = None
+    wall_ms: int | None = None
+
+
+class Spent(BaseModel):
+    """What a run has used. Tokens are prompt + completion as the servers reported them."""
+
+    model_calls: int = 0
+    tokens: int = 0
+    wall_ms: int = 0
+
+
+class TaskView(BaseModel):
+    id: str
+    lane: str
+    executor: str = "chat"
+    needs: list[str] = []
+    state: TaskState = "pending"
+    attempts: int = 0
+    tier: str | None = None
+    member: str | None = None
+    result: str | None = None
+    error: str | None = None
+    failures: list[str] = []
+    verdict_seq: int | None = None
+
+
+class RunView(BaseModel):
+    id: str
+    state: RunState = "queued"
+    request: str
+    lane: str | None = None
+    tasks: list[TaskView] = []
+    answer: str | None = None
+    spent: Spent = Spent()
+    budget: Limits = Limits()
+    error: str | None = None
+    request_seq: int
+    answer_seq: int | None = None
+    created_at_us: int
+    updated_at_us: int
+    plan: dict[str, Any] | None = None
+    """The plan as witnessed (client, coordinator or single task)."""
+    plan_seq: int | None = None
+    idempotency_key: str | None = None
+    max_parallel: int | None = None
+    barrier: bool = False
+    started_at_us: int = 0
+    """When the current attempt began (request or latest resume): the wall budget's origin."""
+
+    def task(self, task_id: str) -> TaskView | None:
+        return next((t for t in self.tasks if t.id == task_id), None)
+
+
+class RunEvent(BaseModel):
+    """One event of a run's stream: a ledger entry (seq set) or an answer token (`delta`)."""
+
+    seq: int | None
+    kind: str
+    data: dict[str, Any] | None = None

@@ -1,0 +1,38 @@
+"""The slot pool of local model servers: processes, leases, faults, the chat client."""
+
+from daemon.slots.errors import (
+    ModelError,
+    NoSuchTarget,
+    PoolBusy,
+    PoolTimeout,
+    ServerStartError,
+    SlotLost,
+)
+from daemon.slots.member import PoolOptions
+from daemon.slots.pool import Lease, Pool
+from daemon.slots.records import (
+    ChatResult,
+    InstanceStatus,
+    MemberStatus,
+    PoolStatus,
+    SlotEvent,
+    Usage,
+)
+
+__all__ = [
+    "ChatResult",
+    "InstanceStatus",
+    "Lease",
+    "MemberStatus",
+    "ModelError",
+    "NoSuchTarget",
+    "Pool",
+    "PoolBusy",
+    "PoolOptions",
+    "PoolStatus",
+    "PoolTimeout",
+    "ServerStartError",
+    "SlotEvent",
+    "SlotLost",
+    "Usage",
+]

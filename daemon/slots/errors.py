@@ -1,0 +1,49 @@
+"""Errors the slot pool raises; each maps to an HTTP status through `TallyError`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from daemon.errors import Busy, DeadlineExceeded, NotFound, Unavailable
+
+
+class PoolBusy(Busy):
+    """The member's waiting queue is full, or the member is cooling down."""
+
+    code = "pool_busy"
+
+
+class PoolTimeout(DeadlineExceeded):
+    """No slot came free before the caller's deadline."""
+
+    code = "pool_timeout"
+
+
+class SlotLost(Unavailable):
+    """The server under an in-flight lease died or hung; the caller may retry or escalate."""
+
+    code = "slot_lost"
+
+
+class NoSuchTarget(NotFound):
+    """The lease target names neither a tier nor a member."""
+
+    code = "no_such_target"
+
+
+class ModelError(Unavailable):
+    """The model server answered a request with an error status (the slot itself is fine)."""
+
+    code = "model_error"
+
+    def __init__(
+        self, message: str, *, status_code: int, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message, details={"status_code": status_code, **(details or {})})
+        self.status_code = status_code
+
+
+class ServerStartError(Unavailable):
+    """A model server did not become ready; `details["log_tail"]` holds the end of its log."""
+
+    code = "server_start_failed"

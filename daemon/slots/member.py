@@ -1,0 +1,662 @@
+"""A pool member at run time: its instances (server processes or an external URL), their
+slots, the member's waiting queue, and the fault handling (restart with backoff, cooldown,
+idle unload).
+
+Everything here runs on the event loop; the only shared state is plain attributes, so the
+lease fast path (a free slot and nobody waiting) takes no lock and awaits nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict
+
+from daemon.slots.chat import ChatClient
+from daemon.slots.digest import DigestCache, DigestMismatch
+from daemon.slots.errors import PoolBusy, ServerStartError
+from daemon.slots.process import ServerProcess, free_port, render_argv
+from daemon.slots.records import EventKind, InstanceState, InstanceStatus, MemberStatus, SlotEvent
+from roster import Member, resolve_model_path
+
+if TYPE_CHECKING:
+    from daemon.slots.pool import Lease
+
+log = logging.getLogger("tally.slots")
+
+
+class PoolOptions(BaseModel):
+    """Timing and bounds of the pool; the defaults suit a workstation."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_queue: int = 256  # waiting leases per member; one more gets PoolBusy at once
+    backoff_base_s: float = 0.5  # first restart delay, doubled per failure in the window
+    backoff_max_s: float = 30.0
+    cooldown_after: int = 3  # failures within failure_window_s that cool a member down
+    failure_window_s: float = 60.0
+    cooldown_s: float = 30.0
+    health_interval_s: float = 2.0
+    health_timeout_s: float = 5.0
+    health_failures: int = 3  # consecutive failed health checks that mean "hung"
+    ready_poll_s: float = 0.05
+    stop_grace_s: float = 5.0
+    host: str = "127.0.0.1"
+    roster_dir: Path | None = None  # relative model paths resolve against it
+
+
+@dataclass
+class PoolContext:
+    """What members share with the pool: options, the chat session, events, tasks."""
+
+    options: PoolOptions
+    state_dir: Path
+    client: ChatClient
+    emit: Callable[[SlotEvent], Awaitable[None]]
+    digests: DigestCache
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def background(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+class Slot:
+    __slots__ = ("affinity", "id", "incarnation", "instance", "lease")
+
+    def __init__(self, instance: Instance, slot_id: int) -> None:
+        self.instance = instance
+        self.id = slot_id
+        self.incarnation = instance.incarnation
+        self.affinity: str | None = None
+        self.lease: Lease | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.incarnation == self.instance.incarnation
+
+
+class Waiter:
+    __slots__ = ("affinity", "future", "key", "popped")
+
+    def __init__(self, key: tuple[int, int], affinity: str | None, future: asyncio.Future[Slot]):
+        self.key = key
+        self.affinity = affinity
+        self.future = future
+        self.popped = False
+
+    def __lt__(self, other: Waiter) -> bool:
+        return self.key < other.key
+
+
+def _split_url(url: str) -> tuple[str, str]:
+    """(server root, OpenAI base) from a member URL given either way."""
+    url = url.rstrip("/")
+    if url.endswith("/v1"):
+        return url[:-3], url
+    return url, url + "/v1"
+
+
+class Instance:
+    """One server of a member: spawned from its command, or the external URL it names."""
+
+    def __init__(self, member: MemberRuntime, index: int) -> None:
+        self.member = member
+        self.ctx = member.ctx
+        self.index = index
+        self.state: InstanceState = "stopped"
+        self.process: ServerProcess | None = None
+        self.port: int | None = None
+        self.root_url: str | None = None
+        self.chat_url = ""
+        self.headers: dict[str, str] = {}
+        self.slots: list[Slot] = []
+        self.incarnation = 0
+        self.n_ctx: int | None = None
+        self.send_id_slot = True
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.busy = 0
+        self.last_used = time.monotonic()
+        self._fault: str | None = None
+        self._pending_lost = 0
+        self._wake = asyncio.Event()
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def ensure_running(self) -> None:
+        if self.task is None:
+            self.state = "starting"
+            self.task = asyncio.get_running_loop().create_task(self._lifecycle())
+
+    def report_fault(self, reason: str) -> None:
+        """A lease saw the server hang or vanish: the watcher kills and restarts it."""
+        if self.state == "ready" and self._fault is None:
+            self._fault = reason
+            # no new grants from here on, and the other leases learn at once
+            self._pending_lost += self._drop_slots(reason)
+            self._wake.set()
+
+    async def _emit(self, kind: EventKind, **detail: Any) -> None:
+        await self.ctx.emit(
+            SlotEvent(
+                kind=kind,
+                member=self.member.name,
+                instance=self.index,
+                port=self.port,
+                detail=detail,
+            )
+        )
+
+    async def _lifecycle(self) -> None:
+        try:
+            while True:
+                self.state = "starting"
+                self._fault = None
+                started = time.monotonic()
+                try:
+                    await self._start()
+                except ServerStartError as err:
+                    await self._kill()
+                    tail = str(err.details.get("log_tail", ""))
+                    self.last_error = err.message
+                    log.warning("%s/%d: %s\n%s", self.member.name, self.index, err.message, tail)
+                    await self._emit("slot.failed", reason=err.message, log_tail=tail[-1500:])
+                    if not await self._after_failure(err.message, bool(err.details.get("fatal"))):
+                        return
+                    continue
+                self.state = "ready"
+                self.last_used = time.monotonic()
+                await self._emit(
+                    "slot.ready",
+                    slots=len(self.slots),
+                    n_ctx=self.n_ctx,
+                    pid=self.process.pid if self.process else None,
+                    ready_ms=int((time.monotonic() - started) * 1000),
+                )
+                self.member.add_slots(self)
+                reason = await self._watch()
+                if reason == "idle":
+                    await self._unload()
+                    return
+                await self._fail(reason)
+                if not await self._after_failure(reason, False):
+                    return
+        finally:
+            if self.task is asyncio.current_task():
+                self.task = None
+
+    async def _after_failure(self, reason: str, fatal: bool) -> bool:
+        """Back off before the next start (True), or cool the member down (False)."""
+        delay = await self.member.record_failure(self, reason, fatal)
+        if delay is None:
+            self.state = "cooldown"
+            return False
+        self.state = "backoff"
+        self.restarts += 1
+        self.member.restarts += 1
+        await self._emit("slot.restarting", delay_ms=int(delay * 1000), restarts=self.restarts)
+        await asyncio.sleep(delay)
+        return True
+
+    async def _start(self) -> None:
+        opts = self.ctx.options
+        spec = self.member.spec
+        self.slots = []
+        if spec.url is not None:
+            self.root_url, v1 = _split_url(spec.url)
+            self.port = None
+            await self._emit("slot.starting", url=spec.url)
+        else:
+            v1 = await self._spawn()
+        self.chat_url = v1 + "/chat/completions"
+        if spec.api_key_env and os.environ.get(spec.api_key_env):
+            self.headers = {"Authorization": f"Bearer {os.environ[spec.api_key_env]}"}
+        deadline = time.monotonic() + spec.ready_timeout_s
+        while True:
+            if self.process is not None and self.process.returncode is not None:
+                raise ServerStartError(
+                    f"server exited with code {self.process.returncode} while loading",
+                    details={"log_tail": self.process.tail()},
+                )
+            if await self._probe_ready():
+                break
+            if time.monotonic() >= deadline:
+                raise ServerStartError(
+                    f"server not ready within {spec.ready_timeout_s:g} s",
+                    details={"log_tail": self.process.tail() if self.process else ""},
+                )
+            await asyncio.sleep(opts.ready_poll_s)
+        self.incarnation += 1
+        total = self._total_slots
+        self.slots = [Slot(self, i) for i in range(total)]
+
+    async def _spawn(self) -> str:
+        spec = self.member.spec
+        assert spec.command is not None
+        values: dict[str, str | int] = {
+            "port": 0,
+            "slots": spec.slots,
+            "ctx": spec.ctx * spec.slots,  # llama-server's -c is the total, split across slots
+        }
+        if spec.model is not None:
+            try:
+                path = resolve_model_path(spec.model, base=self.ctx.options.roster_dir)
+                if spec.model_sha256:
+                    await asyncio.to_thread(self.ctx.digests.check, path, spec.model_sha256)
+            except (FileNotFoundError, DigestMismatch) as err:
+                raise ServerStartError(str(err), details={"fatal": True}) from None
+            values["model"] = str(path)
+        self.port = free_port(self.ctx.options.host)
+        values["port"] = self.port
+        self.root_url = f"http://{self.ctx.options.host}:{self.port}"
+        argv = render_argv(spec.command, values)
+        log_path = self.ctx.state_dir / "logs" / f"{self.member.name}-{self.index}.log"
+        self.process = ServerProcess(argv, log_path)
+        try:
+            await self.process.spawn()
+        except OSError as err:
+            raise ServerStartError(
+                f"cannot start {argv[0]}: {err}", details={"fatal": True}
+            ) from None
+        await self._emit("slot.starting", argv=argv, pid=self.process.pid, log=str(log_path))
+        return self.root_url + "/v1"
+
+    _total_slots: int = 1
+
+    async def _probe_ready(self) -> bool:
+        """Ready = /health 200 (or, for external servers, /v1/models 200) and /props read."""
+        assert self.root_url is not None
+        spec = self.member.spec
+        client = self.ctx.client
+        timeout = self.ctx.options.health_timeout_s
+        try:
+            status, _ = await client.get(self.root_url + "/health", timeout, self.headers)
+            if status != 200:
+                if spec.url is None or status not in (404, 405):
+                    return False
+                status, _ = await client.get(
+                    self.chat_url[: -len("/chat/completions")] + "/models", timeout, self.headers
+                )
+                if status != 200:
+                    return False
+            status, props = await client.get(self.root_url + "/props", timeout, self.headers)
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+        total, n_ctx = _read_props(props)
+        if spec.url is None and (status != 200 or total is None):
+            return False  # a spawned server must answer /props (llama-server does)
+        if spec.url is not None:
+            # external: `slots` bounds concurrency; pin id_slot only on a llama-server that has them
+            self.send_id_slot = total is not None and total >= spec.slots
+            self._total_slots = spec.slots
+            self.n_ctx = n_ctx
+            return True
+        assert total is not None
+        if total != spec.slots:
+            log.warning(
+                "%s: roster says %d slots, the server reports %d; using %d",
+                self.member.name, spec.slots, total, total,
+            )  # fmt: skip
+        if n_ctx is not None and n_ctx != spec.ctx:
+            log.warning(
+                "%s: roster says ctx %d per slot, the server reports %d; using %d",
+                self.member.name, spec.ctx, n_ctx, n_ctx,
+            )  # fmt: skip
+        self._total_slots = total
+        self.n_ctx = n_ctx
+        return True
+
+    async def _healthy(self) -> bool:
+        assert self.root_url is not None
+        try:
+            status, _ = await self.ctx.client.get(
+                self.root_url + "/health", self.ctx.options.health_timeout_s, self.headers
+            )
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+        if status == 200:
+            return True
+        if self.member.spec.url is not None and status in (404, 405):
+            try:
+                base = self.chat_url[: -len("/chat/completions")]
+                status, _ = await self.ctx.client.get(
+                    base + "/models", self.ctx.options.health_timeout_s, self.headers
+                )
+            except (aiohttp.ClientError, TimeoutError):
+                return False
+            return status == 200
+        return False
+
+    async def _watch(self) -> str:
+        """Wait until the server exits, hangs, is reported faulty, or idles out; say which."""
+        opts = self.ctx.options
+        exit_task: asyncio.Task[int] | None = None
+        if self.process is not None:
+            exit_task = asyncio.get_running_loop().create_task(self.process.wait())
+            exit_task.add_done_callback(lambda _: self._wake.set())
+        failed_checks = 0
+        idle_s = self.member.spec.idle_unload_s if self.process is not None else None
+        next_health = time.monotonic() + opts.health_interval_s
+        try:
+            while True:
+                if self._fault is not None:
+                    return self._fault
+                if exit_task is not None and exit_task.done():
+                    return f"exited with code {exit_task.result()}"
+                now = time.monotonic()
+                if now >= next_health:
+                    healthy = await self._healthy()
+                    next_health = time.monotonic() + opts.health_interval_s
+                    failed_checks = 0 if healthy else failed_checks + 1
+                    if failed_checks >= opts.health_failures:
+                        return f"hung: {failed_checks} health checks failed"
+                    continue
+                wait_s = next_health - now
+                if idle_s is not None:
+                    if self.busy == 0 and self.member.queued == 0:
+                        idle_left = self.last_used + idle_s - now
+                        if idle_left <= 0:
+                            return "idle"
+                        wait_s = min(wait_s, idle_left)
+                    else:
+                        wait_s = min(wait_s, idle_s)
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait_s):
+                        await self._wake.wait()
+        finally:
+            if exit_task is not None and not exit_task.done():
+                exit_task.cancel()
+
+    async def _kill(self) -> int | None:
+        if self.process is None:
+            return None
+        self.process.kill()
+        return await self.process.wait()
+
+    def _drop_slots(self, reason: str) -> int:
+        """Forget this incarnation's slots; leases on them learn they were lost."""
+        self.incarnation += 1
+        lost = 0
+        for slot in self.slots:
+            self.member.free.pop(slot, None)
+            if slot.affinity is not None and self.member.affinity.get(slot.affinity) is slot:
+                del self.member.affinity[slot.affinity]
+            if slot.lease is not None:
+                slot.lease.lose(reason)
+                lost += 1
+        self.member.busy -= self.busy
+        self.busy = 0
+        self.slots = []
+        return lost
+
+    async def _fail(self, reason: str) -> None:
+        self.last_error = reason
+        self.member.last_error = reason
+        lost = self._pending_lost + self._drop_slots(reason)  # before the kill: leases learn why
+        self._pending_lost = 0
+        code = await self._kill()
+        tail = self.process.tail()[-1500:] if self.process else ""
+        log.warning("%s/%d: %s", self.member.name, self.index, reason)
+        await self._emit("slot.exited", reason=reason, returncode=code, log_tail=tail)
+        if lost:
+            await self._emit("slot.lost", reason=reason, leases=lost)
+
+    async def _unload(self) -> None:
+        idle_ms = int((time.monotonic() - self.last_used) * 1000)
+        self.state = "stopping"
+        self._drop_slots("unloaded")
+        if self.process is not None:
+            await self.process.terminate(self.ctx.options.stop_grace_s)
+        self.state = "stopped"
+        await self._emit("slot.unloaded", idle_ms=idle_ms)
+
+    async def stop(self, reason: str, state: InstanceState = "stopped") -> None:
+        """Stop whatever is running (used by pool stop, cooldown and retirement)."""
+        task = self.task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            self.task = None
+        self.state = "stopping"
+        lost = self._drop_slots(reason)
+        if self.process is not None and self.process.returncode is None:
+            await self.process.terminate(self.ctx.options.stop_grace_s)
+        self.state = state
+        if lost:
+            await self._emit("slot.lost", reason=reason, leases=lost)
+
+    def status(self) -> InstanceStatus:
+        state = self.state
+        if state == "cooldown" and not self.member.cooling:
+            state = "stopped"
+        return InstanceStatus(
+            index=self.index,
+            state=state,
+            port=self.port,
+            pid=self.process.pid if self.process and self.process.returncode is None else None,
+            url=self.root_url,
+            slots_total=len(self.slots),
+            slots_busy=self.busy,
+            slots_idle=len(self.slots) - self.busy,
+            n_ctx=self.n_ctx,
+            restarts=self.restarts,
+            last_error=self.last_error,
+        )
+
+
+def _read_props(props: Any) -> tuple[int | None, int | None]:
+    if not isinstance(props, dict):
+        return None, None
+    total = props.get("total_slots")
+    settings = props.get("default_generation_settings") or {}
+    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    return (
+        int(total) if isinstance(total, int) else None,
+        int(n_ctx) if isinstance(n_ctx, int) else None,
+    )
+
+
+class MemberRuntime:
+    """A member's instances, free slots, affinity map, waiting queue and failure history."""
+
+    def __init__(self, ctx: PoolContext, spec: Member) -> None:
+        self.ctx = ctx
+        self.spec = spec
+        self.name = spec.name
+        self.instances = [Instance(self, i) for i in range(spec.instances)]
+        self.free: dict[Slot, None] = {}
+        self.affinity: dict[str, Slot] = {}
+        self.waiters: list[Waiter] = []
+        self.queued = 0
+        self.busy = 0
+        self._seq = 0
+        self.failures: deque[float] = deque()
+        self.cooldown_until = 0.0
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.retiring = False
+
+    @property
+    def cooling(self) -> bool:
+        return self.cooldown_until > time.monotonic()
+
+    @property
+    def capacity(self) -> int:
+        ready = sum(len(i.slots) for i in self.instances)
+        return ready or self.spec.slots * self.spec.instances
+
+    # --- slots -----------------------------------------------------------------------------
+
+    def pick(self, affinity: str | None) -> Slot | None:
+        """A free slot: the affinity key's own slot if free, else one no key has claimed."""
+        if not self.free:
+            return None
+        if affinity is not None:
+            slot = self.affinity.get(affinity)
+            if slot is not None and slot in self.free:
+                return slot
+        for slot in self.free:
+            if slot.affinity is None:
+                return slot
+        return next(iter(self.free))
+
+    def take(self, slot: Slot, affinity: str | None) -> None:
+        del self.free[slot]
+        slot.instance.busy += 1
+        self.busy += 1
+        if affinity is not None and slot.affinity != affinity:
+            if slot.affinity is not None and self.affinity.get(slot.affinity) is slot:
+                del self.affinity[slot.affinity]
+            slot.affinity = affinity
+            self.affinity[affinity] = slot
+
+    def release(self, slot: Slot) -> None:
+        slot.lease = None
+        if not slot.alive:
+            return  # its server is gone; the slot went with it
+        instance = slot.instance
+        instance.busy -= 1
+        self.busy -= 1
+        instance.last_used = time.monotonic()
+        self.free[slot] = None
+        if self.waiters:
+            self.dispatch()
+        if self.retiring and self.busy == 0:
+            self.ctx.background(self.stop("retired"))
+
+    def add_slots(self, instance: Instance) -> None:
+        for slot in instance.slots:
+            self.free[slot] = None
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        """Hand free slots to waiters in (priority, arrival) order."""
+        while self.free and self.waiters:
+            waiter = heapq.heappop(self.waiters)
+            if waiter.future.done():
+                continue  # timed out or cancelled; already uncounted
+            waiter.popped = True
+            self.queued -= 1
+            slot = self.pick(waiter.affinity)
+            assert slot is not None
+            self.take(slot, waiter.affinity)
+            waiter.future.set_result(slot)
+
+    def enqueue(self, priority: int, affinity: str | None) -> Waiter:
+        self._seq += 1
+        future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        waiter = Waiter((priority, self._seq), affinity, future)
+        heapq.heappush(self.waiters, waiter)
+        self.queued += 1
+        return waiter
+
+    def forget(self, waiter: Waiter) -> None:
+        """A waiter gave up (deadline, cancel): uncount it, or return a slot granted meanwhile."""
+        if not waiter.popped:
+            waiter.popped = True
+            self.queued -= 1
+            if not waiter.future.done():
+                waiter.future.cancel()
+            return
+        future = waiter.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            self.release(future.result())
+
+    def ensure_started(self) -> None:
+        for instance in self.instances:
+            if instance.task is None and instance.state != "stopping":
+                instance.ensure_running()
+
+    # --- faults ----------------------------------------------------------------------------
+
+    async def record_failure(self, instance: Instance, reason: str, fatal: bool) -> float | None:
+        """Count a failure; the restart delay, or None when the member is now cooling down."""
+        opts = self.ctx.options
+        now = time.monotonic()
+        self.last_error = reason
+        self.failures.append(now)
+        while self.failures and self.failures[0] < now - opts.failure_window_s:
+            self.failures.popleft()
+        if fatal or len(self.failures) >= opts.cooldown_after:
+            await self.cool_down(instance, reason)
+            return None
+        return float(min(opts.backoff_max_s, opts.backoff_base_s * 2 ** (len(self.failures) - 1)))
+
+    async def cool_down(self, instance: Instance, reason: str) -> None:
+        opts = self.ctx.options
+        self.cooldown_until = time.monotonic() + opts.cooldown_s
+        failures = len(self.failures)
+        self.failures.clear()
+        log.error("%s: cooling down for %g s after: %s", self.name, opts.cooldown_s, reason)
+        await instance._emit(
+            "slot.cooldown",
+            reason=reason,
+            failures=failures,
+            cooldown_ms=int(opts.cooldown_s * 1000),
+        )
+        self.fail_waiters(self.cooldown_error())
+        for other in self.instances:
+            if other is not instance and (other.task is not None or other.slots):
+                self.ctx.background(other.stop(f"cooldown: {reason}", "cooldown"))
+
+    def cooldown_error(self) -> PoolBusy:
+        remaining = max(0.0, self.cooldown_until - time.monotonic())
+        return PoolBusy(
+            f"member {self.name!r} is cooling down after repeated failures: {self.last_error}",
+            retry_after=max(1.0, remaining),
+            details={"member": self.name, "retry_after_ms": int(remaining * 1000)},
+        )
+
+    def fail_waiters(self, error: Exception) -> None:
+        waiters, self.waiters = self.waiters, []
+        for waiter in waiters:
+            if not waiter.future.done():
+                waiter.popped = True
+                self.queued -= 1
+                waiter.future.set_exception(error)
+
+    async def stop(self, reason: str) -> None:
+        self.fail_waiters(PoolBusy(f"member {self.name!r} is stopping ({reason})"))
+        await asyncio.gather(*(i.stop(reason) for i in self.instances))
+
+    def status(self) -> MemberStatus:
+        instances = [i.status() for i in self.instances]
+        if self.cooling:
+            state = "cooldown"
+        elif any(i.state == "ready" for i in instances):
+            state = "ready"
+        elif any(i.state in ("starting", "backoff") for i in instances):
+            state = "starting"
+        elif any(i.state == "stopping" for i in instances):
+            state = "stopping"
+        else:
+            state = "stopped"
+        return MemberStatus(
+            name=self.name,
+            external=self.spec.external,
+            state=state,
+            queue=self.queued,
+            max_queue=self.ctx.options.max_queue,
+            leases=self.busy,
+            restarts=self.restarts,
+            failures=len(self.failures),
+            cooldown_remaining_ms=int(max(0.0, self.cooldown_until - time.monotonic()) * 1000),
+            last_error=self.last_error,
+            instances=instances,
+        )

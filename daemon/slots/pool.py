@@ -1,0 +1,333 @@
+"""The slot pool: leases `(member, instance, id_slot)` of local model servers to tasks.
+
+    pool = Pool(roster, state_dir, on_event=callback)
+    await pool.start()
+    async with pool.lease("cheap", priority=0, deadline=None, affinity="backend") as lease:
+        result = await lease.chat(messages, max_tokens=256)
+    await pool.stop()
+
+A lease target is a tier (any of its members) or a member. Waiting callers queue per member,
+lower priority number first and FIFO within a priority; the queue is bounded (`PoolBusy` at
+once when full) and a caller's absolute `time.monotonic()` deadline ends its wait
+(`PoolTimeout`). Servers start on their member's first lease and unload after `idle_unload_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+
+from daemon.slots.chat import ChatClient, OnDelta, request_body
+from daemon.slots.digest import DigestCache
+from daemon.slots.errors import NoSuchTarget, PoolBusy, PoolTimeout, SlotLost
+from daemon.slots.member import MemberRuntime, PoolContext, PoolOptions, Slot
+from daemon.slots.records import ChatResult, PoolStatus, SlotEvent
+from roster import Roster
+
+log = logging.getLogger("tally.slots")
+
+EventHook = Callable[[SlotEvent], Awaitable[None] | None]
+
+
+class Lease:
+    """One leased slot. `chat` talks to it; the slot returns to the pool when the lease ends."""
+
+    __slots__ = ("_lost", "_member", "_released", "_slot", "_task", "id_slot", "instance", "member")
+
+    def __init__(self, member: MemberRuntime, slot: Slot) -> None:
+        self._member = member
+        self._slot = slot
+        self._lost: str | None = None
+        self._released = False
+        self._task: asyncio.Task[Any] | None = None
+        self.member = member.name
+        self.instance = slot.instance.index
+        self.id_slot = slot.id
+        slot.lease = self
+
+    @property
+    def server_url(self) -> str | None:
+        """The server's root URL (for /slots, /metrics); None once it is gone."""
+        return self._slot.instance.root_url if self._slot.alive else None
+
+    @property
+    def lost(self) -> str | None:
+        return self._lost
+
+    def lose(self, reason: str) -> None:
+        """Called by the pool when the server under this lease died or hung."""
+        self._lost = reason
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+
+    def _lost_error(self) -> SlotLost:
+        return SlotLost(
+            f"slot {self.id_slot} of {self.member}/{self.instance} was lost: {self._lost}",
+            details={"member": self.member, "instance": self.instance, "id_slot": self.id_slot},
+        )
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        max_tokens: int = 256,
+        response_format: dict[str, Any] | None = None,
+        on_delta: OnDelta | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> ChatResult:
+        """POST /v1/chat/completions on this slot; streams (SSE) when `on_delta` is given."""
+        if self._lost is not None:
+            raise self._lost_error()
+        if self._released:
+            raise RuntimeError("the lease has ended")
+        instance = self._slot.instance
+        spec = self._member.spec
+        body = request_body(
+            spec,
+            self.id_slot if instance.send_id_slot else None,
+            messages,
+            max_tokens=max_tokens,
+            response_format=response_format,
+            # llama.cpp notices a closed connection only while streaming (a non-streamed
+            # request was measured generating on after its client left), so cancel can only
+            # stop a server we own if we stream; the caller still gets one ChatResult.
+            stream=on_delta is not None or spec.url is None,
+            extra=extra,
+        )
+        task = asyncio.current_task()
+        self._task = task
+        try:
+            async with asyncio.timeout(spec.request_timeout_s):
+                done = await instance.ctx.client.complete(
+                    instance.chat_url, body, instance.headers, on_delta
+                )
+        except asyncio.CancelledError:
+            # Our own cancel from lose() becomes SlotLost; a caller's cancel stays a cancel.
+            if self._lost is not None and task is not None and task.cancelling() <= 1:
+                task.uncancel()
+                raise self._lost_error() from None
+            raise
+        except TimeoutError:
+            self._task = None
+            self._lost = f"hung: no reply within {spec.request_timeout_s:g} s"
+            instance.report_fault(self._lost)
+            raise self._lost_error() from None
+        except aiohttp.ClientError as err:
+            self._task = None
+            if self._lost is None:
+                self._lost = f"connection failed: {err!r}"
+                if spec.url is None:  # a loopback server we own does not drop connections
+                    instance.report_fault(self._lost)
+            raise self._lost_error() from None
+        finally:
+            self._task = None
+        return ChatResult(
+            text=done.text,
+            finish_reason=done.finish_reason,
+            usage=done.usage,
+            timings=done.timings,
+            member=self.member,
+            instance=self.instance,
+            id_slot=self.id_slot,
+            request=body,
+            model=done.model,
+        )
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._member.release(self._slot)
+
+
+class _LeaseContext:
+    __slots__ = ("_affinity", "_deadline", "_lease", "_pool", "_priority", "_target")
+
+    def __init__(
+        self, pool: Pool, target: str, priority: int, deadline: float | None, affinity: str | None
+    ) -> None:
+        self._pool = pool
+        self._target = target
+        self._priority = priority
+        self._deadline = deadline
+        self._affinity = affinity
+        self._lease: Lease | None = None
+
+    async def __aenter__(self) -> Lease:
+        self._lease = await self._pool.acquire(
+            self._target, self._priority, self._deadline, self._affinity
+        )
+        return self._lease
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._lease is not None:
+            self._lease.release()
+
+
+class Pool:
+    def __init__(
+        self,
+        roster: Roster,
+        state_dir: Path | str,
+        on_event: EventHook | None = None,
+        options: PoolOptions | None = None,
+    ) -> None:
+        self.roster = roster
+        self.state_dir = Path(state_dir)
+        self.options = options or PoolOptions()
+        self._on_event = on_event
+        self._ctx = PoolContext(
+            options=self.options,
+            state_dir=self.state_dir,
+            client=ChatClient(),
+            emit=self._emit,
+            digests=DigestCache(self.state_dir),
+        )
+        self._members: dict[str, MemberRuntime] = {
+            m.name: MemberRuntime(self._ctx, m) for m in roster.models
+        }
+        self._retired: list[MemberRuntime] = []
+        self._targets = self._index()
+        self._stopping = False
+
+    def _index(self) -> dict[str, list[MemberRuntime]]:
+        targets = {name: [m] for name, m in self._members.items()}
+        for tier, names in self.roster.tiers.members.items():
+            found = [self._members[n] for n in names if n in self._members]
+            if found:
+                targets[tier] = found
+        return targets
+
+    async def start(self) -> None:
+        """Prepare the state dir; servers start lazily, on their member's first lease."""
+        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self._stopping = False
+
+    def lease(
+        self,
+        target: str,
+        priority: int = 0,
+        deadline: float | None = None,
+        affinity: str | None = None,
+    ) -> _LeaseContext:
+        return _LeaseContext(self, target, priority, deadline, affinity)
+
+    async def acquire(
+        self,
+        target: str,
+        priority: int = 0,
+        deadline: float | None = None,
+        affinity: str | None = None,
+    ) -> Lease:
+        """Take a slot (the caller must `release()` the lease); `lease()` is the usual way."""
+        members = self._targets.get(target)
+        if members is None:
+            raise NoSuchTarget(f"no tier or member named {target!r}", details={"target": target})
+        if self._stopping:
+            raise PoolBusy("the pool is stopping")
+        member = members[0] if len(members) == 1 else _choose(members, affinity)
+        if member.cooling:
+            raise member.cooldown_error()
+        if member.queued == 0:
+            slot = member.pick(affinity)
+            if slot is not None:
+                member.take(slot, affinity)
+                return Lease(member, slot)
+        if deadline is not None and deadline <= time.monotonic():
+            raise PoolTimeout(f"no slot of {member.name!r} before the deadline")
+        if member.queued >= self.options.max_queue:
+            raise PoolBusy(
+                f"the queue of {member.name!r} is full ({member.queued} waiting)",
+                details={"member": member.name, "queue": member.queued},
+            )
+        member.ensure_started()
+        waiter = member.enqueue(priority, affinity)
+        try:
+            if deadline is None:
+                slot = await waiter.future
+            else:
+                async with asyncio.timeout_at(deadline):
+                    slot = await waiter.future
+        except TimeoutError:
+            member.forget(waiter)
+            raise PoolTimeout(
+                f"no slot of {member.name!r} before the deadline",
+                details={"member": member.name},
+            ) from None
+        except BaseException:
+            member.forget(waiter)
+            raise
+        return Lease(member, slot)
+
+    def status(self) -> PoolStatus:
+        return PoolStatus(members=[m.status() for m in self._members.values()])
+
+    async def wait_ready(self, target: str, timeout_s: float = 60.0) -> None:
+        """Start a target's members and wait until one slot of each could be leased."""
+        for member in self._targets.get(target) or []:
+            async with self.lease(member.name, deadline=time.monotonic() + timeout_s):
+                pass
+
+    async def stop(self) -> None:
+        self._stopping = True
+        members = [*self._members.values(), *self._retired]
+        await asyncio.gather(*(m.stop("pool stopped") for m in members))
+        for task in list(self._ctx.tasks):
+            task.cancel()
+        await asyncio.gather(*self._ctx.tasks, return_exceptions=True)
+        await self._ctx.client.close()
+
+    async def reload(self, roster: Roster) -> None:
+        """Adopt a new roster: new members start lazily; removed or changed ones stop when idle."""
+        specs = {m.name: m for m in roster.models}
+        for name, runtime in list(self._members.items()):
+            if specs.get(name) == runtime.spec:
+                continue
+            del self._members[name]
+            runtime.retiring = True
+            self._retired.append(runtime)
+            runtime.fail_waiters(PoolBusy(f"member {name!r} changed; retry"))
+            if runtime.busy == 0:
+                self._ctx.background(runtime.stop("removed from the roster"))
+        for name, spec in specs.items():
+            if name not in self._members:
+                self._members[name] = MemberRuntime(self._ctx, spec)
+        self.roster = roster
+        self._targets = self._index()
+
+    async def _emit(self, event: SlotEvent) -> None:
+        log.info("%s %s/%d %s", event.kind, event.member, event.instance, event.detail)
+        if self._on_event is None:
+            return
+        try:
+            result = self._on_event(event)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("the slot event hook failed on %s", event.kind)
+
+
+def _choose(members: list[MemberRuntime], affinity: str | None) -> MemberRuntime:
+    """Within a tier: the affinity key's member, else a member with a free slot, else the
+    least loaded one (ties go to the roster's order)."""
+    live = [m for m in members if not m.cooling]
+    if not live:
+        raise members[0].cooldown_error()
+    if affinity is not None:
+        for m in live:
+            slot = m.affinity.get(affinity)
+            if slot is not None and slot in m.free and m.queued == 0:
+                return m
+    for m in live:
+        if m.free and m.queued == 0:
+            return m
+    return min(live, key=lambda m: (m.queued + m.busy) / m.capacity)

@@ -1,0 +1,118 @@
+"""The pool's boundary records: events, chat results and status (pydantic)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+EventKind = Literal[
+    "slot.starting",
+    "slot.ready",
+    "slot.exited",
+    "slot.restarting",
+    "slot.cooldown",
+    "slot.unloaded",
+    "slot.failed",
+    "slot.lost",
+]
+
+
+def _ledger_safe(value: Any, where: str) -> None:
+    if value is None or isinstance(value, bool | str):
+        return
+    if isinstance(value, int):
+        if abs(value) >= 2**53:
+            raise ValueError(f"{where}: integer out of the ledger's range")
+        return
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            _ledger_safe(item, f"{where}[{i}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{where}: keys must be strings")
+            _ledger_safe(item, f"{where}.{key}")
+        return
+    raise ValueError(f"{where}: {type(value).__name__} is not ledger-safe (no floats)")
+
+
+class SlotEvent(BaseModel):
+    """A state change of a member instance; `detail` holds only ledger-safe JSON (no floats)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: EventKind
+    member: str
+    instance: int
+    port: int | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("detail")
+    @classmethod
+    def _no_floats(cls, value: dict[str, Any]) -> dict[str, Any]:
+        _ledger_safe(value, "detail")
+        return value
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class ChatResult(BaseModel):
+    """One chat completion as the server returned it. `timings` is llama.cpp's, verbatim."""
+
+    text: str
+    finish_reason: str | None
+    usage: Usage
+    timings: dict[str, Any] = Field(default_factory=dict)
+    member: str
+    instance: int
+    id_slot: int
+    request: dict[str, Any]
+    model: str | None = None
+
+
+InstanceState = Literal["stopped", "starting", "ready", "backoff", "cooldown", "stopping"]
+
+
+class InstanceStatus(BaseModel):
+    index: int
+    state: InstanceState
+    port: int | None
+    pid: int | None
+    url: str | None
+    slots_total: int
+    slots_busy: int
+    slots_idle: int
+    n_ctx: int | None
+    restarts: int
+    last_error: str | None
+
+
+class MemberStatus(BaseModel):
+    name: str
+    external: bool
+    state: str
+    queue: int
+    max_queue: int
+    leases: int
+    restarts: int
+    failures: int
+    cooldown_remaining_ms: int
+    last_error: str | None
+    instances: list[InstanceStatus]
+
+
+class PoolStatus(BaseModel):
+    members: list[MemberStatus]
+
+    def member(self, name: str) -> MemberStatus | None:
+        return next((m for m in self.members if m.name == name), None)

@@ -1,0 +1,868 @@
+"""THE tool set: one registry that HTTP, OpenAPI, MCP and the CLI are generated from.
+
+Each tool is a name, a description written for a model choosing a tool inside an IDE, a
+pydantic input model, a pydantic output model and an async handler on the Daemon. Output
+models are defined here (not borrowed from the engine or the ledger) so that the published
+schemas stay stable while the internals move; handlers convert with `_plain`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from daemon.errors import DeadlineExceeded, InvalidInput
+from daemon.planning import Plan, problems, waves
+from daemon.runs import entries as k
+from daemon.runs.state import STOPPED as TERMINAL
+from daemon.runs.state import RunState
+from roster.models import Budget
+
+if TYPE_CHECKING:
+    from daemon.ledger import ConsistencyProof, InclusionProof
+    from daemon.service import Daemon
+
+In = TypeVar("In", bound=BaseModel)
+Out = TypeVar("Out", bound=BaseModel)
+
+Progress = Callable[[float, float | None, str], Awaitable[None]]
+
+HEX64 = r"^[0-9a-f]{64}$"
+STARTED = time.monotonic()
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a surface lends a handler: a progress sink (None when the caller cannot show it)."""
+
+    progress: Progress | None = None
+
+
+@dataclass(frozen=True)
+class Tool(Generic[In, Out]):
+    name: str
+    description: str
+    input: type[In]
+    output: type[Out]
+    handler: Callable[[Daemon, In, ToolContext], Awaitable[Out]]
+
+    async def call(self, daemon: Daemon, arguments: Any, ctx: ToolContext | None = None) -> Out:
+        """Validate raw arguments, run the handler; pydantic's ValidationError escapes as is."""
+        data = self.input.model_validate(arguments if arguments is not None else {})
+        return await self.handler(daemon, data, ctx or ToolContext())
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+def _plain(obj: Any) -> Any:
+    """JSON-ready form of whatever an internal API returned (pydantic, dataclass, enum, ...)."""
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple | set | frozenset):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, bytes):
+        return obj.hex()
+    return obj
+
+
+# ---------------------------------------------------------------- shared output models
+
+
+class Empty(_In):
+    """No arguments."""
+
+
+class RunIdIn(_In):
+    run_id: str = Field(min_length=1, max_length=128, description="The run's id (from submit).")
+
+
+class SpentOut(_Out):
+    model_calls: int = 0
+    tokens: int = 0
+    wall_ms: int = 0
+
+
+class TaskOut(_Out):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    lane: str | None = None
+    state: str
+
+
+class RunOut(_Out):
+    """A run as it stands: its state, tasks, spending and (once done) the witnessed answer."""
+
+    id: str
+    state: RunState
+    request: str
+    lane: str | None = None
+    tasks: list[TaskOut] = []
+    answer: str | None = None
+    spent: SpentOut = SpentOut()
+    budget: dict[str, Any] | None = None
+    error: str | dict[str, Any] | None = None
+    request_seq: int | None = None
+    answer_seq: int | None = None
+    created_at_us: int | None = None
+    updated_at_us: int | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+def run_out(view: Any) -> RunOut:
+    return RunOut.model_validate(_plain(view))
+
+
+class EntryOut(_Out):
+    """One ledger entry; `body` is the hash of its content, `content` the content if asked for."""
+
+    v: int = 1
+    seq: int
+    ts: int
+    actor: str
+    kind: str
+    run: str | None = None
+    parent: int | None = None
+    body: str | None = None
+    prev: str
+    hash: str | None = None
+    content: Any = Field(default=None, description="The body's JSON when requested and present.")
+    redacted: bool = Field(default=False, description="True if the body was redacted.")
+
+
+def entry_out(entry: Any, content: Any = None, *, redacted: bool = False) -> EntryOut:
+    fields = ("v", "seq", "ts", "actor", "kind", "run", "parent", "body", "prev", "hash")
+    data = {f: _plain(getattr(entry, f, None)) for f in fields}
+    data = {k: v for k, v in data.items() if v is not None or k in ("run", "parent", "body")}
+    return EntryOut.model_validate({**data, "content": content, "redacted": redacted})
+
+
+async def _with_bodies(daemon: Daemon, entries: list[Any], bodies: bool) -> list[EntryOut]:
+    out = []
+    for e in entries:
+        if bodies and e.body is not None:
+            content = await daemon.ledger.body(e.body)
+            out.append(entry_out(e, content, redacted=content is None))
+        else:
+            out.append(entry_out(e))
+    return out
+
+
+class EntriesOut(_Out):
+    entries: list[EntryOut]
+    size: int = Field(description="Entries in the ledger when read.")
+
+
+class VerifyOut(_Out):
+    ok: bool
+    size: int
+    root: str | None = None
+    first_bad_seq: int | None = None
+    reason: str | None = None
+    redacted: Any = None
+    tampered: Any = None
+
+
+# ---------------------------------------------------------------- health
+
+
+class HealthOut(_Out):
+    status: Literal["ok"] = "ok"
+    version: str
+    uptime_s: float
+    ledger_size: int
+    runs_active: int
+    lanes: int
+    members: int
+
+
+@functools.cache
+def _version() -> str:
+    try:
+        return dist_version("tallyd")
+    except PackageNotFoundError:  # pragma: no cover - only in a source checkout without install
+        return "0+unknown"
+
+
+async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
+    active = [r for r in daemon.engine.list(limit=10_000) if _plain(r.state) not in TERMINAL]
+    return HealthOut(
+        version=_version(),
+        uptime_s=round(time.monotonic() - STARTED, 3),
+        ledger_size=daemon.ledger.size,
+        runs_active=len(active),
+        lanes=len(daemon.roster.lanes),
+        members=len(daemon.roster.models),
+    )
+
+
+# ---------------------------------------------------------------- route and plan
+
+
+class RouteIn(_In):
+    text: str = Field(min_length=1, max_length=100_000, description="The request to route.")
+
+
+class LaneScore(_Out):
+    lane: str
+    score: float
+
+
+class RouteOut(_Out):
+    lane: str | None = Field(description="The chosen lane, or null when nothing matched.")
+    confidence: float
+    escalate: bool = Field(description="True if confidence is below the roster's threshold.")
+    scores: list[LaneScore]
+    matched: dict[str, list[str]] = Field(description="Per lane, the words that scored.")
+
+
+def _ppm(x: float) -> int:
+    return round(x * 1_000_000)  # the ledger holds no floats
+
+
+async def route(daemon: Daemon, data: RouteIn, ctx: ToolContext) -> RouteOut:
+    r = daemon.router.route(data.text)
+    await daemon.ledger.append(
+        actor="tool",
+        kind="route.preview",
+        body={
+            "text": data.text,
+            "lane": r.lane,
+            "confidence_ppm": _ppm(r.confidence),
+            "escalate": r.escalate,
+            "scores_ppm": {lane: _ppm(score) for lane, score in r.scores[:5]},
+        },
+    )
+    return RouteOut(
+        lane=r.lane,
+        confidence=r.confidence,
+        escalate=r.escalate,
+        scores=[LaneScore(lane=lane, score=score) for lane, score in r.scores],
+        matched={k: list(v) for k, v in r.matched.items()},
+    )
+
+
+class PlanIn(_In):
+    plan: Plan = Field(
+        description=(
+            'A plan: {"tasks": [{"id": "T1", "lane": "backend", "instruction": "...", '
+            '"needs": [], "assertions": [{"type": "contains", "text": "..."}]}]}'
+        )
+    )
+    max_parallel: int | None = Field(default=None, ge=1, le=1024)
+
+
+class PlanProblemOut(_Out):
+    code: str
+    tasks: list[str] = []
+    message: str
+
+
+class PlanOut(_Out):
+    ok: bool
+    problems: list[PlanProblemOut] = Field(description="Every problem found, e.g. a named cycle.")
+    waves: list[list[str]] = Field(description="Task ids by level, split by max_parallel.")
+    critical_path: int = 0
+    total_tasks: int = 0
+
+
+async def plan(daemon: Daemon, data: PlanIn, ctx: ToolContext) -> PlanOut:
+    parsed = data.plan
+    lanes = [lane.name for lane in daemon.roster.lanes]
+    found = [PlanProblemOut.model_validate(_plain(p)) for p in problems(parsed, lanes)]
+    if found:
+        return PlanOut(ok=False, problems=found, waves=[])
+    limit = data.max_parallel or daemon.roster.policy.max_parallel
+    w = waves(parsed, limit)
+    return PlanOut(
+        ok=True,
+        problems=[],
+        waves=[list(level) for level in w.waves],
+        critical_path=w.critical_path,
+        total_tasks=w.total_tasks,
+    )
+
+
+# ---------------------------------------------------------------- runs
+
+
+class SubmitIn(_In):
+    request: str = Field(min_length=1, max_length=100_000, description="What you want done.")
+    plan: Plan | None = Field(
+        default=None, description="An explicit plan (see the plan tool); default: tally plans."
+    )
+    lane: str | None = Field(default=None, description="Force a lane instead of routing.")
+    budget: Budget | None = Field(default=None, description="Per-run limits (default: roster).")
+    idempotency_key: str | None = Field(
+        default=None, max_length=200, description="Same key again returns the existing run."
+    )
+    max_parallel: int | None = Field(default=None, ge=1, le=1024)
+    wait: bool = Field(default=False, description="Wait for the answer (up to timeout_s).")
+    timeout_s: float = Field(default=120.0, gt=0, le=3600, description="How long to wait.")
+
+
+async def submit(daemon: Daemon, data: SubmitIn, ctx: ToolContext) -> RunOut:
+    view = await daemon.engine.submit(
+        data.request,
+        plan=data.plan,
+        lane=data.lane,
+        budget=data.budget,
+        idempotency_key=data.idempotency_key,
+        max_parallel=data.max_parallel,
+    )
+    if not data.wait:
+        return run_out(view)
+    run_id = view.id
+    try:
+        async with asyncio.timeout(data.timeout_s):
+            if ctx.progress is not None:
+                await _follow(daemon, run_id, ctx.progress)
+            return run_out(await daemon.engine.wait(run_id))
+    except (TimeoutError, DeadlineExceeded):
+        return run_out(daemon.engine.get(run_id))
+
+
+def progress_of(run: RunOut) -> tuple[float, float | None, str]:
+    """(done, total, message) for a progress notification: tasks finished of tasks planned."""
+    done = sum(1 for t in run.tasks if t.state in ("done", "failed", "skipped", "cancelled"))
+    total = float(len(run.tasks)) if run.tasks else None
+    return float(done), total, f"{run.state}: {done}/{len(run.tasks)} tasks"
+
+
+async def _follow(daemon: Daemon, run_id: str, progress: Progress) -> None:
+    async for event in daemon.engine.events(run_id):
+        if event.seq is None:
+            continue
+        done, total, message = progress_of(run_out(daemon.engine.get(run_id)))
+        await progress(done, total, message)
+
+
+async def run_get(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
+    return run_out(daemon.engine.get(data.run_id))
+
+
+class RunsIn(_In):
+    state: RunState | None = Field(default=None, description="Only runs in this state.")
+    limit: int = Field(default=50, ge=1, le=1000)
+
+
+class RunsOut(_Out):
+    runs: list[RunOut]
+
+
+async def runs_list(daemon: Daemon, data: RunsIn, ctx: ToolContext) -> RunsOut:
+    return RunsOut(
+        runs=[run_out(v) for v in daemon.engine.list(state=data.state, limit=data.limit)]
+    )
+
+
+async def run_cancel(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
+    return run_out(await daemon.engine.cancel(data.run_id))
+
+
+async def run_resume(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
+    return run_out(await daemon.engine.resume(data.run_id))
+
+
+# ---------------------------------------------------------------- ledger
+
+
+class VerifyIn(_In):
+    deep: bool = Field(default=False, description="Also re-hash every stored body (slower).")
+
+
+async def ledger_verify(daemon: Daemon, data: VerifyIn, ctx: ToolContext) -> VerifyOut:
+    return VerifyOut.model_validate(_plain(await daemon.ledger.verify(deep=data.deep)))
+
+
+class EntriesIn(_In):
+    start: int = Field(default=0, ge=0, description="First seq to return.")
+    limit: int = Field(default=100, ge=1, le=1000)
+    kind: str | None = Field(default=None, description="Only entries of this kind.")
+    run: str | None = Field(default=None, description="Only entries of this run.")
+    actor: str | None = None
+    bodies: bool = Field(default=False, description="Include each entry's body content.")
+
+
+async def ledger_entries(daemon: Daemon, data: EntriesIn, ctx: ToolContext) -> EntriesOut:
+    found = await daemon.ledger.entries(
+        start=data.start, limit=data.limit, kind=data.kind, run=data.run, actor=data.actor
+    )
+    return EntriesOut(
+        entries=await _with_bodies(daemon, list(found), data.bodies), size=daemon.ledger.size
+    )
+
+
+class SeqIn(_In):
+    seq: int = Field(ge=0, description="The entry's sequence number.")
+    bodies: bool = Field(default=True, description="Include body content.")
+
+
+async def ledger_get(daemon: Daemon, data: SeqIn, ctx: ToolContext) -> EntryOut:
+    entry = await daemon.ledger.get(data.seq)
+    return (await _with_bodies(daemon, [entry], data.bodies))[0]
+
+
+class ProofIn(_In):
+    kind: Literal["inclusion", "consistency"] = Field(
+        description="inclusion: seq is in the tree of `size`; consistency: `old` extends to `new`."
+    )
+    seq: int | None = Field(default=None, ge=0, description="inclusion: the entry.")
+    size: int | None = Field(default=None, ge=1, description="inclusion: tree size (default now).")
+    old: int | None = Field(default=None, ge=1, description="consistency: the old tree size.")
+    new: int | None = Field(default=None, ge=1, description="consistency: new size (default now).")
+
+    @model_validator(mode="after")
+    def _needs(self) -> ProofIn:
+        if self.kind == "inclusion" and self.seq is None:
+            raise ValueError("an inclusion proof needs 'seq'")
+        if self.kind == "consistency" and self.old is None:
+            raise ValueError("a consistency proof needs 'old'")
+        return self
+
+
+class ProofOut(_Out):
+    kind: Literal["inclusion", "consistency"]
+    leaf_index: int | None = None
+    tree_size: int | None = None
+    root: str | None = None
+    old_size: int | None = None
+    new_size: int | None = None
+    old_root: str | None = None
+    new_root: str | None = None
+    path: list[str] = Field(description="RFC 9162 audit path, hex SHA-256 hashes.")
+
+
+async def ledger_proof(daemon: Daemon, data: ProofIn, ctx: ToolContext) -> ProofOut:
+    proof: InclusionProof | ConsistencyProof
+    if data.kind == "inclusion":
+        assert data.seq is not None
+        proof = await daemon.ledger.inclusion_proof(data.seq, size=data.size)
+    else:
+        assert data.old is not None
+        proof = await daemon.ledger.consistency_proof(data.old, data.new)
+    return ProofOut.model_validate({"kind": data.kind, **_plain(proof)})
+
+
+class CheckpointIn(_In):
+    create: bool = Field(default=False, description="Sign a new checkpoint instead of the latest.")
+
+
+class CheckpointOut(_Out):
+    checkpoint: dict[str, Any] | None = Field(
+        description="Signed tree head (size, root, time, signed note); null if none yet."
+    )
+
+
+async def ledger_checkpoint(daemon: Daemon, data: CheckpointIn, ctx: ToolContext) -> CheckpointOut:
+    cp = await daemon.ledger.checkpoint() if data.create else daemon.ledger.latest_checkpoint()
+    return CheckpointOut(checkpoint=None if cp is None else _plain(cp))
+
+
+class ChainIn(_In):
+    seq: int = Field(ge=0, description="The entry whose causes you want.")
+    bodies: bool = False
+
+
+async def causal_chain(daemon: Daemon, data: ChainIn, ctx: ToolContext) -> EntriesOut:
+    chain = await daemon.ledger.causal_chain(data.seq)
+    return EntriesOut(
+        entries=await _with_bodies(daemon, list(chain), data.bodies), size=daemon.ledger.size
+    )
+
+
+class RedactIn(_In):
+    body_hash: str = Field(pattern=HEX64, description="The body hash (an entry's `body`).")
+    reason: str = Field(min_length=1, max_length=2000, description="Why; witnessed.")
+    actor: str = Field(default="user", min_length=1, max_length=200)
+
+
+async def ledger_redact(daemon: Daemon, data: RedactIn, ctx: ToolContext) -> EntryOut:
+    entry = await daemon.ledger.redact(data.body_hash, actor=data.actor, reason=data.reason)
+    return entry_out(entry)
+
+
+class MemberUsage(_Out):
+    calls: int = Field(default=0, description="model.call entries naming this member.")
+    errors: int = Field(default=0, description="Replies that carry an error.")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    ms: int = Field(default=0, description="Time from each model.call to its model.reply.")
+
+
+class SummaryIn(_In):
+    run: str | None = Field(default=None, description="One run's summary; default: all.")
+    verify: bool = Field(default=True, description="Include a (shallow) verify result.")
+
+
+class SummaryOut(_Out):
+    run: str | None
+    entries: int
+    by_kind: dict[str, int]
+    model_calls: int
+    tokens: int = Field(description="Prompt + completion tokens the servers reported.")
+    per_member: dict[str, MemberUsage]
+    by_purpose: dict[str, int] = Field(description="Model calls by purpose (task, plan, ...).")
+    escalations: int = Field(description="task.escalate entries: a task moved up a tier.")
+    route_escalations: int = Field(description="Routes that asked for a classifier.")
+    runs_by_state: dict[str, int] = Field(description="Final states witnessed by run.state.")
+    verify: VerifyOut | None = None
+    checkpoint: dict[str, Any] | None = None
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class _Tally:
+    """Accumulates a summary from entries in seq order; bodies only of the kinds it reads."""
+
+    READS = frozenset({k.MODEL_CALL, k.MODEL_REPLY, k.ROUTE, k.STATE})
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.by_kind: dict[str, int] = {}
+        self.members: dict[str, MemberUsage] = {}
+        self.by_purpose: dict[str, int] = {}
+        self.route_escalations = 0
+        self.states: dict[str, int] = {}
+        self.calls: dict[int, int] = {}  # model.call seq -> its ts (µs), until the reply
+
+    def member(self, name: Any) -> MemberUsage:
+        return self.members.setdefault(str(name or "unknown"), MemberUsage())
+
+    def add(self, entry: Any, body: Any) -> None:
+        self.count += 1
+        self.by_kind[entry.kind] = self.by_kind.get(entry.kind, 0) + 1
+        if not isinstance(body, dict):
+            return
+        if entry.kind == k.MODEL_CALL:
+            self.member(body.get("member")).calls += 1
+            purpose = str(body.get("purpose") or "unknown")
+            self.by_purpose[purpose] = self.by_purpose.get(purpose, 0) + 1
+            self.calls[entry.seq] = entry.ts
+        elif entry.kind == k.MODEL_REPLY:
+            m = self.member(body.get("member"))
+            usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+            assert isinstance(usage, dict)
+            m.prompt_tokens += _int(usage.get("prompt_tokens"))
+            m.completion_tokens += _int(usage.get("completion_tokens"))
+            m.cached_tokens += _int(usage.get("cached_tokens"))
+            m.errors += body.get("error") is not None
+            called = self.calls.pop(entry.parent, None) if entry.parent is not None else None
+            if called is not None:
+                m.ms += max(0, entry.ts - called) // 1000
+        elif entry.kind == k.ROUTE:
+            self.route_escalations += body.get("escalate") is True
+        elif entry.kind == k.STATE:
+            state = str(body.get("state"))
+            self.states[state] = self.states.get(state, 0) + 1
+
+
+async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> SummaryOut:
+    acc = _Tally()
+    start = 0
+    while True:
+        batch = await daemon.ledger.entries(start=start, limit=1000, run=data.run)
+        for e in batch:
+            wanted = e.body if e.kind in _Tally.READS else None
+            acc.add(e, await daemon.ledger.body(wanted) if wanted is not None else None)
+        if len(batch) < 1000:
+            break
+        start = batch[-1].seq + 1
+    report = VerifyOut.model_validate(_plain(await daemon.ledger.verify())) if data.verify else None
+    cp = daemon.ledger.latest_checkpoint()
+    members = acc.members
+    return SummaryOut(
+        run=data.run,
+        entries=acc.count,
+        by_kind=acc.by_kind,
+        model_calls=acc.by_kind.get(k.MODEL_CALL, 0),
+        tokens=sum(m.prompt_tokens + m.completion_tokens for m in members.values()),
+        per_member=members,
+        by_purpose=acc.by_purpose,
+        escalations=acc.by_kind.get(k.TASK_ESCALATE, 0),
+        route_escalations=acc.route_escalations,
+        runs_by_state=acc.states,
+        verify=report,
+        checkpoint=None if cp is None else _plain(cp),
+    )
+
+
+# ---------------------------------------------------------------- roster and slots
+
+
+class RosterOut(_Out):
+    roster: dict[str, Any] = Field(description="The roster in force (lanes, tiers, policy).")
+
+
+async def roster_get(daemon: Daemon, _: Empty, ctx: ToolContext) -> RosterOut:
+    return RosterOut(roster=daemon.roster.model_dump(mode="json"))
+
+
+class ReloadIn(_In):
+    path: str | None = Field(default=None, description="Roster file; default: the current one.")
+
+
+class ReloadOut(_Out):
+    lanes: int
+    members: int
+
+
+async def roster_reload(daemon: Daemon, data: ReloadIn, ctx: ToolContext) -> ReloadOut:
+    from pathlib import Path
+
+    try:
+        roster = await daemon.reload_roster(Path(data.path) if data.path else None)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read the roster: {exc.strerror or exc}") from None
+    return ReloadOut(lanes=len(roster.lanes), members=len(roster.models))
+
+
+class SlotInstanceOut(_Out):
+    index: int
+    state: str = Field(description="stopped, starting, ready, backoff, stopping, cooldown, ...")
+    port: int | None = None
+    pid: int | None = None
+    url: str | None = None
+    slots_total: int = 0
+    slots_busy: int = 0
+    slots_idle: int = 0
+    n_ctx: int | None = None
+    restarts: int = 0
+    last_error: str | None = None
+
+
+class SlotMemberOut(_Out):
+    name: str
+    external: bool = Field(description="True for a `url` member tally does not spawn.")
+    state: str
+    queue: int = Field(description="Callers waiting for a slot of this member.")
+    max_queue: int
+    leases: int = Field(description="Slots leased right now.")
+    restarts: int = 0
+    failures: int = 0
+    cooldown_remaining_ms: int = 0
+    last_error: str | None = None
+    instances: list[SlotInstanceOut] = []
+
+
+class SlotsOut(_Out):
+    members: list[SlotMemberOut]
+    busy: int = Field(description="Busy slots across all members.")
+    idle: int = Field(description="Idle slots of running instances.")
+    queue: int = Field(description="Callers waiting across all members.")
+
+
+def slots_out(status: Any) -> SlotsOut:
+    members = [SlotMemberOut.model_validate(_plain(m)) for m in status.members]
+    instances = [i for m in members for i in m.instances]
+    return SlotsOut(
+        members=members,
+        busy=sum(i.slots_busy for i in instances),
+        idle=sum(i.slots_idle for i in instances if i.state == "ready"),
+        queue=sum(m.queue for m in members),
+    )
+
+
+async def slots_status(daemon: Daemon, _: Empty, ctx: ToolContext) -> SlotsOut:
+    return slots_out(daemon.pool.status())
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def _tools() -> list[Tool[Any, Any]]:
+    return [
+        Tool(
+            "health",
+            "Check that the tally daemon is up: version, uptime, ledger size, active runs, "
+            "lanes and pool members. Cheap; use it first when unsure tally is running.",
+            Empty,
+            HealthOut,
+            health,
+        ),
+        Tool(
+            "route",
+            "Show which agent lane (backend, frontend, security, docs, ...) tally would route a "
+            "request to, with confidence, per-lane scores and the words that decided it. No "
+            "model call and nothing is run (the preview is witnessed in the ledger). Use it to "
+            "preview or debug routing before submit.",
+            RouteIn,
+            RouteOut,
+            route,
+        ),
+        Tool(
+            "plan",
+            "Validate an explicit task plan (a DAG of tasks with lanes and `needs`) and compute "
+            "its execution waves and critical path; reports every problem (unknown lane, missing "
+            "dependency, named cycle). Use it to check a plan before passing it to submit.",
+            PlanIn,
+            PlanOut,
+            plan,
+        ),
+        Tool(
+            "submit",
+            "Run a request through tally's agent fleet (route → plan → run tasks on local "
+            "models → validate → answer); every step is recorded in the verifiable ledger. "
+            "Returns the run (id, state); with wait=true waits up to timeout_s and returns the "
+            "answer. Use it to get work done; then run_get to poll a run that is still going.",
+            SubmitIn,
+            RunOut,
+            submit,
+        ),
+        Tool(
+            "run_get",
+            "Get one run by id: state, tasks, spending, and the answer once it is done. Use it "
+            "to poll a run started by submit.",
+            RunIdIn,
+            RunOut,
+            run_get,
+        ),
+        Tool(
+            "runs_list",
+            "List recent runs, newest first, optionally only those in one state (e.g. running, "
+            "interrupted). Use it to find a run id or see what tally is doing.",
+            RunsIn,
+            RunsOut,
+            runs_list,
+        ),
+        Tool(
+            "run_cancel",
+            "Cancel a run: in-flight model requests are aborted and no further task starts. "
+            "Use it when a run is no longer wanted or is taking too long.",
+            RunIdIn,
+            RunOut,
+            run_cancel,
+        ),
+        Tool(
+            "run_resume",
+            "Resume an interrupted run (e.g. after a daemon restart), reusing every task "
+            "already witnessed as done. Use it on runs in state 'interrupted'.",
+            RunIdIn,
+            RunOut,
+            run_resume,
+        ),
+        Tool(
+            "ledger_verify",
+            "Verify the ledger: the hash chain, the Merkle tree and (deep=true) every stored "
+            "body. Reports the first bad entry, redacted and tampered bodies. Use it to check "
+            "that the record of what tally did is intact.",
+            VerifyIn,
+            VerifyOut,
+            ledger_verify,
+        ),
+        Tool(
+            "ledger_entries",
+            "Read ledger entries in sequence order, filtered by kind, run or actor, optionally "
+            "with their bodies (prompts, outputs, plans, verdicts). Use it to audit what "
+            "happened in a run, step by step.",
+            EntriesIn,
+            EntriesOut,
+            ledger_entries,
+        ),
+        Tool(
+            "ledger_get",
+            "Get one ledger entry by sequence number, with its body content unless redacted.",
+            SeqIn,
+            EntryOut,
+            ledger_get,
+        ),
+        Tool(
+            "ledger_proof",
+            "Produce an RFC 9162 Merkle proof: inclusion (entry `seq` is in the tree of `size`) "
+            "or consistency (the tree of size `old` is a prefix of the tree of size `new`). Use "
+            "it to prove to a third party that an entry is recorded or that history was not "
+            "rewritten since a pinned checkpoint.",
+            ProofIn,
+            ProofOut,
+            ledger_proof,
+        ),
+        Tool(
+            "ledger_checkpoint",
+            "Get the latest signed checkpoint (tree size, root hash, ed25519-signed note), or "
+            "sign a new one with create=true. Use it to pin the ledger's state for later "
+            "consistency checks.",
+            CheckpointIn,
+            CheckpointOut,
+            ledger_checkpoint,
+        ),
+        Tool(
+            "causal_chain",
+            "Walk an entry's causes back to the root (e.g. answer ← verdict ← task result ← "
+            "plan ← route ← request). Use it to explain why tally produced something.",
+            ChainIn,
+            EntriesOut,
+            causal_chain,
+        ),
+        Tool(
+            "ledger_redact",
+            "Remove a body (e.g. a prompt containing a secret) from the ledger's store, "
+            "witnessed by a redaction entry with actor and reason; the chain and proofs still "
+            "verify. Irreversible: use only when content must be erased.",
+            RedactIn,
+            EntryOut,
+            ledger_redact,
+        ),
+        Tool(
+            "roster_get",
+            "Show the roster in force: lanes (keywords, tier, system prompt), model tiers and "
+            "the escalation ladder, pool members and policy. Use it to see which agents exist.",
+            Empty,
+            RosterOut,
+            roster_get,
+        ),
+        Tool(
+            "roster_reload",
+            "Reload the roster file (or load another); a bad file is rejected with file:line "
+            "problems and the last good roster stays in force. Use it after editing the roster.",
+            ReloadIn,
+            ReloadOut,
+            roster_reload,
+        ),
+        Tool(
+            "slots_status",
+            "Show the local model server pool: members, instances, state, port, busy and idle "
+            "slots, queue depth, restarts and last error. Use it when runs are slow or failing.",
+            Empty,
+            SlotsOut,
+            slots_status,
+        ),
+        Tool(
+            "ledger_summary",
+            "Summarize the record for one run or the whole ledger: entries by kind, model calls "
+            "and tokens and time per member, escalations, verify result and latest checkpoint; "
+            "read only from the ledger. Use it for a cost/audit overview.",
+            SummaryIn,
+            SummaryOut,
+            ledger_summary,
+        ),
+    ]
+
+
+TOOLS: dict[str, Tool[Any, Any]] = {t.name: t for t in _tools()}

@@ -1,0 +1,133 @@
+"""`tally submit | runs | run | cancel | resume`: run commands, answered by the daemon."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from surfaces.client import DaemonClient, Endpoint, run_client
+
+TERMINAL = {"done", "failed", "cancelled", "interrupted", "budget_exhausted"}
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.add_argument("--socket", type=Path, help="daemon socket (default: $TALLY_SOCKET or runtime)")
+
+
+def register(commands: argparse._SubParsersAction[Any]) -> None:
+    p = commands.add_parser("submit", help="run a request and print the answer")
+    p.add_argument("request", help="what you want done")
+    p.add_argument("--lane", help="force a lane instead of routing")
+    p.add_argument("--plan", type=Path, help="an explicit plan (JSON file)")
+    p.add_argument("--max-parallel", type=int)
+    p.add_argument("--idempotency-key")
+    p.add_argument("--detach", action="store_true", help="print the run id and return")
+    _common(p)
+    p.set_defaults(run=lambda a: run_client(submit(a)))
+
+    p = commands.add_parser("runs", help="list recent runs")
+    p.add_argument("--state", help="only runs in this state")
+    p.add_argument("--limit", type=int, default=20)
+    _common(p)
+    p.set_defaults(run=lambda a: run_client(runs(a)))
+
+    for name, tool, text in (
+        ("run", "run_get", "show one run"),
+        ("cancel", "run_cancel", "cancel a run"),
+        ("resume", "run_resume", "resume an interrupted run"),
+    ):
+        p = commands.add_parser(name, help=text)
+        p.add_argument("run_id")
+        _common(p)
+        p.set_defaults(run=lambda a, tool=tool: run_client(one(a, tool)))
+
+
+def status_line(run: dict[str, Any]) -> str:
+    tasks = run.get("tasks") or []
+    done = sum(1 for t in tasks if t.get("state") in ("done", "failed", "skipped", "cancelled"))
+    parts = [f"{run['id']} {run['state']}"]
+    if run.get("lane"):
+        parts.append(f"lane {run['lane']}")
+    if tasks:
+        shown = " ".join(f"{t['id']}:{t.get('state', '?')}" for t in tasks[:6])
+        more = " …" if len(tasks) > 6 else ""
+        parts.append(f"tasks {done}/{len(tasks)} [{shown}{more}]")
+    spent = run.get("spent") or {}
+    if spent.get("model_calls"):
+        parts.append(f"{spent['model_calls']} calls {spent.get('tokens', 0)} tok")
+    return " · ".join(parts)
+
+
+async def submit(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"request": args.request}
+    if args.lane:
+        body["lane"] = args.lane
+    if args.plan:
+        body["plan"] = json.loads(args.plan.read_text())
+    if args.max_parallel:
+        body["max_parallel"] = args.max_parallel
+    if args.idempotency_key:
+        body["idempotency_key"] = args.idempotency_key
+    async with DaemonClient(Endpoint.from_env(args.socket)) as client:
+        run = await client.call("submit", body)
+        if args.detach:
+            print(json.dumps(run) if args.json else run["id"])
+            return 0
+        live = sys.stderr.isatty() and not args.json
+        try:
+            async for event in client.events(run["id"]):
+                if event.event == "delta":
+                    continue
+                run = await client.call("run_get", {"run_id": run["id"]})
+                if live:
+                    sys.stderr.write("\r\x1b[K" + status_line(run)[:200])
+                    sys.stderr.flush()
+        except asyncio.CancelledError:
+            await asyncio.shield(client.call("run_cancel", {"run_id": run["id"]}))
+            print(f"\ncancelled run {run['id']}", file=sys.stderr)
+            raise
+        run = await client.call("run_get", {"run_id": run["id"]})
+        if live:
+            sys.stderr.write("\r\x1b[K" + status_line(run) + "\n")
+    if args.json:
+        print(json.dumps(run, ensure_ascii=False))
+    elif run["state"] == "done":
+        print(run.get("answer") or "")
+    else:
+        print(f"run {run['id']} ended {run['state']}: {run.get('error') or ''}", file=sys.stderr)
+    return 0 if run["state"] == "done" else 1
+
+
+async def runs(args: argparse.Namespace) -> int:
+    query: dict[str, Any] = {"limit": args.limit}
+    if args.state:
+        query["state"] = args.state
+    async with DaemonClient(Endpoint.from_env(args.socket)) as client:
+        found = (await client.call("runs_list", query))["runs"]
+    if args.json:
+        print(json.dumps(found, ensure_ascii=False))
+        return 0
+    for run in found:
+        request = run["request"].replace("\n", " ")
+        print(f"{run['id']:<24} {run['state']:<16} {run.get('lane') or '-':<14} {request[:60]}")
+    return 0
+
+
+async def one(args: argparse.Namespace, tool: str) -> int:
+    async with DaemonClient(Endpoint.from_env(args.socket)) as client:
+        run = await client.call(tool, {"run_id": args.run_id})
+    if args.json:
+        print(json.dumps(run, ensure_ascii=False))
+        return 0
+    print(status_line(run))
+    if run.get("error"):
+        print(f"error: {run['error']}")
+    if run.get("answer"):
+        print()
+        print(run["answer"])
+    return 0

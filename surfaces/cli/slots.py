@@ -1,0 +1,108 @@
+"""`tally slots [--json]`: the running daemon's pool status (`slots_status`).
+
+`tally slots --roster FILE` instead starts that roster's pool in-process, waits until every
+member is ready, prints the status and stops: a smoke check of a roster without a daemon.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from daemon.errors import TallyError
+from daemon.slots import Pool, PoolOptions, PoolStatus
+from roster import Roster
+
+
+def register(commands: argparse._SubParsersAction[Any]) -> None:
+    parser = commands.add_parser("slots", help="show the daemon's model pool (slots, queues)")
+    parser.add_argument(
+        "--roster",
+        type=Path,
+        default=None,
+        help="smoke-check this roster's pool in-process instead of asking the daemon",
+    )
+    parser.add_argument("--socket", type=Path, help="daemon socket (default: $TALLY_SOCKET)")
+    parser.add_argument("--json", action="store_true", help="print the status as JSON")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for ready")
+    parser.add_argument("--state-dir", type=Path, default=None, help="logs go here (temp dir)")
+    parser.set_defaults(run=run)
+
+
+def _load(path: Path) -> Roster:
+    with path.open("rb") as f:
+        return Roster.model_validate(tomllib.load(f))
+
+
+async def _check(roster: Roster, state_dir: Path, timeout_s: float, base: Path) -> PoolStatus:
+    pool = Pool(roster, state_dir, options=PoolOptions(roster_dir=base))
+    await pool.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        for member in roster.models:
+            async with pool.lease(member.name, deadline=deadline):
+                pass
+        return pool.status()
+    finally:
+        await pool.stop()
+
+
+def _table(status: PoolStatus) -> str:
+    lines = [f"{'MEMBER':<16} {'INST':>4} {'STATE':<9} {'PORT':>6} {'SLOTS':>5} {'CTX':>6}  URL"]
+    for m in status.members:
+        for i in m.instances:
+            lines.append(
+                f"{m.name:<16} {i.index:>4} {i.state:<9} {i.port or '-':>6} "
+                f"{i.slots_total:>5} {i.n_ctx or '-':>6}  {i.url or '-'}"
+            )
+        if m.last_error:
+            lines.append(f"  last error: {m.last_error}")
+    return "\n".join(lines)
+
+
+async def _ask(args: argparse.Namespace) -> int:
+    from surfaces.client import DaemonClient, Endpoint
+
+    async with DaemonClient(Endpoint.from_env(args.socket)) as client:
+        body = await client.call("slots_status")
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        print(_table(PoolStatus.model_validate({"members": body.get("members", [])})))
+        print(
+            f"busy {body.get('busy', 0)}  idle {body.get('idle', 0)}  queue {body.get('queue', 0)}"
+        )
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.roster is None:
+        from surfaces.client import run_client
+
+        return run_client(_ask(args))
+    try:
+        roster = _load(args.roster)
+    except (OSError, tomllib.TOMLDecodeError, ValidationError) as err:
+        print(f"tally slots: cannot load {args.roster}: {err}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="tally-slots-") as tmp:
+        state = args.state_dir or Path(tmp)
+        try:
+            status = asyncio.run(_check(roster, state, args.timeout, args.roster.parent))
+        except TallyError as err:
+            print(f"tally slots: {err.message}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(status.model_dump_json(indent=2))
+    else:
+        print(_table(status))
+    return 0 if all(m.state == "ready" for m in status.members) else 1

@@ -1,0 +1,534 @@
+"""The daemon's HTTP API (aiohttp), generated from `daemon.tools.TOOLS`.
+
+Routes: GET /v1/tools, POST /v1/tools/{name}, GET /v1/runs/{id}/events (SSE), GET /metrics,
+GET /openapi.json, GET /healthz. Default transport is a unix socket (0600, peers trusted);
+TCP on loopback is opt-in and needs the bearer token. Host and Origin are checked against DNS
+rebinding; every error is `{"error": {"code", "message", "details"}}` without a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import signal
+import socket
+import struct
+import sys
+import weakref
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+from pydantic.json_schema import models_json_schema
+
+from daemon.errors import Busy, TallyError
+from daemon.tools import TOOLS, ToolContext, _plain
+from surfaces import metrics
+from surfaces.auth import bearer_ok
+from surfaces.notify import sd_notify, watchdog_task
+
+if TYPE_CHECKING:
+    from daemon.service import Daemon
+
+log = logging.getLogger("tally.http")
+
+SOCKET_HOST = "tally"  # the Host clients send over the unix socket (any value is fine there)
+LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
+_ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$")
+
+
+@dataclass(frozen=True)
+class HttpOptions:
+    token: str | None = None  # required from TCP peers; None = TCP refuses everyone
+    body_limit: int = 1024 * 1024
+    keepalive_s: float = 15.0
+    check_peer_uid: bool = True
+
+
+DAEMON: web.AppKey[Daemon] = web.AppKey("daemon")
+OPTIONS = web.AppKey("options", HttpOptions)
+
+
+class Streams:
+    """The stop events of open SSE streams (on_shutdown sets them all)."""
+
+    def __init__(self) -> None:
+        self.stops: set[asyncio.Event] = set()
+
+
+STREAMS = web.AppKey("streams", Streams)
+
+
+# ---------------------------------------------------------------- errors
+
+
+def error_response(
+    status: int, code: str, message: str, details: Any = None, headers: dict[str, str] | None = None
+) -> web.Response:
+    body = {"error": {"code": code, "message": message, "details": details or {}}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def _http_code(status: int) -> str:
+    return {
+        400: "bad_request",
+        401: "unauthorized",
+        403: "forbidden",
+        404: "not_found",
+        405: "method_not_allowed",
+        413: "payload_too_large",
+        421: "misdirected_request",
+        422: "invalid_input",
+    }.get(status, "http_error")
+
+
+def validation_details(exc: ValidationError) -> dict[str, Any]:
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    return {"errors": _plain(errors)}
+
+
+@dataclass(frozen=True)
+class Peer:
+    """What one connection is allowed, computed once per connection (keep-alive reuses it)."""
+
+    unix: bool
+    hosts: frozenset[str]  # acceptable Host header values (lowercase)
+    foreign_uid: bool
+
+
+_PEERS: weakref.WeakKeyDictionary[Any, Peer] = weakref.WeakKeyDictionary()
+
+
+def _peer(request: web.Request, options: HttpOptions) -> Peer:
+    transport = request.transport
+    cached = _PEERS.get(transport) if transport is not None else None
+    if cached is not None:
+        return cached
+    sock = transport.get_extra_info("socket") if transport else None
+    unix = sock is not None and sock.family == socket.AF_UNIX
+    if unix:
+        hosts = frozenset((SOCKET_HOST, *LOOPBACK))
+        uid = _peer_uid(sock) if options.check_peer_uid and sock is not None else None
+        peer = Peer(True, hosts, uid is not None and uid != os.getuid())
+    else:
+        sockname = transport.get_extra_info("sockname") if transport else None
+        port = sockname[1] if isinstance(sockname, tuple) and len(sockname) > 1 else None
+        names = ("localhost", "127.0.0.1", "[::1]")
+        hosts = frozenset((*names, *(f"{n}:{port}" for n in names if port is not None)))
+        peer = Peer(False, hosts, False)
+    if transport is not None:
+        _PEERS[transport] = peer
+    return peer
+
+
+def _peer_uid(sock: socket.socket) -> int | None:
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    _, uid, _ = struct.unpack("3i", raw)
+    return int(uid)
+
+
+def _refuse(request: web.Request, options: HttpOptions) -> web.Response | None:
+    """Host/Origin (DNS rebinding), peer and token checks, body limit: None = let it through."""
+    peer = _peer(request, options)
+    if request.headers.get("Host", "").lower() not in peer.hosts:
+        return error_response(421, "bad_host", "Host header is not this daemon's loopback address")
+    origin = request.headers.get("Origin")
+    if origin is not None and not _ORIGIN.match(origin):
+        return error_response(403, "forbidden_origin", "cross-origin requests are not allowed")
+    if peer.unix:
+        if peer.foreign_uid:
+            return error_response(403, "forbidden_peer", "socket peer is another user")
+    elif not options.token or not bearer_ok(request.headers.get("Authorization"), options.token):
+        return error_response(
+            401,
+            "unauthorized",
+            "a bearer token is required over TCP (see `tally token`)",
+            headers={"WWW-Authenticate": 'Bearer realm="tally"'},
+        )
+    length = request.content_length
+    if length is not None and length > options.body_limit:
+        return error_response(413, "payload_too_large", f"body over {options.body_limit} bytes")
+    return None
+
+
+@web.middleware
+async def surface_mw(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """One middleware (each layer costs per request): guard first, then map errors to JSON."""
+    refused = _refuse(request, request.app[OPTIONS])
+    if refused is not None:
+        return refused
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, _http_code(exc.status), exc.reason)
+    except TallyError as exc:
+        headers = None
+        if isinstance(exc, Busy):
+            headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+        return error_response(exc.status, exc.code, exc.message, _plain(exc.details), headers)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("internal error on %s %s", request.method, request.path)
+        return error_response(500, "internal", "internal error (see the daemon's log)")
+
+
+# ---------------------------------------------------------------- tools
+
+
+def tool_listing() -> list[dict[str, Any]]:
+    """The tool list as HTTP and MCP publish it (the parity test compares both)."""
+    return [
+        {
+            "name": t.name,
+            "description": t.description,
+            "input_schema": t.input.model_json_schema(mode="validation"),
+            "output_schema": t.output.model_json_schema(mode="serialization"),
+        }
+        for t in TOOLS.values()
+    ]
+
+
+async def list_tools(request: web.Request) -> web.Response:
+    return web.json_response({"tools": tool_listing()})
+
+
+async def call_tool(request: web.Request) -> web.Response:
+    tool = TOOLS.get(request.match_info["name"])
+    if tool is None:
+        raise web.HTTPNotFound(reason=f"no tool named {request.match_info['name']!r}")
+    raw = await request.read()
+    try:
+        # pydantic-core parses and validates in one pass (no json.loads + dict walk)
+        data = tool.input.model_validate_json(raw if raw.strip() else b"{}")
+    except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            return error_response(400, "bad_json", "the body is not valid JSON")
+        return error_response(422, "invalid_input", "invalid arguments", validation_details(exc))
+    out = await tool.handler(request.app[DAEMON], data, ToolContext())
+    return web.Response(body=out.model_dump_json().encode(), content_type="application/json")
+
+
+# ---------------------------------------------------------------- SSE run events
+
+
+def sse_frame(kind: str, data: Any, seq: int | None = None) -> bytes:
+    head = f"id: {seq}\n" if seq is not None else ""
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"{head}event: {kind}\ndata: {payload}\n\n".encode()
+
+
+async def run_events(request: web.Request) -> web.StreamResponse:
+    daemon = request.app[DAEMON]
+    run_id = request.match_info["run_id"]
+    daemon.engine.get(run_id)  # NotFound -> 404 before the stream starts
+    last = request.headers.get("Last-Event-ID") or request.query.get("after")
+    try:
+        after = int(last) if last not in (None, "") else None
+    except ValueError:
+        return error_response(400, "bad_request", "Last-Event-ID must be a ledger seq")
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    await resp.prepare(request)
+    stop = asyncio.Event()
+    request.app[STREAMS].stops.add(stop)
+    events = daemon.engine.events(run_id, after=after).__aiter__()
+    stopped = asyncio.ensure_future(stop.wait())
+    pending: asyncio.Future[Any] | None = None
+    try:
+        await resp.write(b"retry: 1000\n\n")
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(events.__anext__())
+            done, _ = await asyncio.wait(
+                {pending, stopped},
+                timeout=request.app[OPTIONS].keepalive_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if stopped in done:
+                break
+            if pending not in done:
+                await resp.write(b": keep-alive\n\n")
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                await resp.write(sse_frame("end", {"run_id": run_id}))
+                break
+            pending = None
+            await resp.write(sse_frame(_plain(event.kind), _plain(event.data), event.seq))
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        request.app[STREAMS].stops.discard(stop)
+        stopped.cancel()
+        if pending is not None:
+            pending.cancel()
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+    with contextlib.suppress(ConnectionResetError):
+        await resp.write_eof()
+    return resp
+
+
+async def close_streams(app: web.Application) -> None:
+    """on_shutdown: end every SSE stream at once, so shutdown does not wait for them."""
+    for stop in list(app[STREAMS].stops):
+        stop.set()
+
+
+# ---------------------------------------------------------------- metrics, health, openapi
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    text = metrics.render(request.app[DAEMON])
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    daemon = request.app[DAEMON]
+    return web.json_response({"status": "ok", "ledger_size": daemon.ledger.size})
+
+
+def openapi_document() -> dict[str, Any]:
+    """OpenAPI 3.1 from the registry's models (JSON Schema 2020-12, as pydantic emits it)."""
+    pairs: list[tuple[type[BaseModel], Any]] = []
+    for t in TOOLS.values():
+        pairs.append((t.input, "validation"))
+        pairs.append((t.output, "serialization"))
+    refs, top = models_json_schema(pairs, ref_template="#/components/schemas/{model}")
+    schemas: dict[str, Any] = dict(top.get("$defs", {}))
+    schemas["Error"] = {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["code", "message", "details"],
+                "properties": {
+                    "code": {"type": "string"},
+                    "message": {"type": "string"},
+                    "details": {"type": "object"},
+                },
+            }
+        },
+    }
+    err = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    paths: dict[str, Any] = {}
+    for t in TOOLS.values():
+        paths[f"/v1/tools/{t.name}"] = {
+            "post": {
+                "operationId": t.name,
+                "summary": t.description.split(". ")[0],
+                "description": t.description,
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": refs[(t.input, "validation")]}},
+                },
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {
+                            "application/json": {"schema": refs[(t.output, "serialization")]}
+                        },
+                    },
+                    **{
+                        code: {"description": why, "content": err}
+                        for code, why in [
+                            ("401", "Missing or wrong bearer token (TCP)"),
+                            ("404", "Not found"),
+                            ("409", "Conflict"),
+                            ("413", "Body too large"),
+                            ("422", "Invalid input"),
+                            ("503", "Busy or unavailable; see Retry-After"),
+                            ("504", "Deadline exceeded"),
+                        ]
+                    },
+                },
+            }
+        }
+    paths["/v1/tools"] = {
+        "get": {
+            "operationId": "list_tools",
+            "summary": "The tool set with input and output JSON schemas",
+            "responses": {"200": {"description": "OK", "content": {"application/json": {}}}},
+        }
+    }
+    paths["/v1/runs/{run_id}/events"] = {
+        "get": {
+            "operationId": "run_events",
+            "summary": "Server-sent events of a run (ledger seq as id; Last-Event-ID resumes)",
+            "parameters": [
+                {"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                {
+                    "name": "Last-Event-ID",
+                    "in": "header",
+                    "required": False,
+                    "schema": {"type": "string"},
+                },
+            ],
+            "responses": {
+                "200": {"description": "event stream", "content": {"text/event-stream": {}}},
+                "404": {"description": "no such run", "content": err},
+            },
+        }
+    }
+    for path, op, summary, ctype in [
+        ("/metrics", "metrics", "Prometheus metrics", "text/plain"),
+        ("/healthz", "healthz", "Liveness", "application/json"),
+        ("/openapi.json", "openapi", "This document", "application/json"),
+    ]:
+        paths[path] = {
+            "get": {
+                "operationId": op,
+                "summary": summary,
+                "responses": {"200": {"description": "OK", "content": {ctype: {}}}},
+            }
+        }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "tally",
+            "version": "1",
+            "description": "One tool set, identical over HTTP and MCP. Over TCP every request "
+            "needs `Authorization: Bearer <token>` (`tally token`); the unix socket trusts "
+            "its peers.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}, {}],
+    }
+
+
+async def get_openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document())
+
+
+# ---------------------------------------------------------------- app and server
+
+
+def create_app(daemon: Daemon, options: HttpOptions | None = None) -> web.Application:
+    options = options or HttpOptions()
+    app = web.Application(middlewares=[surface_mw], client_max_size=options.body_limit)
+    app[DAEMON] = daemon
+    app[OPTIONS] = options
+    app[STREAMS] = Streams()
+    app.on_shutdown.append(close_streams)
+    app.router.add_get("/v1/tools", list_tools)
+    app.router.add_post("/v1/tools/{name}", call_tool)
+    app.router.add_get("/v1/runs/{run_id}/events", run_events)
+    app.router.add_get("/metrics", get_metrics)
+    app.router.add_get("/openapi.json", get_openapi)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+def parse_tcp(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not port.isdigit() or host not in ("127.0.0.1", "::1", "localhost"):
+        raise ValueError(f"--tcp wants 127.0.0.1:PORT (loopback only), got {value!r}")
+    return host, int(port)
+
+
+@dataclass(frozen=True)
+class Listen:
+    socket_path: Path | None
+    tcp: str | None = None
+
+
+def _prepare_socket_path(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.exists() or path.is_symlink():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # stale socket from a crashed daemon
+        else:
+            raise TallyError(f"another daemon is listening on {path}")
+        finally:
+            probe.close()
+
+
+async def serve(
+    daemon: Daemon,
+    listen: Listen,
+    options: HttpOptions,
+    *,
+    announce: Callable[[list[str]], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Start the daemon, listen, notify READY, run until SIGTERM/SIGINT, stop cleanly.
+
+    READY=1 is sent only after `daemon.start()` (ledger recovered) and every site listens.
+    """
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await daemon.start()
+    runner = web.AppRunner(create_app(daemon, options), shutdown_timeout=5.0, access_log=None)
+    where: list[str] = []
+    try:
+        await runner.setup()
+        if listen.socket_path is not None:
+            _prepare_socket_path(listen.socket_path)
+            old = os.umask(0o177)  # the socket is born 0600: no window where others can connect
+            try:
+                await web.UnixSite(runner, str(listen.socket_path)).start()
+            finally:
+                os.umask(old)
+            os.chmod(listen.socket_path, 0o600)
+            where.append(f"unix:{listen.socket_path}")
+        if listen.tcp is not None:
+            host, port = parse_tcp(listen.tcp)
+            await web.TCPSite(runner, host, port).start()
+            where.append(f"http://{listen.tcp}")
+        if announce is not None:
+            announce(where)
+        sd_notify(f"READY=1\nSTATUS=listening on {', '.join(where)}")
+        async with watchdog_task():
+            await stop.wait()
+        sd_notify("STOPPING=1")
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await runner.cleanup()
+        await daemon.stop()
+        if listen.socket_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                listen.socket_path.unlink()
+
+
+def log_to_stderr(level: int = logging.INFO) -> None:
+    logging.basicConfig(
+        stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )

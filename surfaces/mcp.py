@@ -1,0 +1,180 @@
+"""`tally mcp`: the MCP stdio adapter an IDE launches (official SDK v2, low-level Server).
+
+`tools/list` comes from `daemon.tools.TOOLS` with exactly the schemas HTTP publishes;
+`tools/call` is forwarded to the running daemon. `submit` follows the run's SSE events and
+reports progress; an MCP cancellation cancels the run. Nothing but the protocol goes to stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.stdio import stdio_server
+from pydantic import ValidationError
+
+from daemon.tools import TOOLS, RunOut, progress_of
+from surfaces.client import NOT_RUNNING, DaemonClient, DaemonDown, DaemonError, Endpoint
+from surfaces.http import tool_listing
+
+log = logging.getLogger("tally.mcp")
+
+
+def _error(message: str, details: Any = None) -> types.CallToolResult:
+    text = message if not details else f"{message}\n{json.dumps(details, indent=1)}"
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+
+
+def _ok(body: dict[str, Any]) -> types.CallToolResult:
+    text = json.dumps(body, ensure_ascii=False)
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)], structured_content=body
+    )
+
+
+class Adapter:
+    """Forwards MCP tool calls to the daemon; one keep-alive HTTP session for the process."""
+
+    def __init__(self, endpoint: Endpoint, *, autostart: bool = False) -> None:
+        self.client = DaemonClient(endpoint)
+        self.autostart = autostart
+        self._started: subprocess.Popen[bytes] | None = None
+        self.tools = [
+            types.Tool(
+                name=t["name"],
+                description=t["description"],
+                input_schema=t["input_schema"],
+                output_schema=t["output_schema"],
+            )
+            for t in tool_listing()
+        ]
+
+    def server(self) -> Server[Any]:
+        from daemon.tools import _version
+
+        return Server(
+            "tally",
+            version=_version(),
+            instructions="tally runs requests through a fleet of local model agents and keeps "
+            "a verifiable ledger of every step. Use `submit` with wait=true to get work done, "
+            "`route` to preview routing, the ledger_* tools to audit.",
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+        )
+
+    async def list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=self.tools)
+
+    async def call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        tool = TOOLS.get(params.name)
+        if tool is None:
+            return _error(f"unknown tool {params.name!r}; see tools/list")
+        arguments = dict(params.arguments or {})
+        try:
+            tool.input.model_validate(arguments)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False, include_context=False, include_input=False)
+            return _error(f"invalid arguments for {params.name}", errors)
+        try:
+            if params.name == "submit" and arguments.get("wait"):
+                body = await self._submit_and_follow(ctx, arguments)
+            else:
+                body = await self._call(params.name, arguments)
+        except DaemonDown:
+            return _error(NOT_RUNNING)
+        except DaemonError as exc:
+            return _error(f"{exc.code}: {exc.message}", exc.details)
+        return _ok(body)
+
+    async def _call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return await self.client.call(name, arguments)
+        except DaemonDown:
+            if not self.autostart or not await self._start_daemon():
+                raise
+            return await self.client.call(name, arguments)
+
+    async def _submit_and_follow(
+        self, ctx: ServerRequestContext[Any], arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        timeout = float(arguments.pop("timeout_s", 120.0))
+        arguments["wait"] = False
+        run = RunOut.model_validate(await self._call("submit", arguments))
+        await ctx.session.report_progress(*progress_of(run))
+        try:
+            with anyio.move_on_after(timeout):
+                async for event in self.client.events(run.id):
+                    if event.event == "delta":
+                        continue
+                    run = RunOut.model_validate(
+                        await self.client.call("run_get", {"run_id": run.id})
+                    )
+                    await ctx.session.report_progress(*progress_of(run))
+        except asyncio.CancelledError:
+            # The IDE cancelled the call (or the link broke): the run must not go on unattended.
+            with anyio.move_on_after(5, shield=True):
+                try:
+                    await self.client.call("run_cancel", {"run_id": run.id})
+                except (DaemonDown, DaemonError) as exc:
+                    log.info("cancel of %s after abandon: %s", run.id, exc)
+            raise
+        return await self.client.call("run_get", {"run_id": run.id})
+
+    async def _start_daemon(self) -> bool:
+        if self._started is None:
+            log.info("starting a daemon: %s -m surfaces serve", sys.executable)
+            self._started = subprocess.Popen(  # noqa: ASYNC220 - detached, returns at once
+                [sys.executable, "-m", "surfaces", "serve"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        for _ in range(100):
+            if await self.client.ping():
+                return True
+            if self._started.poll() is not None:
+                return False
+            await asyncio.sleep(0.1)
+        return False
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+async def run_stdio(endpoint: Endpoint, *, autostart: bool = False) -> None:
+    adapter = Adapter(endpoint, autostart=autostart)
+    server = adapter.server()
+    try:
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+    finally:
+        await adapter.close()
+
+
+def mcp_config_block(python: str | None = None, socket_path: Path | None = None) -> str:
+    """The `mcpServers` block to paste into an IDE's MCP config."""
+    entry: dict[str, Any] = {"command": python or sys.executable, "args": ["-m", "surfaces", "mcp"]}
+    if socket_path is not None:
+        entry["env"] = {"TALLY_SOCKET": str(socket_path)}
+    return json.dumps({"mcpServers": {"tally": entry}}, indent=2)
+
+
+def configure_logging() -> None:
+    level = os.environ.get("TALLY_LOG", "WARNING").upper()
+    logging.basicConfig(
+        stream=sys.stderr, level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )

@@ -1,0 +1,119 @@
+"""Prometheus text for GET /metrics, from in-memory counters only (never O(ledger)).
+
+Sources: the engine's runs in memory, `pool.status()` (PoolStatus) and `ledger.stats`
+(LedgerStats: counters and cumulative fsync buckets).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from daemon.runs.state import RunState
+from daemon.tools import _plain, slots_out
+
+if TYPE_CHECKING:
+    from daemon.service import Daemon
+
+RUN_STATES: tuple[str, ...] = RunState.__args__  # type: ignore[attr-defined]
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class _Text:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+
+    def sample(self, name: str, value: float, **labels: str) -> None:
+        if labels:
+            inner = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+            self.lines.append(f"{name}{{{inner}}} {_num(value)}")
+        else:
+            self.lines.append(f"{name} {_num(value)}")
+
+
+def _num(value: float) -> str:
+    if isinstance(value, float) and value == float("inf"):
+        return "+Inf"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def render(daemon: Daemon) -> str:
+    out = _Text()
+    _runs(out, daemon)
+    _slots(out, daemon)
+    _ledger(out, daemon)
+    return "\n".join(out.lines) + "\n"
+
+
+def _runs(out: _Text, daemon: Daemon) -> None:
+    by_state = dict.fromkeys(RUN_STATES, 0)
+    tasks: dict[str, int] = {}
+    calls = tokens = 0
+    for view in daemon.engine.list(limit=1_000_000):
+        state = str(_plain(view.state))
+        by_state[state] = by_state.get(state, 0) + 1
+        for task in view.tasks:
+            t_state = str(_plain(task.state))
+            tasks[t_state] = tasks.get(t_state, 0) + 1
+        calls += int(view.spent.model_calls)
+        tokens += int(view.spent.tokens)
+    out.family("tally_runs", "gauge", "Runs known to the daemon, by state.")
+    for state, n in by_state.items():
+        out.sample("tally_runs", n, state=state)
+    out.family("tally_tasks", "gauge", "Tasks of known runs, by state.")
+    for state, n in sorted(tasks.items()):
+        out.sample("tally_tasks", n, state=state)
+    out.family("tally_model_calls_total", "counter", "Model calls spent by known runs.")
+    out.sample("tally_model_calls_total", calls)
+    out.family("tally_tokens_total", "counter", "Tokens spent by known runs.")
+    out.sample("tally_tokens_total", tokens)
+
+
+def _slots(out: _Text, daemon: Daemon) -> None:
+    status = slots_out(daemon.pool.status())
+    out.family("tally_slots", "gauge", "Model server slots of running instances, by state.")
+    for m in status.members:
+        ready = [i for i in m.instances if i.state == "ready"]
+        out.sample("tally_slots", sum(i.slots_busy for i in ready), member=m.name, state="busy")
+        out.sample("tally_slots", sum(i.slots_idle for i in ready), member=m.name, state="idle")
+    out.family("tally_instances", "gauge", "Model server instances, by member and state.")
+    for m in status.members:
+        states: dict[str, int] = {}
+        for i in m.instances:
+            states[i.state] = states.get(i.state, 0) + 1
+        for state, n in sorted(states.items()):
+            out.sample("tally_instances", n, member=m.name, state=state)
+    out.family("tally_queue_depth", "gauge", "Callers waiting for a slot, by member.")
+    for m in status.members:
+        out.sample("tally_queue_depth", m.queue, member=m.name)
+    out.family("tally_slot_restarts_total", "counter", "Model server restarts, by member.")
+    for m in status.members:
+        out.sample("tally_slot_restarts_total", m.restarts, member=m.name)
+
+
+def _ledger(out: _Text, daemon: Daemon) -> None:
+    ledger = daemon.ledger
+    stats = ledger.stats
+    out.family("tally_ledger_entries", "gauge", "Entries committed to the ledger.")
+    out.sample("tally_ledger_entries", ledger.size)
+    out.family("tally_ledger_appends_total", "counter", "Appends since the daemon started.")
+    out.sample("tally_ledger_appends_total", stats.appends)
+    out.family("tally_ledger_batches_total", "counter", "Group commits since start.")
+    out.sample("tally_ledger_batches_total", stats.batches)
+    name = "tally_ledger_fsync_seconds"
+    out.family(name, "histogram", "Latency of the ledger's fsync per group commit.")
+    # The ledger keeps cumulative (le, count) buckets ending with +Inf, as Prometheus wants.
+    for bound, count in stats.fsync_buckets:
+        le = "+Inf" if math.isinf(bound) else repr(float(bound))
+        out.sample(f"{name}_bucket", count, le=le)
+    if not stats.fsync_buckets or not math.isinf(stats.fsync_buckets[-1][0]):
+        out.sample(f"{name}_bucket", stats.fsync_count, le="+Inf")
+    out.sample(f"{name}_sum", float(stats.fsync_seconds_sum))
+    out.sample(f"{name}_count", stats.fsync_count)

@@ -1,0 +1,111 @@
+"""The systemd units, generated here so `tally unit` can fill in the absolute ExecStart path.
+
+systemd/tallyd.service and systemd/tallyd-system.service are these texts with the placeholder
+path; a test keeps the files and the generator identical.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+PLACEHOLDER = "/usr/local/bin/tally"
+
+_USER = """\
+# tally daemon as a systemd USER unit: `tally unit --install`, then
+#   systemctl --user daemon-reload && systemctl --user enable --now tallyd
+# (`loginctl enable-linger $USER` keeps it running without a login session).
+[Unit]
+Description=tally: local agent fleets with a verifiable ledger
+Documentation=https://github.com/tally/tally#readme
+
+[Service]
+Type=notify
+NotifyAccess=main
+ExecStart={exec_start} serve --state ${{STATE_DIRECTORY}} --socket ${{RUNTIME_DIRECTORY}}/tally.sock
+Restart=on-failure
+RestartSec=2s
+TimeoutStartSec=120s
+TimeoutStopSec=30s
+WatchdogSec=30s
+StateDirectory=tally
+StateDirectoryMode=0700
+RuntimeDirectory=tally
+RuntimeDirectoryMode=0700
+UMask=0077
+NoNewPrivileges=yes
+LockPersonality=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+SystemCallArchitectures=native
+Environment=PYTHONUNBUFFERED=1
+
+[Install]
+WantedBy=default.target
+"""
+
+_SYSTEM = """\
+# tally daemon as a SYSTEM unit with the full hardening set (shared host service).
+# Install: copy to /etc/systemd/system/tallyd.service, then systemctl enable --now tallyd.
+# Clients of the socket need to run as the service user (or use --tcp with the token).
+[Unit]
+Description=tally: local agent fleets with a verifiable ledger
+After=network.target
+
+[Service]
+Type=notify
+NotifyAccess=main
+ExecStart={exec_start} serve --state ${{STATE_DIRECTORY}} --socket ${{RUNTIME_DIRECTORY}}/tally.sock
+Restart=on-failure
+RestartSec=2s
+TimeoutStartSec=120s
+TimeoutStopSec=30s
+WatchdogSec=30s
+DynamicUser=yes
+StateDirectory=tally
+StateDirectoryMode=0700
+RuntimeDirectory=tally
+RuntimeDirectoryMode=0750
+UMask=0077
+NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+PrivateDevices=yes
+PrivateIPC=yes
+ProtectHostname=yes
+ProtectClock=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectProc=invisible
+ProcSubset=pid
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
+RestrictNamespaces=yes
+RestrictRealtime=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+MemoryDenyWriteExecute=yes
+RemoveIPC=yes
+SystemCallArchitectures=native
+SystemCallFilter=@system-service
+SystemCallFilter=~@privileged @resources
+SystemCallErrorNumber=EPERM
+CapabilityBoundingSet=
+AmbientCapabilities=
+DevicePolicy=closed
+IPAddressDeny=any
+IPAddressAllow=localhost
+Environment=PYTHONUNBUFFERED=1
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def user_unit(exec_start: str = PLACEHOLDER) -> str:
+    return _USER.format(exec_start=shlex.quote(exec_start))
+
+
+def system_unit(exec_start: str = PLACEHOLDER) -> str:
+    return _SYSTEM.format(exec_start=shlex.quote(exec_start))

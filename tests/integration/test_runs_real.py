@@ -1,0 +1,40 @@
+"""A real request through the embedded SmolLM2 pool (the packaged default roster)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from daemon.config import Settings
+from daemon.runs import entries as k
+from daemon.service import Daemon
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+async def test_a_real_request_completes_and_the_ledger_verifies(tmp_path: Path) -> None:
+    settings = Settings.from_env(
+        state_dir=tmp_path / "state", runtime_dir=tmp_path / "run", checkpoint_interval_s=3600
+    )
+    daemon = Daemon(settings)
+    await daemon.start()
+    try:
+        view = await daemon.engine.submit(
+            "Write a short docstring for a function that adds two numbers.",
+            lane="docs",
+            budget={"model_calls": 4, "wall_s": 240},
+        )
+        view = await daemon.engine.wait(view.id, timeout=300)
+        assert view.state == "done", view.error
+        assert view.answer
+        assert view.answer.strip()
+        calls = await daemon.ledger.entries(limit=10_000, kind=k.MODEL_CALL, run=view.id)
+        assert calls
+        for entry in calls:
+            body = await daemon.ledger.body(entry.body or "")
+            assert body["member"]
+            assert isinstance(body["slot"], int)
+        assert (await daemon.ledger.verify(deep=True)).ok
+    finally:
+        await daemon.stop()

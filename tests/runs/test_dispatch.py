@@ -1,0 +1,182 @@
+"""The dispatcher on fake executors; and the guard, checks and command executor."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import pytest
+
+from daemon.runs import checks
+from daemon.runs.dispatch import Capacity, Node, dispatch, levels
+from daemon.runs.executors import run_command, upstream_block
+from daemon.runs.guard import GuardFailed, first_balanced_object, parse_json, structured
+
+
+def timed(durations: dict[str, float], log: list[tuple[str, float, float]]):
+    origin = time.monotonic()
+
+    async def execute(task_id: str) -> bool:
+        start = time.monotonic() - origin
+        await asyncio.sleep(durations[task_id])
+        log.append((task_id, start, time.monotonic() - origin))
+        return True
+
+    return execute
+
+
+async def test_a_task_starts_when_its_needs_are_done_not_at_a_wave_boundary() -> None:
+    # a -> c, b slow: c must start right after a, while b still runs
+    nodes = [Node("a", "x"), Node("b", "x"), Node("c", "x", ("a",))]
+    log: list[tuple[str, float, float]] = []
+    out = await dispatch(nodes, timed({"a": 0.02, "b": 0.2, "c": 0.02}, log), max_parallel=4)
+    assert out.done == {"a", "b", "c"}
+    spans = {t: (s, e) for t, s, e in log}
+    assert spans["c"][0] < spans["b"][1]
+    barrier_log: list[tuple[str, float, float]] = []
+    await dispatch(
+        nodes, timed({"a": 0.02, "b": 0.2, "c": 0.02}, barrier_log), max_parallel=4, barrier=True
+    )
+    barrier = {t: (s, e) for t, s, e in barrier_log}
+    assert barrier["c"][0] >= barrier["b"][1] - 0.005
+
+
+async def test_caps_bound_concurrency() -> None:
+    running = 0
+    peak = 0
+    lane_peak = 0
+    lane_running = 0
+
+    async def execute(task_id: str) -> bool:
+        nonlocal running, peak, lane_running, lane_peak
+        running += 1
+        lane_running += task_id.startswith("s")
+        peak = max(peak, running)
+        lane_peak = max(lane_peak, lane_running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        lane_running -= task_id.startswith("s")
+        return True
+
+    nodes = [Node(f"s{i}", "slow") for i in range(6)] + [Node(f"f{i}", "fast") for i in range(6)]
+    capacity = Capacity(total=3, lanes={"slow": 1})
+    out = await dispatch(nodes, execute, max_parallel=5, capacity=capacity)
+    assert len(out.done) == 12
+    assert peak <= 3
+    assert lane_peak == 1
+    assert capacity.busy == 0
+
+
+async def test_failure_stops_or_skips_dependants() -> None:
+    async def execute(task_id: str) -> bool:
+        await asyncio.sleep(0)
+        return task_id != "a"
+
+    nodes = [Node("a", "x"), Node("b", "x", ("a",)), Node("c", "x", ("b",)), Node("d", "x")]
+    skipped: list[str] = []
+
+    async def on_skip(task_id: str, reason: str) -> None:
+        skipped.append(task_id)
+
+    out = await dispatch(nodes, execute, max_parallel=1, stop_on_failure=False, on_skip=on_skip)
+    assert out.failed == {"a"}
+    assert out.skipped == {"b", "c"}
+    assert out.done == {"d"}
+    assert sorted(skipped) == ["b", "c"]
+
+
+async def test_an_exception_cancels_siblings_and_propagates() -> None:
+    cancelled = asyncio.Event()
+
+    async def execute(task_id: str) -> bool:
+        if task_id == "boom":
+            await asyncio.sleep(0.01)
+            raise RuntimeError("boom")
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return True
+
+    with pytest.raises(RuntimeError):
+        await dispatch([Node("boom", "x"), Node("slow", "x")], execute, max_parallel=2)
+    assert cancelled.is_set()
+
+
+def test_levels_split_by_max_parallel() -> None:
+    nodes = [Node("a", "x"), Node("b", "x"), Node("c", "x"), Node("d", "x", ("a", "b"))]
+    assert levels(nodes, 2) == [["a", "b"], ["c"], ["d"]]
+
+
+def test_rescue_parsing() -> None:
+    assert parse_json('{"a": 1}') == ({"a": 1}, "parsed")
+    assert parse_json('text ```json\n{"a": 1}\n``` more') == ({"a": 1}, "rescued_fenced")
+    assert parse_json('Sure: {"a": {"b": "}"}} and {"c": 2}') == (
+        {"a": {"b": "}"}},
+        "rescued_object",
+    )
+    assert first_balanced_object("{ broken {") is None
+    with pytest.raises(ValueError):
+        parse_json("no json here")
+
+
+async def test_guard_retries_with_a_correction_then_gives_up() -> None:
+    seen: list[list[dict[str, object]]] = []
+
+    async def ask(messages: list[dict[str, object]], attempt: int) -> tuple[str, int | None]:
+        seen.append(messages)
+        return ("nope", attempt)
+
+    with pytest.raises(GuardFailed):
+        await structured("plan", [{"role": "user", "content": "x"}], ask, lambda v: v, attempts=3)
+    assert len(seen) == 3
+    assert "not valid" in str(seen[1][-1]["content"])
+
+
+def test_assertions() -> None:
+    schema = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
+    assertions = [
+        {"type": "json_schema", "schema": schema},
+        {"type": "contains", "text": "n"},
+        {"type": "regex", "pattern": r"\d"},
+        {"type": "max_length", "chars": 20},
+    ]
+    assert checks.check(assertions, '{"n": 3}') == []
+    failures = checks.check(assertions, '{"n": "x", "pad": "................"}')
+    assert len(failures) == 3
+    assert checks.check([{"type": "exit_code", "code": 0}], "", exit_code=2) == [
+        "the command must exit with 0 (it exited 2)"
+    ]
+
+
+def test_intent_coverage() -> None:
+    got = checks.intent("Write a Python function parsing ISO dates", "def parse(d): dates python")
+    assert got["keys"] == ["python", "function", "pars", "iso", "date"]
+    assert got["missing"] == ["function", "iso"]
+    assert got["coverage_ppm"] == 600_000
+
+
+def test_upstream_results_are_bounded() -> None:
+    block = upstream_block({f"t{i}": "x" * 50_000 for i in range(10)})
+    assert len(block) < 14_000
+
+
+async def test_command_timeout_kills_the_process_group() -> None:
+    code = "import subprocess, time; subprocess.Popen(['sleep', '30']); time.sleep(30)"
+    started = time.monotonic()
+    outcome = await run_command([sys.executable, "-c", code], timeout_s=0.5)
+    assert outcome.timed_out
+    assert outcome.exit_code is None
+    assert time.monotonic() - started < 5
+
+
+async def test_command_env_is_allow_listed_and_output_capped(monkeypatch) -> None:
+    monkeypatch.setenv("SECRET_TOKEN", "hunter2")
+    code = "import os; print(os.environ.get('SECRET_TOKEN')); print(os.getcwd()); print('y'*9000)"
+    outcome = await run_command([sys.executable, "-c", code], output_cap=4096)
+    assert outcome.stdout.startswith("None\n")
+    assert "tally-task-" in outcome.stdout
+    assert outcome.truncated
+    assert len(outcome.stdout) == 4096

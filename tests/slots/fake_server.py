@@ -1,0 +1,271 @@
+"""A fake OpenAI-compatible llama-server for tests, in-process or as a subprocess.
+
+    python -m tests.slots.fake_server --port {port} --slots {slots} [--load-delay 0.3] ...
+
+It speaks the parts of llama-server the pool uses: /health (503 while "loading"), /props,
+/slots (is_processing), /v1/models, /v1/chat/completions (non-stream and SSE with [DONE],
+usage with cached_tokens, timings, id_slot queueing). Faults are injected with flags or at run
+time through POST /_fault {"mode": "crash" | "hang" | "fail", "count": N}: "crash" exits the
+process (in-process: drops the connection) mid-stream, "hang" stops answering anything,
+"fail" answers the next N chat requests with 500.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from aiohttp import web
+
+
+class FakeServer:
+    def __init__(
+        self,
+        *,
+        slots: int = 2,
+        n_ctx: int = 2048,
+        load_delay_s: float = 0.0,
+        token_delay_s: float = 0.0,
+        subprocess_mode: bool = False,
+    ) -> None:
+        self.slots = slots
+        self.n_ctx = n_ctx
+        self.token_delay_s = token_delay_s
+        self.subprocess_mode = subprocess_mode
+        self.ready_at = time.monotonic() + load_delay_s
+        self.hang = False
+        self.crash_after: int | None = None  # tokens streamed before the crash
+        self.fail_next = 0
+        self.requests: list[dict[str, Any]] = []
+        self.processing: set[int] = set()
+        self.max_concurrent = 0
+        self._locks = [asyncio.Lock() for _ in range(slots)]
+        self._last_prompt: dict[int, list[str]] = {}
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+        self.app = web.Application()
+        self.app.router.add_get("/health", self.health)
+        self.app.router.add_get("/v1/health", self.health)
+        self.app.router.add_get("/props", self.props)
+        self.app.router.add_get("/slots", self.slots_view)
+        self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_post("/v1/chat/completions", self.chat)
+        self.app.router.add_post("/_fault", self.fault)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, port: int = 0) -> str:
+        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", port)
+        await site.start()
+        server = site._server
+        assert server is not None
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _gate(self) -> None:
+        while self.hang:
+            await asyncio.sleep(3600)
+
+    async def health(self, request: web.Request) -> web.Response:
+        await self._gate()
+        if time.monotonic() < self.ready_at:
+            return web.json_response(
+                {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
+                status=503,
+            )
+        return web.json_response({"status": "ok"})
+
+    async def props(self, request: web.Request) -> web.Response:
+        await self._gate()
+        if time.monotonic() < self.ready_at:
+            return web.json_response({"error": {"code": 503}}, status=503)
+        return web.json_response(
+            {
+                "total_slots": self.slots,
+                "default_generation_settings": {"n_ctx": self.n_ctx},
+                "model_path": "fake.gguf",
+            }
+        )
+
+    async def slots_view(self, request: web.Request) -> web.Response:
+        await self._gate()
+        return web.json_response(
+            [
+                {"id": i, "n_ctx": self.n_ctx, "is_processing": i in self.processing}
+                for i in range(self.slots)
+            ]
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        await self._gate()
+        return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
+    async def fault(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        mode = body.get("mode")
+        if mode == "hang":
+            self.hang = True
+        elif mode == "crash":
+            self.crash_after = int(body.get("after", 0))
+        elif mode == "fail":
+            self.fail_next = int(body.get("count", 1))
+        elif mode == "exit":
+            asyncio.get_running_loop().call_later(0.01, os._exit, int(body.get("code", 3)))
+        return web.json_response({"ok": True})
+
+    def _pick_slot(self, wanted: int | None) -> int:
+        if wanted is not None and 0 <= wanted < self.slots:
+            return wanted
+        for i in range(self.slots):
+            if not self._locks[i].locked():
+                return i
+        return 0
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        await self._gate()
+        body = await request.json()
+        self.requests.append(body)
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            return web.json_response({"error": {"code": 500, "message": "injected"}}, status=500)
+        id_slot = body.get("id_slot")
+        slot = self._pick_slot(id_slot if isinstance(id_slot, int) and id_slot >= 0 else None)
+        async with self._locks[slot]:
+            self.processing.add(slot)
+            self.max_concurrent = max(self.max_concurrent, len(self.processing))
+            try:
+                return await self._generate(request, body, slot)
+            finally:
+                self.processing.discard(slot)
+
+    async def _generate(
+        self, request: web.Request, body: dict[str, Any], slot: int
+    ) -> web.StreamResponse:
+        words = " ".join(str(m.get("content", "")) for m in body.get("messages", [])).split()
+        previous = self._last_prompt.get(slot, [])
+        cached = 0
+        for a, b in zip(previous, words, strict=False):
+            if a != b:
+                break
+            cached += 1
+        self._last_prompt[slot] = words
+        n = int(body.get("max_tokens") or 16)
+        if body.get("response_format"):
+            tokens = ['{"ok": ', "true}"]
+        else:
+            tokens = [f"t{i} " for i in range(n)]
+        usage = {
+            "prompt_tokens": len(words),
+            "completion_tokens": len(tokens),
+            "total_tokens": len(words) + len(tokens),
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+        timings = {"cache_n": cached, "prompt_n": len(words) - cached, "predicted_n": len(tokens)}
+        finish = "length" if not body.get("response_format") else "stop"
+        if not body.get("stream"):
+            for i in range(len(tokens)):
+                await self._tick(i)
+            return web.json_response(
+                {
+                    "id": "chatcmpl-fake",
+                    "object": "chat.completion",
+                    "model": body.get("model"),
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "".join(tokens)},
+                            "finish_reason": finish,
+                        }
+                    ],
+                    "usage": usage,
+                    "timings": timings,
+                    "id_slot": slot,
+                }
+            )
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i, token in enumerate(tokens):
+            await self._tick(i, request)
+            chunk = {
+                "object": "chat.completion.chunk",
+                "model": body.get("model"),
+                "choices": [{"index": 0, "delta": {"content": token}, "finish_reason": None}],
+            }
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        final = {
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
+        }
+        await resp.write(f"data: {json.dumps(final)}\n\n".encode())
+        tail = {
+            "object": "chat.completion.chunk",
+            "choices": [],
+            "usage": usage,
+            "timings": timings,
+        }
+        await resp.write(f"data: {json.dumps(tail)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _tick(self, i: int, request: web.Request | None = None) -> None:
+        if self.crash_after is not None and i >= self.crash_after:
+            if self.subprocess_mode:
+                os._exit(7)
+            self.crash_after = None
+            if request is not None and request.transport is not None:
+                request.transport.close()
+            raise ConnectionResetError("injected crash")
+        await self._gate()
+        if self.token_delay_s:
+            await asyncio.sleep(self.token_delay_s)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    if args.die_on_start:
+        print("fake server: refusing to start", flush=True)
+        sys.exit(5)
+    server = FakeServer(
+        slots=args.slots,
+        n_ctx=args.ctx // max(1, args.slots),
+        load_delay_s=args.load_delay,
+        token_delay_s=args.token_delay,
+        subprocess_mode=True,
+    )
+    if args.hang:
+        server.hang = True
+    await server.start(args.port)
+    print(f"fake server listening on {server.url}", flush=True)
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--slots", type=int, default=2)
+    parser.add_argument("--ctx", type=int, default=4096)
+    parser.add_argument("--load-delay", type=float, default=0.0)
+    parser.add_argument("--token-delay", type=float, default=0.0)
+    parser.add_argument("--hang", action="store_true")
+    parser.add_argument("--die-on-start", action="store_true")
+    args = parser.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""CLI commands that ask the running (real) daemon over its socket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from daemon.service import Daemon
+from surfaces.cli import main
+
+
+async def test_slots_asks_the_daemon(
+    unix_server: Path, daemon: Daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await daemon.engine.wait((await daemon.engine.submit("the api")).id, timeout=20)
+    code = await asyncio.to_thread(main, ["slots", "--socket", str(unix_server), "--json"])
+    assert code == 0
+    status = json.loads(capsys.readouterr().out)
+    assert [m["name"] for m in status["members"]] == ["tiny", "big"]
+    assert status["members"][0]["state"] == "ready"
+    assert status["idle"] == 4
+    assert await asyncio.to_thread(main, ["slots", "--socket", str(unix_server)]) == 0
+    table = capsys.readouterr().out
+    assert "MEMBER" in table
+    assert "tiny" in table
+
+
+def test_slots_without_a_daemon_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["slots", "--socket", str(tmp_path / "none.sock")]) == 1
+    assert "daemon not running" in capsys.readouterr().err

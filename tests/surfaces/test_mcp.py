@@ -1,0 +1,130 @@
+"""MCP adapter end to end over stdio with the SDK's client, against the real daemon's HTTP app."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from daemon.runs import entries as k
+from daemon.service import Daemon
+from daemon.tools import TOOLS
+from tests.slots.fake_server import FakeServer
+from tests.surfaces.conftest import two_tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def params(socket_path: Path) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "surfaces", "mcp"],
+        env={"TALLY_SOCKET": str(socket_path)},
+        cwd=str(ROOT),
+    )
+
+
+@asynccontextmanager
+async def session_for(socket_path: Path) -> AsyncIterator[ClientSession]:
+    # Inline in each test, not a fixture: anyio scopes must exit in the task that entered them.
+    async with (
+        stdio_client(params(socket_path)) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+async def test_tools_list_parity_with_http(
+    unix_server: Path, unix_session: aiohttp.ClientSession
+) -> None:
+    async with session_for(unix_server) as mcp_session:
+        listed = (await mcp_session.list_tools()).tools
+    async with unix_session.get("http://tally/v1/tools") as resp:
+        http_tools = (await resp.json())["tools"]
+    assert [t.name for t in listed] == [t["name"] for t in http_tools] == list(TOOLS)
+    for mcp_tool, http_tool in zip(listed, http_tools, strict=True):
+        assert mcp_tool.input_schema == http_tool["input_schema"]
+        assert mcp_tool.output_schema == http_tool["output_schema"]
+        assert mcp_tool.description == http_tool["description"]
+
+
+async def test_call_progress_and_errors(unix_server: Path, daemon: Daemon) -> None:
+    async with session_for(unix_server) as mcp_session:
+        await _call_progress_and_errors(mcp_session, daemon)
+
+
+async def _call_progress_and_errors(mcp_session: ClientSession, daemon: Daemon) -> None:
+    routed = await mcp_session.call_tool("route", {"text": "the api server is down"})
+    assert not routed.is_error
+    assert routed.structured_content is not None
+    assert routed.structured_content["lane"] == "backend"
+
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    args: dict[str, Any] = {"request": "fix the api", "plan": two_tasks(), "wait": True}
+    result = await mcp_session.call_tool("submit", args, progress_callback=on_progress)
+    assert not result.is_error, result.content
+    run = result.structured_content
+    assert run is not None
+    assert run["state"] == "done"
+    assert run["answer"] == daemon.engine.get(run["id"]).answer
+    assert run["answer"].startswith("t0 ")
+    assert len(seen) >= 3
+    assert seen[-1][:2] == (2.0, 2.0)
+    assert seen[-1][2] == "done: 2/2 tasks"
+    assert [p[0] for p in seen] == sorted(p[0] for p in seen)
+
+    summary = await mcp_session.call_tool("ledger_summary", {"run": run["id"]})
+    assert summary.structured_content is not None
+    assert summary.structured_content["model_calls"] == 3
+
+    bad = await mcp_session.call_tool("route", {"text": ""})
+    assert bad.is_error
+    missing = await mcp_session.call_tool("run_get", {"run_id": "nope"})
+    assert missing.is_error
+    assert "not_found" in missing.content[0].text  # type: ignore[union-attr]
+
+
+async def test_cancellation_reaches_the_run(
+    unix_server: Path, daemon: Daemon, model: FakeServer
+) -> None:
+    model.token_delay_s = 0.05  # 512 tokens per call: the run would take a minute
+    async with session_for(unix_server) as mcp_session:
+        with anyio.move_on_after(2.0):
+            await mcp_session.call_tool("submit", {"request": "slow api", "wait": True})
+    (run,) = daemon.engine.list()
+    for _ in range(200):
+        if daemon.engine.get(run.id).state == "cancelled":
+            break
+        await asyncio.sleep(0.05)
+    assert daemon.engine.get(run.id).state == "cancelled"
+    record = await daemon.ledger.entries(run=run.id, limit=1000)
+    assert k.CANCEL in [e.kind for e in record]
+    assert record[-1].kind == k.STATE
+    assert (await daemon.ledger.body(record[-1].body or ""))["state"] == "cancelled"
+    assert (await daemon.ledger.verify()).ok
+
+
+async def test_daemon_down_every_call_says_how_to_start(tmp_path: Path) -> None:
+    async with session_for(tmp_path / "nothing.sock") as session:
+        tools = (await session.list_tools()).tools
+        assert len(tools) == len(TOOLS)
+        for name, args in (("health", {}), ("route", {"text": "x"})):
+            result = await session.call_tool(name, args)
+            assert result.is_error
+            text: Any = result.content[0]
+            assert "tally daemon is not running" in text.text
+            assert "systemctl --user start tallyd" in text.text
+            assert "tally serve" in text.text

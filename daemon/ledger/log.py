@@ -433,7 +433,6 @@ class Ledger:
         lines: list[bytes] = []
         leaves: list[bytes] = []
         staged: set[bytes] = set()
-        sha256 = hashlib.sha256
         for p in batch:
             digest = p.digest
             if digest is not None and digest not in staged:
@@ -441,23 +440,26 @@ class Ledger:
                 if not bodies.has_live(digest):
                     assert p.body is not None
                     bodies.stage(digest, p.body)
+        t0 = time.perf_counter()
+        # The pack is written (and its fsync started) before the entries are even encoded;
+        # the entries' fsync follows their write; this thread then does the rest of the
+        # batch's CPU work while both run. The batch is acknowledged only after both fsyncs
+        # returned (see the module doc).
+        syncs = []
+        if bodies.pending:
+            bodies.write()
+            syncs.append(self._syncer.submit(bodies.sync_pack))
+        sha256 = hashlib.sha256
+        for p in batch:
             line = fill_line(p.head, p.tail, seq, ts, prev)
             leaf = sha256(b"\x00" + line).digest()
             lines.append(line)
             leaves.append(leaf)
             prev = leaf.hex()
             seq += 1
-        wrote_bodies = bool(bodies.pending)
-        bodies.write()
         lines.append(b"")
         write_all(self._entries_fd, b"\n".join(lines))
-        t0 = time.perf_counter()
-        # Both writes are done, so the two fsyncs run at once in the sync threads while this
-        # thread does the rest of the batch's CPU work; the batch is acknowledged only after
-        # both fsyncs returned (see the module doc).
-        syncs = [self._syncer.submit(os.fsync, self._entries_fd)]
-        if wrote_bodies:
-            syncs.append(self._syncer.submit(bodies.sync_pack))
+        syncs.append(self._syncer.submit(os.fsync, self._entries_fd))
         try:
             entries = self._extend(batch, lines, leaves, end, ts)
         finally:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -368,3 +369,32 @@ async def test_a_redaction_kind_without_a_witness_body_changes_nothing(state_dir
     again = await Ledger.open(state_dir, checkpoint_interval=None)
     assert await again.body(kept.body or "") == {"i": 1}
     await again.close()
+
+
+async def test_an_append_is_acknowledged_only_after_both_fsyncs(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pack and entries fsyncs run concurrently; the ack still waits for the slower one."""
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    await ledger.append(actor="a", kind="k")
+    pack_fd = ledger.bodies.pack
+    entered, gate = threading.Event(), threading.Event()
+    real = os.fsync
+
+    def slow_pack_fsync(fd: int) -> None:
+        if fd == pack_fd:
+            entered.set()
+            gate.wait(5)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_pack_fsync)
+    task = asyncio.create_task(ledger.append(actor="a", kind="k", body={"x": 1}))
+    assert await asyncio.to_thread(entered.wait, 5)
+    await asyncio.sleep(0.05)  # the entries fsync has long returned by now
+    assert not task.done()
+    assert ledger.size == 1
+    gate.set()
+    entry = await task
+    assert (entry.seq, ledger.size) == (1, 2)
+    monkeypatch.undo()
+    await ledger.close()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring as _encode_basestring
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from daemon.ledger.canonical import MAX_SAFE_INT, canonical_bytes, encode_string
+from daemon.ledger.canonical import MAX_SAFE_INT, canonical_bytes
 from daemon.ledger.merkle import leaf_hash
 
 SafeInt = Annotated[int, Field(strict=True, ge=-MAX_SAFE_INT, le=MAX_SAFE_INT)]
@@ -54,6 +55,29 @@ class Entry(BaseModel):
         return entry
 
 
+def line_template(
+    *, actor: str, kind: str, run: str | None, parent: int | None, body: str | None
+) -> tuple[str, str]:
+    """The parts of an entry's line that do not depend on its place in the log.
+
+    The line is `head + prev + tail + seq + ',"ts":' + ts + '}'`-shaped (see `fill_line`), so
+    `append` encodes the caller's fields once and the writer only splices in seq, ts and prev.
+    """
+    run_json = "null" if run is None else _encode_basestring(run)
+    parent_json = "null" if parent is None else str(parent)
+    body_json = "null" if body is None else f'"{body}"'
+    head = (
+        f'{{"actor":{_encode_basestring(actor)},"body":{body_json},'
+        f'"kind":{_encode_basestring(kind)},"parent":{parent_json},"prev":"'
+    )
+    return head, f'","run":{run_json},"seq":'
+
+
+def fill_line(head: str, tail: str, seq: int, ts: int, prev: str) -> bytes:
+    """Complete a `line_template` into the canonical line."""
+    return f'{head}{prev}{tail}{seq},"ts":{ts},"v":{VERSION}}}'.encode()
+
+
 def encode_line(
     *,
     seq: int,
@@ -70,14 +94,8 @@ def encode_line(
     Keys in sorted order, strings through the stdlib's own JSON string encoder: byte-equal to
     `canonical_bytes(fields)` (a test holds it to that) at a fraction of its cost.
     """
-    run_json = "null" if run is None else encode_string(run)
-    parent_json = "null" if parent is None else str(parent)
-    body_json = "null" if body is None else f'"{body}"'
-    return (
-        f'{{"actor":{encode_string(actor)},"body":{body_json},"kind":{encode_string(kind)},'
-        f'"parent":{parent_json},"prev":"{prev}","run":{run_json},"seq":{seq},"ts":{ts},'
-        f'"v":{VERSION}}}'
-    ).encode()
+    head, tail = line_template(actor=actor, kind=kind, run=run, parent=parent, body=body)
+    return fill_line(head, tail, seq, ts, prev)
 
 
 def entry_from_fields(fields: dict[str, Any], digest: bytes) -> Entry:

@@ -4,13 +4,20 @@ Layout of `<state>/ledger/`: `entries.jsonl` (the record: one canonical entry pe
 `bodies.pack` (content-addressed bodies), derived files (see `store`), `meta.json`,
 `checkpoint` (the latest signed note), `checkpoint.key` / `checkpoint.vkey`, `lock`.
 
-Durability invariant. A batch is committed as: pack records written, entry lines written, the
-pack fsynced, the entries fsynced; only then are the appenders' futures resolved. Because the two
-writes share one sync point, a crash may leave entry lines on disk whose bodies never reached
-the pack; such entries were never acknowledged (their batch's fsyncs had not both returned), and
-every later entry is in the same or a later batch, so recovery drops the tail from the first
-entry whose body record is missing. A body that was redacted keeps its (zeroed, flagged) record,
-so "missing" never means "redacted".
+Durability invariant. A batch is committed as: pack records written, entry lines written, then
+the pack and the entries fsynced concurrently (two sync threads); only once both fsyncs have
+returned are the appenders' futures resolved. Both writes precede both fsyncs, and neither
+fsync's outcome is acted on alone, so a crash may leave entry lines on disk whose bodies never
+reached the pack; such entries were never acknowledged (their batch's fsyncs had not both
+returned), and every later entry is in the same or a later batch, so recovery drops the tail
+from the first entry whose body record is missing. A body that was redacted keeps its (zeroed,
+flagged) record, so "missing" never means "redacted".
+
+Redaction invariant. `redact` makes the `redaction` entry durable first and zeroes the body
+second. A crash in between is repaired on open: `meta.json`'s `redact_from` is the lowest seq
+of a redaction not yet zeroed when the derived files were last synced (else their size), and
+open re-applies every `redaction` entry from there (and from the unindexed tail) on, so a
+witnessed redaction always ends with its body gone.
 """
 
 from __future__ import annotations
@@ -19,10 +26,12 @@ import asyncio
 import bisect
 import contextlib
 import fcntl
+import hashlib
 import json
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,7 +44,7 @@ from daemon.errors import InvalidInput, NotFound
 from daemon.ledger.audit import VerifyReport, verify_files
 from daemon.ledger.canonical import NotCanonical, canonical_bytes, canonicalize, check_text
 from daemon.ledger.checkpoint import Checkpoint, Signer, load_checkpoint, save_checkpoint
-from daemon.ledger.entry import GENESIS_PREV, Entry, encode_line, entry_from_fields
+from daemon.ledger.entry import GENESIS_PREV, VERSION, Entry, fill_line, line_template
 from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerLocked
 from daemon.ledger.merkle import consistency_path, inclusion_path, leaf_hash
 from daemon.ledger.store import (
@@ -59,6 +68,9 @@ READ_CHUNK = 1 << 22
 FSYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 Subscriber = Callable[[list[Entry]], Any]
+
+_set = object.__setattr__
+_FIELDS = set(Entry.model_fields)
 
 
 class InclusionProof(BaseModel):
@@ -87,15 +99,47 @@ class LedgerStats(BaseModel):
     size: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
+    """One queued append, encoded by `append` so the writer only splices in seq, ts, prev."""
+
     actor: str
     kind: str
     run: str | None
     parent: int | None
     body: bytes | None
     digest: bytes | None
+    body_hex: str | None
+    head: str
+    tail: str
     future: asyncio.Future[Entry]
+    redacts: bytes | None = None  # the body this `redaction` entry removes
+
+
+class _Inbox:
+    """The appenders' FIFO to the one writer task: a deque and a single wake-up future.
+
+    What `asyncio.Queue` does for this case at a fraction of its per-item cost.
+    """
+
+    def __init__(self) -> None:
+        self.items: deque[_Pending | None] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: _Pending | None) -> None:
+        self.items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self) -> deque[_Pending | None]:
+        """Return the (non-empty) deque once something is queued."""
+        while not self.items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return self.items
 
 
 @dataclass
@@ -134,8 +178,10 @@ class Ledger:
         self._latest: Checkpoint | None = None
         self._signer: Signer | None = None
         self._vkey: str | None = None
-        self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
+        self._queue = _Inbox()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
+        self._syncer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ledger-sync")
+        self._unapplied: dict[int, bytes] = {}  # redaction seq -> body not yet zeroed
         self._writer: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.tree: Tree
@@ -187,7 +233,10 @@ class Ledger:
         self.bodies = BodyStore(
             self.dir, not self.readonly, int(meta.get("pack", 0)), int(meta.get("bodies", 0))
         )
+        indexed = self.tree.size
         self._recover()
+        if not self.readonly:
+            self._reapply_redactions(min(int(meta.get("redact_from", indexed)), indexed))
         self._size = self.tree.size
         self._synced = min(trusted, self._size)
         if self._size:
@@ -320,27 +369,44 @@ class Ledger:
             raise InvalidInput(f"parent {parent!r} is not an existing seq")
         try:
             for text in (actor, kind, run):
-                if text is not None:
+                if text is not None and not text.isascii():  # ASCII is always UTF-8 safe
                     check_text(text)
             data = None if body is None else canonicalize(body)
         except NotCanonical as err:
             raise InvalidInput(f"not storable in the ledger: {err}") from err
+        return await self._enqueue(actor, kind, run, parent, data, None)
+
+    def _enqueue(
+        self,
+        actor: str,
+        kind: str,
+        run: str | None,
+        parent: int | None,
+        data: bytes | None,
+        redacts: bytes | None,
+    ) -> asyncio.Future[Entry]:
+        """Queue checked fields; the encoding and body hash happen here, off the writer."""
         future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
         digest = None if data is None else body_digest(data)
-        self._queue.put_nowait(_Pending(actor, kind, run, parent, data, digest, future))
+        body_hex = None if digest is None else digest.hex()
+        head, tail = line_template(actor=actor, kind=kind, run=run, parent=parent, body=body_hex)
+        self._queue.put(
+            _Pending(actor, kind, run, parent, data, digest, body_hex, head, tail, future, redacts)
+        )
         # A cancelled caller cancels only its wait: the writer skips done futures and still
         # commits the entry, so nothing acknowledged is ever undone.
-        return await future
+        return future
 
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            first = await self._queue.get()
+            items = await self._queue.wait()
+            first = items.popleft()
             if first is None:
                 return
             batch, size, stop = [first], len(first.body or b""), False
-            while len(batch) < MAX_BATCH and size < MAX_BATCH_BYTES and not self._queue.empty():
-                item = self._queue.get_nowait()
+            while len(batch) < MAX_BATCH and size < MAX_BATCH_BYTES and items:
+                item = items.popleft()
                 if item is None:
                     stop = True
                     break
@@ -360,63 +426,102 @@ class Ledger:
                 return
 
     def _commit(self, batch: list[_Pending]) -> list[Entry]:
-        """Writer thread: encode, write pack + entries, fsync both, extend the tree."""
+        """Writer thread: encode, write pack + entries, fsync both at once, extend the tree."""
         tree, bodies = self.tree, self.bodies
         seq, prev, end = tree.size, self._last_hash, self._entries_end_offset()
         ts = max(time.time_ns() // 1000, self._last_ts)
         lines: list[bytes] = []
-        entries: list[Entry] = []
+        leaves: list[bytes] = []
         staged: set[bytes] = set()
         for p in batch:
-            if p.digest is not None and p.digest not in staged:
-                staged.add(p.digest)
-                if not bodies.has_live(p.digest):
+            digest = p.digest
+            if digest is not None and digest not in staged:
+                staged.add(digest)
+                if not bodies.has_live(digest):
                     assert p.body is not None
-                    bodies.stage(p.digest, p.body)
-            body_hex = None if p.digest is None else p.digest.hex()
-            line = encode_line(
-                seq=seq,
-                ts=ts,
-                actor=p.actor,
-                kind=p.kind,
-                run=p.run,
-                parent=p.parent,
-                body=body_hex,
-                prev=prev,
-            )
-            fields = {
-                "v": 1,
-                "seq": seq,
-                "ts": ts,
-                "actor": p.actor,
-                "kind": p.kind,
-                "run": p.run,
-                "parent": p.parent,
-                "body": body_hex,
-                "prev": prev,
-            }
-            digest = leaf_hash(line)
-            end += len(line) + 1
-            tree.append(digest, end)
+                    bodies.stage(digest, p.body)
+        t0 = time.perf_counter()
+        # The pack is written (and its fsync started) before the entries are even encoded;
+        # the entries' fsync follows their write; this thread then does the rest of the
+        # batch's CPU work while both run. The batch is acknowledged only after both fsyncs
+        # returned (see the module doc).
+        syncs = []
+        if bodies.pending:
+            bodies.write()
+            syncs.append(self._syncer.submit(bodies.sync_pack))
+        sha256 = hashlib.sha256
+        for p in batch:
+            line = fill_line(p.head, p.tail, seq, ts, prev)
+            leaf = sha256(b"\x00" + line).digest()
             lines.append(line)
-            entries.append(entry_from_fields(fields, digest))
-            prev = digest.hex()
+            leaves.append(leaf)
+            prev = leaf.hex()
             seq += 1
-        wrote_bodies = bool(bodies.pending)
-        bodies.write()
         lines.append(b"")
         write_all(self._entries_fd, b"\n".join(lines))
-        t0 = time.perf_counter()
-        if wrote_bodies:
-            bodies.sync_pack()
-        os.fsync(self._entries_fd)
+        syncs.append(self._syncer.submit(os.fsync, self._entries_fd))
+        try:
+            entries = self._extend(batch, lines, leaves, end, ts)
+        finally:
+            try:
+                for sync in syncs:
+                    sync.result()
+            except OSError as err:
+                # The tree now holds entries that may not be durable: nothing may checkpoint
+                # or persist it from here on (the loop fails the waiting appenders).
+                self._failed = LedgerFailed(f"ledger fsync failed: {err}")
+                raise
         self._stats.observe(time.perf_counter() - t0)
         self._stats.appends += len(batch)
         self._stats.batches += 1
-        self._entries_end, self._last_hash, self._last_ts = end, prev, ts
-        tree.flush()
+        self._last_hash, self._last_ts = prev, ts
         if tree.size - self._synced >= SYNC_EVERY:
             self._sync_derived()
+        return entries
+
+    def _extend(
+        self, batch: list[_Pending], lines: list[bytes], leaves: list[bytes], end: int, ts: int
+    ) -> list[Entry]:
+        """Writer thread, during the fsyncs: index the bodies, grow the tree, build entries."""
+        self.bodies.index()
+        tree = self.tree
+        new_entry = Entry.__new__
+        seq, prev = tree.size, self._last_hash
+        entries: list[Entry] = []
+        ends: list[int] = []
+        for p, line, leaf in zip(batch, lines, leaves, strict=False):
+            end += len(line) + 1
+            ends.append(end)
+            leaf_hex = leaf.hex()
+            # What `model_construct` does, minus its per-field work: every field is checked.
+            entry = new_entry(Entry)
+            _set(
+                entry,
+                "__dict__",
+                {
+                    "v": VERSION,
+                    "seq": seq,
+                    "ts": ts,
+                    "actor": p.actor,
+                    "kind": p.kind,
+                    "run": p.run,
+                    "parent": p.parent,
+                    "body": p.body_hex,
+                    "prev": prev,
+                    "hash": leaf_hex,
+                },
+            )
+            _set(entry, "__pydantic_fields_set__", _FIELDS.copy())
+            _set(entry, "__pydantic_extra__", None)
+            _set(entry, "__pydantic_private__", None)
+            entries.append(entry)
+            if p.redacts is not None:
+                self._unapplied[seq] = p.redacts
+            prev = leaf_hex
+            seq += 1
+        tree.extend(leaves, ends)
+        self._entries_end = end
+        tree.flush(force=False)
         return entries
 
     def _entries_end_offset(self) -> int:
@@ -426,17 +531,24 @@ class Ledger:
 
     def _sync_derived(self) -> None:
         """Writer thread: fsync the derived files and record how far they can be trusted."""
+        if self._failed is not None:
+            raise self._failed
         self.tree.sync()
         self.bodies.sync_table()
-        meta = {"size": self.tree.size, "pack": self.bodies.mark, "bodies": self.bodies.count}
+        meta = {
+            "size": self.tree.size,
+            "pack": self.bodies.mark,
+            "bodies": self.bodies.count,
+            "redact_from": min(self._unapplied, default=self.tree.size),
+        }
         write_atomic(self.dir / "meta.json", json.dumps(meta).encode())
         self._synced = self.tree.size
 
     def _fail(self, err: BaseException, batch: list[_Pending]) -> None:
         log.critical("ledger: write or fsync failed, refusing further appends: %s", err)
         self._failed = LedgerFailed(f"ledger write failed: {err}")
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
+        while self._queue.items:
+            item = self._queue.items.popleft()
             if item is not None:
                 batch.append(item)
         for pending in batch:
@@ -463,24 +575,69 @@ class Ledger:
     # ---- redaction ------------------------------------------------------------------------
 
     async def redact(self, body_hash: str, *, actor: str, reason: str) -> Entry:
-        """Witness the removal with a `redaction` entry, then zero the body in place."""
+        """Witness the removal with a `redaction` entry, then zero the body in place.
+
+        A crash (or a cancelled caller) between the two steps leaves a witnessed redaction
+        whose body is still there: the writer keeps the entry's seq in `_unapplied` until the
+        body is zeroed, `meta.json` records the lowest such seq (`redact_from`), and open
+        re-applies every redaction from there on (see `_reapply_redactions`).
+        """
         try:
             digest = bytes.fromhex(body_hash)
         except ValueError as err:
             raise InvalidInput(f"not a body hash: {body_hash!r}") from err
-        where = self.bodies.locate(digest)
-        if where is None:
+        if self._failed is not None:
+            raise self._failed
+        if self.readonly or self._closed:
+            raise LedgerFailed("the ledger is closed or read-only")
+        if not isinstance(actor, str) or not actor:
+            raise InvalidInput("actor must be a non-empty string")
+        if self.bodies.locate(digest) is None:
             raise NotFound(f"no body {body_hash}")
-        entry = await self.append(
-            actor=actor, kind="redaction", body={"redacted": body_hash, "reason": reason}
-        )
+        try:
+            check_text(actor)
+            data = canonicalize({"redacted": body_hash, "reason": reason})
+        except NotCanonical as err:
+            raise InvalidInput(f"not storable in the ledger: {err}") from err
+        entry = await self._enqueue(actor, "redaction", None, None, data, digest)
         loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self._executor, self.bodies.redact, digest)
+            await loop.run_in_executor(self._executor, self._apply_redaction, entry.seq, digest)
         except OSError as err:
             self._failed = LedgerFailed(f"redaction write failed: {err}")
             raise self._failed from err
         return entry
+
+    def _apply_redaction(self, seq: int, digest: bytes) -> None:
+        """Writer thread: zero the body (fsynced), then forget the pending redaction."""
+        self.bodies.redact(digest)
+        self._unapplied.pop(seq, None)
+
+    def _reapply_redactions(self, start: int) -> None:
+        """Open: zero the bodies named by `redaction` entries from `start` on (idempotent)."""
+        size = self.tree.size
+        seq = start
+        while seq < size:
+            stop = min(size, seq + 4096)
+            a, b = self.tree.end(seq - 1), self.tree.end(stop - 1)
+            for line in os.pread(self._entries_fd, b - a, a).split(b"\n")[:-1]:
+                if b'"kind":"redaction"' not in line:
+                    continue
+                target = self._redaction_target(Entry.from_line(line))
+                if target is not None and self.bodies.redact(target):
+                    log.warning("ledger: re-applied the redaction of body %s", target.hex())
+            seq = stop
+
+    def _redaction_target(self, entry: Entry) -> bytes | None:
+        if entry.kind != "redaction" or entry.body is None:
+            return None
+        data, _ = self.bodies.read(bytes.fromhex(entry.body))
+        try:
+            value = json.loads(data) if data is not None else None
+            target = value.get("redacted") if isinstance(value, dict) else None
+            return bytes.fromhex(target) if isinstance(target, str) else None
+        except ValueError:
+            return None
 
     # ---- reading --------------------------------------------------------------------------
 
@@ -615,6 +772,8 @@ class Ledger:
 
     def _checkpoint(self) -> Checkpoint:
         assert self._signer is not None
+        if self._failed is not None:
+            raise self._failed
         self._sync_derived()
         checkpoint = self._signer.sign(
             self.tree.size, self.tree.root(), max(time.time_ns() // 1000, self._last_ts)
@@ -660,7 +819,7 @@ class Ledger:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
         if self._writer is not None:
-            self._queue.put_nowait(None)
+            self._queue.put(None)
             await self._writer
         loop = asyncio.get_running_loop()
         if not self.readonly and self._failed is None:
@@ -672,6 +831,7 @@ class Ledger:
                 await loop.run_in_executor(self._executor, self._sync_derived)
         await loop.run_in_executor(self._executor, self._release)
         self._executor.shutdown(wait=True)
+        self._syncer.shutdown(wait=True)
 
     async def abandon(self) -> None:
         """Drop the handle as a crash would (no checkpoint, no derived sync); for tests."""
@@ -683,6 +843,7 @@ class Ledger:
                     await task
         await asyncio.get_running_loop().run_in_executor(self._executor, self._release)
         self._executor.shutdown(wait=True)
+        self._syncer.shutdown(wait=True)
 
     def _release(self) -> None:
         with contextlib.suppress(AttributeError):

@@ -56,6 +56,26 @@ class Frontier:
         self.size += 1
         return done
 
+    def push_many(self, leaves: Iterable[bytes]) -> list[tuple[int, bytes]]:
+        """Add leaf hashes; return the interior nodes they completed as (level, hash), in order.
+
+        Nodes of one level come out in index order (what `Tree.extend` appends to its files).
+        """
+        done: list[tuple[int, bytes]] = []
+        stack = self._stack
+        sha256 = hashlib.sha256
+        size = self.size
+        for h in leaves:
+            level = 0
+            while stack and stack[-1][0] == level:
+                h = sha256(b"\x01" + stack.pop()[1] + h).digest()
+                level += 1
+                done.append((level, h))
+            stack.append((level, h))
+            size += 1
+        self.size = size
+        return done
+
     def root(self) -> bytes:
         if not self._stack:
             return EMPTY_ROOT

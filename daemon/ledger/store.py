@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 import struct
 import threading
@@ -27,6 +28,8 @@ from daemon.ledger.merkle import EMPTY_ROOT, Frontier, node_hash, split_point
 INDEX_RECORD = 40
 NODE_RECORD = 32
 _END = struct.Struct("<Q")
+_RECORD = struct.Struct("<32sQ")
+FLUSH_BYTES = 1 << 16  # the writer's per-batch flush leaves smaller buffers in memory
 
 
 def fsync_dir(path: Path) -> None:
@@ -94,67 +97,82 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
 
 
 class Column:
-    """A file of fixed-size records; records not yet on disk live in `mem`."""
+    """A file of fixed-size records; records not yet on disk live in `mem`.
+
+    `(disk, mem)` is one attribute swapped whole by `flush`, so a reader on another thread
+    (the loop, while the writer thread flushes) never pairs a new `disk` with the old `mem`.
+    """
 
     def __init__(self, path: Path, record: int, writable: bool, trusted: int) -> None:
         self.path = path
         self.record = record
         self.writable = writable
-        self.mem = bytearray()
         self.fd: int | None = None
         if writable:
             self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         elif path.exists():
             self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         on_disk = os.fstat(self.fd).st_size // record if self.fd is not None else 0
-        self.disk = min(on_disk, trusted)
-        if writable and on_disk != self.disk:
-            os.ftruncate(self.fd, self.disk * record)  # type: ignore[arg-type]
+        disk = min(on_disk, trusted)
+        self._view: tuple[int, bytearray] = (disk, bytearray())
+        if writable and on_disk != disk:
+            os.ftruncate(self.fd, disk * record)  # type: ignore[arg-type]
+
+    @property
+    def disk(self) -> int:
+        return self._view[0]
+
+    @property
+    def mem(self) -> bytearray:
+        return self._view[1]
 
     @property
     def count(self) -> int:
-        return self.disk + len(self.mem) // self.record
+        disk, mem = self._view
+        return disk + len(mem) // self.record
 
     def read(self, i: int) -> bytes:
-        if i < self.disk:
+        disk, mem = self._view
+        if i < disk:
             assert self.fd is not None
             return pread_exact(self.fd, self.record, i * self.record)
-        at = (i - self.disk) * self.record
-        if not 0 <= at < len(self.mem):
+        at = (i - disk) * self.record
+        if not 0 <= at < len(mem):
             raise IndexError(i)
-        return bytes(self.mem[at : at + self.record])
+        return bytes(mem[at : at + self.record])
 
     def read_range(self, start: int, stop: int) -> bytes:
         """Records [start, stop) as one bytes object (used by scans)."""
+        disk, mem = self._view
         parts = []
-        if start < self.disk:
+        if start < disk:
             assert self.fd is not None
-            end = min(stop, self.disk)
+            end = min(stop, disk)
             parts.append(pread_exact(self.fd, (end - start) * self.record, start * self.record))
             start = end
         if start < stop:
-            a, b = (start - self.disk) * self.record, (stop - self.disk) * self.record
-            parts.append(bytes(self.mem[a:b]))
+            a, b = (start - disk) * self.record, (stop - disk) * self.record
+            parts.append(bytes(mem[a:b]))
         return b"".join(parts)
 
     def append(self, data: bytes) -> None:
-        self.mem += data
+        self._view[1].extend(data)
 
     def flush(self) -> None:
-        if self.writable and self.mem:
+        disk, mem = self._view
+        if self.writable and mem:
             assert self.fd is not None
-            pwrite_all(self.fd, self.mem, self.disk * self.record)
-            self.disk += len(self.mem) // self.record
-            self.mem.clear()
+            pwrite_all(self.fd, mem, disk * self.record)
+            self._view = (disk + len(mem) // self.record, bytearray())
 
     def truncate(self, n: int) -> None:
+        disk, mem = self._view
         if n >= self.count:
             return
-        if n >= self.disk:
-            del self.mem[(n - self.disk) * self.record :]
+        if n >= disk:
+            self._view = (disk, mem[: (n - disk) * self.record])
             return
-        self.mem.clear()
-        self.disk = n
+        self._view = (n, bytearray())
         if self.writable:
             assert self.fd is not None
             os.ftruncate(self.fd, n * self.record)
@@ -247,9 +265,24 @@ class Tree:
                     column = self._open_level(level, 0)
                 column.append(digest)
 
-    def flush(self) -> None:
+    def extend(self, leaves: list[bytes], ends: list[int]) -> None:
+        """`append` for a batch: one pass over the frontier, one buffer append per level."""
+        nodes = self.frontier.push_many(leaves)
+        self.index.append(b"".join(map(_RECORD.pack, leaves, ends)))
+        by_level: dict[int, list[bytes]] = {}
+        for level, digest in nodes:
+            by_level.setdefault(level, []).append(digest)
+        for level in sorted(by_level):
+            column = self.levels[level] if level < len(self.levels) else None
+            if column is None:
+                column = self._open_level(level, 0)
+            column.append(b"".join(by_level[level]))
+
+    def flush(self, force: bool = True) -> None:
+        """Write the buffered records; unless `force`, only buffers past `FLUSH_BYTES`."""
         for column in self.levels:
-            column.flush()
+            if force or len(column.mem) >= FLUSH_BYTES:
+                column.flush()
 
     def truncate(self, n: int) -> None:
         for level, column in enumerate(self.levels):
@@ -295,6 +328,7 @@ class BodyStore:
         self.pack_size = os.fstat(self.pack).st_size if self.pack >= 0 else 0
         self.extra: dict[bytes, list[int]] = {}  # read-only opener: records past the table
         self.table = -1
+        self.map: mmap.mmap | None = None  # the table, mapped: probes cost no syscalls
         self.slots = 0
         self.count = table_count
         mark = table_mark
@@ -307,35 +341,53 @@ class BodyStore:
             if writable:
                 self._new_table(INITIAL_SLOTS)
             else:
+                if self.table >= 0:
+                    os.close(self.table)
                 self.table, self.slots = -1, 0
+        else:
+            self._map()
         self.mark = mark
         self.pending = bytearray()
+        self.unindexed: list[tuple[int, bytearray]] = []  # written, not yet in the table
         self._scan_tail(mark)
 
     # -- table --
+    def _map(self) -> None:
+        access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
+        self.map = mmap.mmap(self.table, self.slots * _SLOT.size, access=access)
+
+    def _unmap(self) -> None:
+        if self.map is not None:
+            self.map.close()
+            self.map = None
+
     def _new_table(self, slots: int) -> None:
+        self._unmap()
         if self.table >= 0:
             os.close(self.table)
         fd = os.open(self.table_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         os.ftruncate(fd, slots * _SLOT.size)
         self.table, self.slots, self.count = fd, slots, 0
+        self._map()
 
     def _probe(self, digest: bytes) -> tuple[int, int]:
         prefix = int.from_bytes(digest[:8], "little") or 1
         return prefix, prefix & (self.slots - 1)
 
     def _table_offsets(self, digest: bytes) -> list[int]:
-        if self.table < 0:
+        table = self.map
+        if table is None:
             return []
         prefix, i = self._probe(digest)
         found: list[int] = []
+        mask, unpack = self.slots - 1, _SLOT.unpack_from
         while True:
-            key, off = _SLOT.unpack(os.pread(self.table, _SLOT.size, i * _SLOT.size))
+            key, off = unpack(table, i * _SLOT.size)
             if off == 0:
                 return found
             if key == prefix:
                 found.append(off - 1)
-            i = (i + 1) & (self.slots - 1)
+            i = (i + 1) & mask
 
     def _insert(self, digest: bytes, offset: int) -> None:
         if not self.writable:
@@ -343,35 +395,47 @@ class BodyStore:
             return
         if (self.count + 1) * 2 > self.slots:
             self._grow()
+        table = self.map
+        assert table is not None
         prefix, i = self._probe(digest)
+        mask, unpack = self.slots - 1, _SLOT.unpack_from
         while True:
-            key, off = _SLOT.unpack(os.pread(self.table, _SLOT.size, i * _SLOT.size))
+            key, off = unpack(table, i * _SLOT.size)
             if off == 0:
-                os.pwrite(self.table, _SLOT.pack(prefix, offset + 1), i * _SLOT.size)
+                _SLOT.pack_into(table, i * _SLOT.size, prefix, offset + 1)
                 self.count += 1
                 return
             if key == prefix and off - 1 == offset:
                 return  # already there (written before a crash)
-            i = (i + 1) & (self.slots - 1)
+            i = (i + 1) & mask
 
     def _grow(self) -> None:
-        old, old_slots = self.table, self.slots
-        data = pread_exact(old, old_slots * _SLOT.size, 0)
-        self.table = -1
+        """Rehash into a table twice the size, built in memory and swapped in atomically."""
+        assert self.map is not None
+        slots = self.slots * 2
+        mask = slots - 1
+        data = bytearray(slots * _SLOT.size)
+        count = 0
+        for key, off in _SLOT.iter_unpack(self.map):
+            if off:
+                i = key & mask
+                while _SLOT.unpack_from(data, i * _SLOT.size)[1]:
+                    i = (i + 1) & mask
+                _SLOT.pack_into(data, i * _SLOT.size, key, off)
+                count += 1
         tmp = self.table_path.with_name("bodies.idx.tmp")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        os.ftruncate(fd, old_slots * 2 * _SLOT.size)
-        self.table, self.slots, self.count = fd, old_slots * 2, 0
-        for key, off in _SLOT.iter_unpack(data):
-            if off:
-                i = key & (self.slots - 1)
-                while os.pread(fd, _SLOT.size, i * _SLOT.size) != bytes(_SLOT.size):
-                    i = (i + 1) & (self.slots - 1)
-                os.pwrite(fd, _SLOT.pack(key, off), i * _SLOT.size)
-                self.count += 1
-        os.fsync(fd)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
         os.replace(tmp, self.table_path)
-        os.close(old)
+        self._unmap()
+        os.close(self.table)
+        self.table, self.slots, self.count = fd, slots, count
+        self._map()
 
     def _scan_tail(self, start: int) -> None:
         """Index pack records from `start`; drop (or ignore, read-only) a torn last record."""
@@ -412,6 +476,13 @@ class BodyStore:
         return pread_exact(self.pack, length, off + PACK_HEADER.size), False
 
     def has_live(self, digest: bytes) -> bool:
+        table = self.map
+        if table is not None and not self.extra:
+            # The writer's common case, a new body: one probe of the mapped table, no lock
+            # (the writer thread is the table's only mutator).
+            i = self._probe(digest)[1]
+            if _SLOT.unpack_from(table, i * _SLOT.size)[1] == 0:
+                return False
         where = self.locate(digest)
         return where is not None and not where[2] & REDACTED
 
@@ -420,19 +491,28 @@ class BodyStore:
         self.pending += PACK_HEADER.pack(digest, len(data), 0) + data
 
     def write(self) -> None:
-        """Append the staged records (not fsynced: the caller syncs with the entries)."""
+        """Append the staged records (not fsynced: the caller syncs with the entries).
+
+        They are found by `locate` only after `index` (the writer calls it while the fsync
+        runs; until the batch is acknowledged nothing refers to them).
+        """
         if not self.pending:
             return
-        start = self.pack_size
-        pwrite_all(self.pack, self.pending, start)
+        self.unindexed.append((self.pack_size, self.pending))
+        pwrite_all(self.pack, self.pending, self.pack_size)
         self.pack_size += len(self.pending)
-        staged, self.pending = self.pending, bytearray()
+        self.pending = bytearray()
+
+    def index(self) -> None:
+        """Enter the records written by `write` into the table."""
         with self.lock:
-            offset = start
-            while offset < self.pack_size:
-                digest, length, _ = PACK_HEADER.unpack_from(staged, offset - start)
-                self._insert(digest, offset)
-                offset += PACK_HEADER.size + length
+            for start, staged in self.unindexed:
+                offset = 0
+                while offset < len(staged):
+                    digest, length, _ = PACK_HEADER.unpack_from(staged, offset)
+                    self._insert(digest, start + offset)
+                    offset += PACK_HEADER.size + length
+            self.unindexed.clear()
 
     def truncate(self, size: int) -> None:
         """Drop records from `size` on (a recovery of an un-acknowledged tail)."""
@@ -464,10 +544,13 @@ class BodyStore:
 
     def sync_table(self) -> None:
         if self.writable and self.table >= 0:
+            if self.map is not None:
+                self.map.flush()
             os.fsync(self.table)
         self.mark = self.pack_size
 
     def close(self) -> None:
+        self._unmap()
         for fd in (self.pack, self.table):
             if fd >= 0:
                 os.close(fd)

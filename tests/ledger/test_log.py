@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -301,3 +302,99 @@ async def test_a_missing_level_file_triggers_a_rebuild(state_dir: Path) -> None:
     assert again.root() == root
     assert (await again.verify()).ok
     await again.close()
+
+
+async def redact_then_crash(state_dir: Path, sync_in_between: bool) -> str:
+    """Witness a redaction, then "crash" before the body is zeroed; returns the body hash."""
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    entries = await fill(ledger, 5)
+    await ledger.checkpoint()  # the entries so far are indexed and trusted
+    secret = entries[2].body or ""
+
+    def crash_before_zeroing(seq: int, digest: bytes) -> None:
+        return None
+
+    ledger._apply_redaction = crash_before_zeroing  # type: ignore[method-assign]
+    witness = await ledger.redact(secret, actor="admin", reason="pii")
+    assert witness.kind == "redaction"
+    assert await ledger.body(secret) == {"i": 2}  # the crash window: witnessed, still there
+    if sync_in_between:
+        await ledger.checkpoint()  # the witness is now inside the trusted (indexed) range
+    await ledger.abandon()
+    return secret
+
+
+@pytest.mark.parametrize("sync_in_between", [False, True])
+async def test_a_witnessed_redaction_survives_a_crash_before_the_zeroing(
+    state_dir: Path, sync_in_between: bool
+) -> None:
+    secret = await redact_then_crash(state_dir, sync_in_between)
+    again = await Ledger.open(state_dir, checkpoint_interval=None)
+    assert again.size == 6
+    assert await again.body(secret) is None
+    assert again.body_state(secret) == "redacted"
+    report = await again.verify(deep=True)
+    assert (report.redacted, report.tampered) == ([secret], [])
+    await again.close()
+    assert b'{"i":2}' not in (state_dir / "ledger" / "bodies.pack").read_bytes()
+    # Once applied, the redaction is not pending any more: a clean reopen has nothing to do.
+    third = await Ledger.open(state_dir, checkpoint_interval=None)
+    assert third.body_state(secret) == "redacted"
+    await third.close()
+
+
+async def test_a_failed_zeroing_is_reapplied_on_open(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    entries = await fill(ledger, 3)
+    secret = entries[1].body or ""
+
+    def broken(digest: bytes) -> bool:
+        raise OSError(errno.EIO, "I/O error")
+
+    ledger.bodies.redact = broken  # type: ignore[method-assign]
+    with pytest.raises(LedgerFailed):
+        await ledger.redact(secret, actor="admin", reason="pii")
+    await ledger.close()
+    again = await Ledger.open(state_dir, checkpoint_interval=None)
+    assert again.size == 4
+    assert again.body_state(secret) == "redacted"
+    await again.close()
+
+
+async def test_a_redaction_kind_without_a_witness_body_changes_nothing(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    kept = await ledger.append(actor="t", kind="note", body={"i": 1})
+    await ledger.append(actor="t", kind="redaction", body={"note": kept.body})
+    await ledger.abandon()
+    again = await Ledger.open(state_dir, checkpoint_interval=None)
+    assert await again.body(kept.body or "") == {"i": 1}
+    await again.close()
+
+
+async def test_an_append_is_acknowledged_only_after_both_fsyncs(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pack and entries fsyncs run concurrently; the ack still waits for the slower one."""
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    await ledger.append(actor="a", kind="k")
+    pack_fd = ledger.bodies.pack
+    entered, gate = threading.Event(), threading.Event()
+    real = os.fsync
+
+    def slow_pack_fsync(fd: int) -> None:
+        if fd == pack_fd:
+            entered.set()
+            gate.wait(5)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_pack_fsync)
+    task = asyncio.create_task(ledger.append(actor="a", kind="k", body={"x": 1}))
+    assert await asyncio.to_thread(entered.wait, 5)
+    await asyncio.sleep(0.05)  # the entries fsync has long returned by now
+    assert not task.done()
+    assert ledger.size == 1
+    gate.set()
+    entry = await task
+    assert (entry.seq, ledger.size) == (1, 2)
+    monkeypatch.undo()
+    await ledger.close()

@@ -673,8 +673,13 @@ class Ledger:
         kind: str | None = None,
         run: str | None = None,
         actor: str | None = None,
+        in_run: bool = False,
     ) -> list[Entry]:
-        """Entries with seq >= start matching all given filters, at most `limit` of them."""
+        """Entries with seq >= start matching all given filters, at most `limit` of them.
+
+        `in_run` keeps only entries that belong to some run, so rebuilding run state skips
+        the (possibly millions of) entries that belong to none without parsing them.
+        """
         size = self._size
         if limit <= 0 or start >= size:
             return []
@@ -683,9 +688,12 @@ class Ledger:
             for key, value in (("kind", kind), ("run", run), ("actor", actor))
             if value is not None
         ]
-        return await asyncio.to_thread(self._scan, max(start, 0), size, limit, needles)
+        shunned = [b'"run":null,'] if in_run else []
+        return await asyncio.to_thread(self._scan, max(start, 0), size, limit, needles, shunned)
 
-    def _scan(self, start: int, size: int, limit: int, needles: list[bytes]) -> list[Entry]:
+    def _scan(
+        self, start: int, size: int, limit: int, needles: list[bytes], shunned: list[bytes]
+    ) -> list[Entry]:
         found: list[Entry] = []
         seq = start
         while seq < size and len(found) < limit:
@@ -693,7 +701,7 @@ class Ledger:
             a, b = self.tree.end(seq - 1), self.tree.end(stop - 1)
             lines = os.pread(self._entries_fd, b - a, a).split(b"\n")[:-1]
             for line in lines:
-                if all(n in line for n in needles):
+                if all(n in line for n in needles) and not any(n in line for n in shunned):
                     found.append(Entry.from_line(line))
                     if len(found) == limit:
                         break

@@ -29,6 +29,7 @@ class LedgerPort(Protocol):
         kind: str | None = None,
         run: str | None = None,
         actor: str | None = None,
+        in_run: bool = False,
     ) -> list[Any]: ...
 
     async def body(self, body_hash: str) -> Any: ...

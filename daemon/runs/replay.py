@@ -214,6 +214,8 @@ def reduce(records: Iterable[tuple[int, int, str, str | None, Any]]) -> dict[str
 
 
 class LedgerReader(Protocol):
+    """What replay reads: a subset of LedgerPort, so a read-only ledger will do."""
+
     async def entries(
         self,
         start: int = 0,
@@ -221,6 +223,7 @@ class LedgerReader(Protocol):
         kind: str | None = None,
         run: str | None = None,
         actor: str | None = None,
+        in_run: bool = False,
     ) -> list[Any]: ...
 
     async def body(self, body_hash: str) -> Any: ...
@@ -245,18 +248,17 @@ async def replay(
     a `redaction` entry at or after `start` then raises RedactedAfterSnapshot.
     """
     views = {} if views is None else views
-    continuing = start > 0
+    if start > 0:
+        redactions = await ledger.entries(start=start, limit=1, kind="redaction")
+        if redactions and (until is None or redactions[0].seq <= until):
+            raise RedactedAfterSnapshot(f"redaction at seq {redactions[0].seq}")
     while True:
-        batch = await ledger.entries(start=start, limit=page, run=run)
+        batch = await ledger.entries(start=start, limit=page, run=run, in_run=True)
         if not batch:
             break
         for entry in batch:
             if until is not None and entry.seq > until:
                 return views
-            if entry.run is None:
-                if continuing and entry.kind == "redaction":
-                    raise RedactedAfterSnapshot(f"redaction at seq {entry.seq}")
-                continue
             body = await ledger.body(entry.body) if entry.body else None
             apply(views, entry.seq, entry.ts, entry.kind, entry.run, body)
         start = batch[-1].seq + 1

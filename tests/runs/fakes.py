@@ -99,9 +99,12 @@ class MemoryLedger:
         kind: str | None = None,
         run: str | None = None,
         actor: str | None = None,
+        in_run: bool = False,
     ) -> list[Entry]:
         out = []
         for entry in self.log[start:]:
+            if in_run and entry.run is None:
+                continue
             if kind is not None and entry.kind != kind:
                 continue
             if run is not None and entry.run != run:

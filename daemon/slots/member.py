@@ -715,9 +715,17 @@ class MemberRuntime:
         self.queue.fail(self.cooldown_error())
         for queue in self.queues[1:]:
             queue.member_down()
+        # tier waiters still queued then may need this member again
+        asyncio.get_running_loop().call_later(opts.cooldown_s + 0.01, self._cooled)
         for other in self.instances:
             if other is not instance and (other.task is not None or other.slots):
                 self.ctx.background(other.stop(f"cooldown: {reason}", "cooldown"))
+
+    def _cooled(self) -> None:
+        if not self.cooling and not self.retiring:
+            self.dispatch()
+            for queue in self.queues[1:]:
+                queue.grow()
 
     def cooldown_error(self) -> PoolBusy:
         remaining = max(0.0, self.cooldown_until - time.monotonic())

@@ -254,3 +254,21 @@ async def test_tier_starts_members_only_for_unmet_demand(
     assert third.member == "b"
     for lease in (first, second, third):
         lease.release()
+
+
+async def test_tier_waiters_are_served_by_a_member_back_from_cooldown(
+    fake: FakeServer, make_pool: PoolFactory
+) -> None:
+    pool = make_pool(ext(fake.url, "a"), ext(fake.url, "b"), tiers={"cheap": ["a", "b"]})
+    await pool.wait_ready("cheap")
+    b = pool._members["b"]
+    await b.instances[0].stop("injected", "cooldown")  # as if its server had failed
+    await b.cool_down(b.instances[0], "injected")  # cooldown_s = 0.6 in FAST
+    held = await pool.acquire("a")
+    waiter = asyncio.ensure_future(pool.acquire("cheap"))
+    await asyncio.sleep(0.2)
+    assert not waiter.done()
+    lease = await asyncio.wait_for(waiter, 3)  # "a" is still held: "b" came back for it
+    assert lease.member == "b"
+    lease.release()
+    held.release()

@@ -42,7 +42,7 @@ class PoolOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    max_queue: int = 256  # waiting leases per member; one more gets PoolBusy at once
+    max_queue: int = 256  # waiting leases per member (a tier: × its members); one more: PoolBusy
     backoff_base_s: float = 0.5  # first restart delay, doubled per failure in the window
     backoff_max_s: float = 30.0
     cooldown_after: int = 3  # failures within failure_window_s that cool a member down
@@ -755,7 +755,7 @@ class MemberRuntime:
             name=self.name,
             external=self.spec.external,
             state=state,
-            queue=self.waiting,
+            queue=self.queue.queued,
             max_queue=self.ctx.options.max_queue,
             leases=self.busy,
             restarts=self.restarts,

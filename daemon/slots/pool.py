@@ -32,7 +32,7 @@ from daemon.slots.chat import ChatClient, OnDelta, request_body
 from daemon.slots.digest import DigestCache
 from daemon.slots.errors import NoSuchTarget, PoolBusy, PoolTimeout, SlotLost
 from daemon.slots.member import MemberRuntime, PoolContext, PoolOptions, Slot, WaitQueue
-from daemon.slots.records import ChatResult, PoolStatus, SlotEvent
+from daemon.slots.records import ChatResult, PoolStatus, SlotEvent, TierStatus
 from roster import Roster
 
 log = logging.getLogger("tally.slots")
@@ -275,7 +275,8 @@ class Pool:
                     return Lease(member, slot)
         if deadline is not None and deadline <= time.monotonic():
             raise PoolTimeout(f"no slot of {target!r} before the deadline")
-        if queue.queued >= self.options.max_queue:
+        # a tier holds as many waiters as its members' own queues would
+        if queue.queued >= self.options.max_queue * len(members):
             raise PoolBusy(
                 f"the queue of {target!r} is full ({queue.queued} waiting)",
                 details={"target": target, "queue": queue.queued},
@@ -300,7 +301,16 @@ class Pool:
         return Lease(slot.instance.member, slot)
 
     def status(self) -> PoolStatus:
-        return PoolStatus(members=[m.status() for m in self._members.values()])
+        tiers = [
+            TierStatus(
+                name=q.name,
+                members=[m.name for m in q.members],
+                queue=q.queued,
+                max_queue=self.options.max_queue * len(q.members),
+            )
+            for q in self._tiers.values()
+        ]
+        return PoolStatus(members=[m.status() for m in self._members.values()], tiers=tiers)
 
     async def wait_ready(self, target: str, timeout_s: float = 60.0) -> None:
         """Start a target's members and wait until one slot of each could be leased."""

@@ -214,16 +214,16 @@ async def _fake(state: Path) -> list[str]:
         async def sampler() -> None:
             # pool-side: the share of slots leased, sampled while anyone is still queued
             while True:
-                status = pool.status().members
-                if sum(m.queue for m in status) == 0:
+                status = pool.status()
+                if status.queued == 0:
                     return
-                samples_busy.append(sum(m.leases for m in status) / 16)
+                samples_busy.append(sum(m.leases for m in status.members) / 16)
                 await asyncio.sleep(0.0005)
 
         start = time.perf_counter()
         tasks = [asyncio.ensure_future(one(i, i % 3)) for i in range(1000)]
         await asyncio.sleep(0)
-        queued = sum(m.queue for m in pool.status().members)
+        queued = pool.status().queued
         await asyncio.gather(sampler(), *tasks)
         window = last_grant + hold - start
         utilization = busy / (16 * window)

@@ -80,8 +80,10 @@ async def test_tier_fifo_within_priority_across_members(
     await grants.queue("ma", "a", 1)  # member-targeted, between tier waiters
     await grants.queue("t3", "cheap", 1)
     await grants.queue("t4", "cheap", 5)
-    assert queue_of(pool, "a") == 5  # its own waiter and the tier's
-    assert queue_of(pool, "b") == 4
+    status = pool.status()
+    assert (queue_of(pool, "a"), queue_of(pool, "b")) == (1, 0)  # leases aimed at the member
+    assert [(t.name, t.members, t.queue) for t in status.tiers] == [("cheap", ["a", "b"], 4)]
+    assert status.queued == 5
     held_b.release()
     await grants.settle()
     held_a.release()
@@ -92,7 +94,7 @@ async def test_tier_fifo_within_priority_across_members(
     await asyncio.gather(*grants.tasks)
     assert grants.order == [("t2", "b"), ("ma", "a"), ("t3", "b"), ("t1", "a"), ("t4", "b")]
     grants.leases["t4"].release()
-    assert queue_of(pool, "a") == queue_of(pool, "b") == 0
+    assert pool.status().queued == 0
 
 
 async def test_tier_waiter_is_served_by_the_member_that_frees_first(
@@ -155,7 +157,7 @@ async def test_tier_queue_bound_and_deadline(fake: FakeServer, make_pool: PoolFa
         options=FAST.model_copy(update={"max_queue": 2}),
     )
     held = [await pool.acquire("cheap"), await pool.acquire("cheap")]
-    waiting = [asyncio.ensure_future(pool.acquire("cheap")) for _ in range(2)]
+    waiting = [asyncio.ensure_future(pool.acquire("cheap")) for _ in range(4)]  # 2 × 2 members
     await asyncio.sleep(0.01)
     started = time.monotonic()
     with pytest.raises(PoolBusy):
@@ -177,7 +179,7 @@ async def test_tier_queue_bound_and_deadline(fake: FakeServer, make_pool: PoolFa
         await pool.acquire("cheap", deadline=time.monotonic() - 1)
     for lease in held:
         lease.release()
-    assert queue_of(pool, "a") == queue_of(pool, "b") == 0
+    assert pool.status().queued == 0
 
 
 async def test_tier_waiters_move_to_a_healthy_member_on_cooldown(

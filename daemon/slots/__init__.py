@@ -16,6 +16,7 @@ from daemon.slots.records import (
     MemberStatus,
     PoolStatus,
     SlotEvent,
+    TierStatus,
     Usage,
 )
 
@@ -34,5 +35,6 @@ __all__ = [
     "ServerStartError",
     "SlotEvent",
     "SlotLost",
+    "TierStatus",
     "Usage",
 ]

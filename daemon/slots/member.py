@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import itertools
 import logging
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,7 @@ class PoolOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    max_queue: int = 256  # waiting leases per member; one more gets PoolBusy at once
+    max_queue: int = 256  # waiting leases per member (a tier: × its members); one more: PoolBusy
     backoff_base_s: float = 0.5  # first restart delay, doubled per failure in the window
     backoff_max_s: float = 30.0
     cooldown_after: int = 3  # failures within failure_window_s that cool a member down
@@ -66,6 +67,8 @@ class PoolContext:
     emit: Callable[[SlotEvent], Awaitable[None]]
     digests: DigestCache
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    arrivals: Iterator[int] = field(default_factory=itertools.count)
+    affinity: dict[str, Slot] = field(default_factory=dict)  # lane → the slot it used last
 
     def background(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -89,9 +92,16 @@ class Slot:
 
 
 class Waiter:
-    __slots__ = ("affinity", "future", "key", "popped")
+    __slots__ = ("affinity", "future", "key", "popped", "queue")
 
-    def __init__(self, key: tuple[int, int], affinity: str | None, future: asyncio.Future[Slot]):
+    def __init__(
+        self,
+        queue: WaitQueue,
+        key: tuple[int, int],
+        affinity: str | None,
+        future: asyncio.Future[Slot],
+    ) -> None:
+        self.queue = queue
         self.key = key
         self.affinity = affinity
         self.future = future
@@ -99,6 +109,89 @@ class Waiter:
 
     def __lt__(self, other: Waiter) -> bool:
         return self.key < other.key
+
+
+class WaitQueue:
+    """The waiting leases of one target (a member, or a tier shared by its members).
+
+    Keys are (priority, pool-wide arrival number), so a member freeing a slot can compare the
+    heads of all the queues it serves and grant the earliest: FIFO within a priority holds
+    across a tier, and whichever member frees a slot first serves the tier's head.
+    """
+
+    __slots__ = ("ctx", "heap", "members", "name", "queued")
+
+    def __init__(self, ctx: PoolContext, name: str, members: list[MemberRuntime]) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.members = members
+        self.heap: list[Waiter] = []
+        self.queued = 0
+
+    def head(self) -> Waiter | None:
+        heap = self.heap
+        while heap:
+            waiter = heap[0]
+            if not waiter.future.done():
+                return waiter
+            heapq.heappop(heap)  # timed out or cancelled; already uncounted
+        return None
+
+    def enqueue(self, priority: int, affinity: str | None) -> Waiter:
+        future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        waiter = Waiter(self, (priority, next(self.ctx.arrivals)), affinity, future)
+        heapq.heappush(self.heap, waiter)
+        self.queued += 1
+        return waiter
+
+    def forget(self, waiter: Waiter) -> None:
+        """A waiter gave up (deadline, cancel): uncount it, or return a slot granted meanwhile."""
+        if not waiter.popped:
+            waiter.popped = True
+            self.queued -= 1
+            if not waiter.future.done():
+                waiter.future.cancel()
+            return
+        future = waiter.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            slot = future.result()
+            slot.instance.member.release(slot)
+
+    def live(self) -> list[MemberRuntime]:
+        return [m for m in self.members if not m.cooling and not m.retiring]
+
+    def grow(self) -> None:
+        """Start servers only for demand that the slots on their way do not cover: one
+        instance at a time, members with the fewest running instances first."""
+        if not self.queued:
+            return
+        live = self.live()
+        need = self.queued - sum(m.pending_slots() for m in live)
+        while need > 0:
+            growable = [m for m in live if m.can_grow()]
+            if not growable:
+                return
+            member = min(growable, key=lambda m: m.active_instances())
+            member.start_instance()
+            need -= member.spec.slots
+
+    def cooldown_error(self) -> PoolBusy:
+        return min(self.members, key=lambda m: m.cooldown_until).cooldown_error()
+
+    def member_down(self) -> None:
+        """A member cooled down: the others take its share, or, with none left, say so."""
+        if self.live():
+            self.grow()
+        else:
+            self.fail(self.cooldown_error())
+
+    def fail(self, error: Exception) -> None:
+        waiters, self.heap = self.heap, []
+        for waiter in waiters:
+            if not waiter.future.done():
+                waiter.popped = True
+                self.queued -= 1
+                waiter.future.set_exception(error)
 
 
 def _split_url(url: str) -> tuple[str, str]:
@@ -206,6 +299,8 @@ class Instance:
             self.state = "cooldown"
             return False
         self.state = "backoff"
+        for queue in self.member.queues:
+            queue.grow()  # waiters need not wait out the backoff if another server can start
         self.restarts += 1
         self.member.restarts += 1
         await self._emit("slot.restarting", delay_ms=int(delay * 1000), restarts=self.restarts)
@@ -367,7 +462,7 @@ class Instance:
                     continue
                 wait_s = next_health - now
                 if idle_s is not None:
-                    if self.busy == 0 and self.member.queued == 0:
+                    if self.busy == 0 and self.member.waiting == 0:
                         idle_left = self.last_used + idle_s - now
                         if idle_left <= 0:
                             return "idle"
@@ -481,11 +576,12 @@ class MemberRuntime:
         self.name = spec.name
         self.instances = [Instance(self, i) for i in range(spec.instances)]
         self.free: dict[Slot, None] = {}
-        self.affinity: dict[str, Slot] = {}
-        self.waiters: list[Waiter] = []
-        self.queued = 0
+        # pool-wide, so a lane's last slot is one slot even when it moved between members
+        self.affinity: dict[str, Slot] = ctx.affinity
+        self.queue = WaitQueue(ctx, self.name, [self])
+        # its own queue first, then those of the tiers it serves (the pool sets these)
+        self.queues: list[WaitQueue] = [self.queue]
         self.busy = 0
-        self._seq = 0
         self.failures: deque[float] = deque()
         self.cooldown_until = 0.0
         self.restarts = 0
@@ -497,9 +593,25 @@ class MemberRuntime:
         return self.cooldown_until > time.monotonic()
 
     @property
-    def capacity(self) -> int:
-        ready = sum(len(i.slots) for i in self.instances)
-        return ready or self.spec.slots * self.spec.instances
+    def waiting(self) -> int:
+        """Waiters this member could serve: its own and its tiers'."""
+        return sum(q.queued for q in self.queues)
+
+    def active_instances(self) -> int:
+        return sum(1 for i in self.instances if i.task is not None)
+
+    def pending_slots(self) -> int:
+        """Slots expected soon from instances that are starting (not those backing off)."""
+        return sum(self.spec.slots for i in self.instances if i.state == "starting")
+
+    def can_grow(self) -> bool:
+        return any(i.task is None and i.state != "stopping" for i in self.instances)
+
+    def start_instance(self) -> None:
+        for instance in self.instances:
+            if instance.task is None and instance.state != "stopping":
+                instance.ensure_running()
+                return
 
     # --- slots -----------------------------------------------------------------------------
 
@@ -523,6 +635,9 @@ class MemberRuntime:
         if affinity is not None and slot.affinity != affinity:
             if slot.affinity is not None and self.affinity.get(slot.affinity) is slot:
                 del self.affinity[slot.affinity]
+            previous = self.affinity.get(affinity)
+            if previous is not None:
+                previous.affinity = None  # the lane moved on: that slot is unclaimed again
             slot.affinity = affinity
             self.affinity[affinity] = slot
 
@@ -535,8 +650,10 @@ class MemberRuntime:
         self.busy -= 1
         instance.last_used = time.monotonic()
         self.free[slot] = None
-        if self.waiters:
-            self.dispatch()
+        for queue in self.queues:
+            if queue.queued:
+                self.dispatch()
+                break
         if self.retiring and self.busy == 0:
             self.ctx.background(self.stop("retired"))
 
@@ -546,42 +663,27 @@ class MemberRuntime:
         self.dispatch()
 
     def dispatch(self) -> None:
-        """Hand free slots to waiters in (priority, arrival) order."""
-        while self.free and self.waiters:
-            waiter = heapq.heappop(self.waiters)
-            if waiter.future.done():
-                continue  # timed out or cancelled; already uncounted
-            waiter.popped = True
-            self.queued -= 1
-            slot = self.pick(waiter.affinity)
+        """Hand free slots to the earliest (priority, arrival) waiter of any queue served."""
+        if self.cooling:
+            return  # its instances are being stopped; the tiers' other members serve
+        queues = self.queues
+        while self.free:
+            best: Waiter | None = None
+            for queue in queues:
+                if queue.queued:
+                    head = queue.head()
+                    if head is not None and (best is None or head.key < best.key):
+                        best = head
+            if best is None:
+                return
+            queue = best.queue
+            heapq.heappop(queue.heap)
+            best.popped = True
+            queue.queued -= 1
+            slot = self.pick(best.affinity)
             assert slot is not None
-            self.take(slot, waiter.affinity)
-            waiter.future.set_result(slot)
-
-    def enqueue(self, priority: int, affinity: str | None) -> Waiter:
-        self._seq += 1
-        future: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
-        waiter = Waiter((priority, self._seq), affinity, future)
-        heapq.heappush(self.waiters, waiter)
-        self.queued += 1
-        return waiter
-
-    def forget(self, waiter: Waiter) -> None:
-        """A waiter gave up (deadline, cancel): uncount it, or return a slot granted meanwhile."""
-        if not waiter.popped:
-            waiter.popped = True
-            self.queued -= 1
-            if not waiter.future.done():
-                waiter.future.cancel()
-            return
-        future = waiter.future
-        if future.done() and not future.cancelled() and future.exception() is None:
-            self.release(future.result())
-
-    def ensure_started(self) -> None:
-        for instance in self.instances:
-            if instance.task is None and instance.state != "stopping":
-                instance.ensure_running()
+            self.take(slot, best.affinity)
+            best.future.set_result(slot)
 
     # --- faults ----------------------------------------------------------------------------
 
@@ -610,10 +712,20 @@ class MemberRuntime:
             failures=failures,
             cooldown_ms=int(opts.cooldown_s * 1000),
         )
-        self.fail_waiters(self.cooldown_error())
+        self.queue.fail(self.cooldown_error())
+        for queue in self.queues[1:]:
+            queue.member_down()
+        # tier waiters still queued then may need this member again
+        asyncio.get_running_loop().call_later(opts.cooldown_s + 0.01, self._cooled)
         for other in self.instances:
             if other is not instance and (other.task is not None or other.slots):
                 self.ctx.background(other.stop(f"cooldown: {reason}", "cooldown"))
+
+    def _cooled(self) -> None:
+        if not self.cooling and not self.retiring:
+            self.dispatch()
+            for queue in self.queues[1:]:
+                queue.grow()
 
     def cooldown_error(self) -> PoolBusy:
         remaining = max(0.0, self.cooldown_until - time.monotonic())
@@ -623,16 +735,8 @@ class MemberRuntime:
             details={"member": self.name, "retry_after_ms": int(remaining * 1000)},
         )
 
-    def fail_waiters(self, error: Exception) -> None:
-        waiters, self.waiters = self.waiters, []
-        for waiter in waiters:
-            if not waiter.future.done():
-                waiter.popped = True
-                self.queued -= 1
-                waiter.future.set_exception(error)
-
     async def stop(self, reason: str) -> None:
-        self.fail_waiters(PoolBusy(f"member {self.name!r} is stopping ({reason})"))
+        self.queue.fail(PoolBusy(f"member {self.name!r} is stopping ({reason})"))
         await asyncio.gather(*(i.stop(reason) for i in self.instances))
 
     def status(self) -> MemberStatus:
@@ -651,7 +755,7 @@ class MemberRuntime:
             name=self.name,
             external=self.spec.external,
             state=state,
-            queue=self.queued,
+            queue=self.queue.queued,
             max_queue=self.ctx.options.max_queue,
             leases=self.busy,
             restarts=self.restarts,

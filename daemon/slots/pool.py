@@ -6,10 +6,13 @@
         result = await lease.chat(messages, max_tokens=256)
     await pool.stop()
 
-A lease target is a tier (any of its members) or a member. Waiting callers queue per member,
-lower priority number first and FIFO within a priority; the queue is bounded (`PoolBusy` at
-once when full) and a caller's absolute `time.monotonic()` deadline ends its wait
-(`PoolTimeout`). Servers start on their member's first lease and unload after `idle_unload_s`.
+A lease target is a tier (any of its members) or a member. Waiting callers queue per target,
+lower priority number first and FIFO within a priority; a member freeing a slot serves the
+earliest waiter of its own queue and its tiers' queues, so a tier's waiters are served in
+order by whichever member frees a slot first (and by the others when one cools down). Each
+queue is bounded (`PoolBusy` at once when full) and a caller's absolute `time.monotonic()`
+deadline ends its wait (`PoolTimeout`). Servers start on demand, one instance at a time while
+waiters outnumber the slots on their way, and unload after `idle_unload_s`.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ import aiohttp
 from daemon.slots.chat import ChatClient, OnDelta, request_body
 from daemon.slots.digest import DigestCache
 from daemon.slots.errors import NoSuchTarget, PoolBusy, PoolTimeout, SlotLost
-from daemon.slots.member import MemberRuntime, PoolContext, PoolOptions, Slot
-from daemon.slots.records import ChatResult, PoolStatus, SlotEvent
+from daemon.slots.member import MemberRuntime, PoolContext, PoolOptions, Slot, WaitQueue
+from daemon.slots.records import ChatResult, PoolStatus, SlotEvent, TierStatus
 from roster import Roster
 
 log = logging.getLogger("tally.slots")
@@ -196,15 +199,30 @@ class Pool:
             m.name: MemberRuntime(self._ctx, m) for m in roster.models
         }
         self._retired: list[MemberRuntime] = []
+        self._tiers: dict[str, WaitQueue] = {}
         self._targets = self._index()
         self._stopping = False
 
-    def _index(self) -> dict[str, list[MemberRuntime]]:
-        targets = {name: [m] for name, m in self._members.items()}
+    def _index(self) -> dict[str, WaitQueue]:
+        """Targets → queues; a tier's queue survives a reload (with its waiters) if it stays."""
+        targets = {name: m.queue for name, m in self._members.items()}
+        for member in self._members.values():
+            member.queues = [member.queue]
+        tiers: dict[str, WaitQueue] = {}
         for tier, names in self.roster.tiers.members.items():
             found = [self._members[n] for n in names if n in self._members]
-            if found:
-                targets[tier] = found
+            if not found:
+                continue
+            queue = self._tiers.pop(tier, None) or WaitQueue(self._ctx, tier, found)
+            queue.members = found
+            for member in found:
+                member.queues.append(queue)
+            tiers[tier] = targets[tier] = queue
+        for gone in self._tiers.values():
+            gone.fail(PoolBusy(f"tier {gone.name!r} left the roster; retry"))
+        self._tiers = tiers
+        for queue in tiers.values():
+            queue.grow()
         return targets
 
     async def start(self) -> None:
@@ -229,28 +247,42 @@ class Pool:
         affinity: str | None = None,
     ) -> Lease:
         """Take a slot (the caller must `release()` the lease); `lease()` is the usual way."""
-        members = self._targets.get(target)
-        if members is None:
+        queue = self._targets.get(target)
+        if queue is None:
             raise NoSuchTarget(f"no tier or member named {target!r}", details={"target": target})
         if self._stopping:
             raise PoolBusy("the pool is stopping")
-        member = members[0] if len(members) == 1 else _choose(members, affinity)
-        if member.cooling:
-            raise member.cooldown_error()
-        if member.queued == 0:
-            slot = member.pick(affinity)
-            if slot is not None:
-                member.take(slot, affinity)
-                return Lease(member, slot)
+        members = queue.members
+        if len(members) == 1:
+            member = members[0]
+            if member.cooling:
+                raise member.cooldown_error()
+            if queue.queued == 0:
+                slot = member.pick(affinity)
+                if slot is not None:
+                    member.take(slot, affinity)
+                    return Lease(member, slot)
+        else:
+            live = [m for m in members if not m.cooling]
+            if not live:
+                raise queue.cooldown_error()
+            if queue.queued == 0:
+                # a member with a free slot has nobody waiting (release dispatches at once)
+                found = _free_slot(live, affinity)
+                if found is not None:
+                    member, slot = found
+                    member.take(slot, affinity)
+                    return Lease(member, slot)
         if deadline is not None and deadline <= time.monotonic():
-            raise PoolTimeout(f"no slot of {member.name!r} before the deadline")
-        if member.queued >= self.options.max_queue:
+            raise PoolTimeout(f"no slot of {target!r} before the deadline")
+        # a tier holds as many waiters as its members' own queues would
+        if queue.queued >= self.options.max_queue * len(members):
             raise PoolBusy(
-                f"the queue of {member.name!r} is full ({member.queued} waiting)",
-                details={"member": member.name, "queue": member.queued},
+                f"the queue of {target!r} is full ({queue.queued} waiting)",
+                details={"target": target, "queue": queue.queued},
             )
-        member.ensure_started()
-        waiter = member.enqueue(priority, affinity)
+        waiter = queue.enqueue(priority, affinity)
+        queue.grow()
         try:
             if deadline is None:
                 slot = await waiter.future
@@ -258,27 +290,39 @@ class Pool:
                 async with asyncio.timeout_at(deadline):
                     slot = await waiter.future
         except TimeoutError:
-            member.forget(waiter)
+            queue.forget(waiter)
             raise PoolTimeout(
-                f"no slot of {member.name!r} before the deadline",
-                details={"member": member.name},
+                f"no slot of {target!r} before the deadline",
+                details={"target": target},
             ) from None
         except BaseException:
-            member.forget(waiter)
+            queue.forget(waiter)
             raise
-        return Lease(member, slot)
+        return Lease(slot.instance.member, slot)
 
     def status(self) -> PoolStatus:
-        return PoolStatus(members=[m.status() for m in self._members.values()])
+        tiers = [
+            TierStatus(
+                name=q.name,
+                members=[m.name for m in q.members],
+                queue=q.queued,
+                max_queue=self.options.max_queue * len(q.members),
+            )
+            for q in self._tiers.values()
+        ]
+        return PoolStatus(members=[m.status() for m in self._members.values()], tiers=tiers)
 
     async def wait_ready(self, target: str, timeout_s: float = 60.0) -> None:
         """Start a target's members and wait until one slot of each could be leased."""
-        for member in self._targets.get(target) or []:
+        queue = self._targets.get(target)
+        for member in queue.members if queue is not None else []:
             async with self.lease(member.name, deadline=time.monotonic() + timeout_s):
                 pass
 
     async def stop(self) -> None:
         self._stopping = True
+        for queue in self._tiers.values():
+            queue.fail(PoolBusy("the pool is stopping"))
         members = [*self._members.values(), *self._retired]
         await asyncio.gather(*(m.stop("pool stopped") for m in members))
         for task in list(self._ctx.tasks):
@@ -294,8 +338,9 @@ class Pool:
                 continue
             del self._members[name]
             runtime.retiring = True
+            runtime.queues = [runtime.queue]  # it serves no tier any more
             self._retired.append(runtime)
-            runtime.fail_waiters(PoolBusy(f"member {name!r} changed; retry"))
+            runtime.queue.fail(PoolBusy(f"member {name!r} changed; retry"))
             if runtime.busy == 0:
                 self._ctx.background(runtime.stop("removed from the roster"))
         for name, spec in specs.items():
@@ -316,18 +361,20 @@ class Pool:
             log.exception("the slot event hook failed on %s", event.kind)
 
 
-def _choose(members: list[MemberRuntime], affinity: str | None) -> MemberRuntime:
-    """Within a tier: the affinity key's member, else a member with a free slot, else the
-    least loaded one (ties go to the roster's order)."""
-    live = [m for m in members if not m.cooling]
-    if not live:
-        raise members[0].cooldown_error()
+def _free_slot(
+    members: list[MemberRuntime], affinity: str | None
+) -> tuple[MemberRuntime, Slot] | None:
+    """Within a tier: the affinity key's slot if it is free, else the first member's free slot
+    (the roster's order)."""
     if affinity is not None:
-        for m in live:
-            slot = m.affinity.get(affinity)
-            if slot is not None and slot in m.free and m.queued == 0:
-                return m
-    for m in live:
-        if m.free and m.queued == 0:
-            return m
-    return min(live, key=lambda m: (m.queued + m.busy) / m.capacity)
+        slot = members[0].affinity.get(affinity)
+        if slot is not None:
+            owner = slot.instance.member
+            if slot in owner.free and owner in members:
+                return owner, slot
+    for m in members:
+        if m.free:
+            slot = m.pick(affinity)
+            if slot is not None:
+                return m, slot
+    return None

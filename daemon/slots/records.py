@@ -111,8 +111,24 @@ class MemberStatus(BaseModel):
     instances: list[InstanceStatus]
 
 
+class TierStatus(BaseModel):
+    """A tier's shared queue: its waiters are served by whichever member frees a slot first
+    (they are not in the members' `queue`, which counts leases aimed at that member)."""
+
+    name: str
+    members: list[str]
+    queue: int
+    max_queue: int
+
+
 class PoolStatus(BaseModel):
     members: list[MemberStatus]
+    tiers: list[TierStatus] = []
+
+    @property
+    def queued(self) -> int:
+        """Every waiting lease, member-targeted or tier-targeted."""
+        return sum(m.queue for m in self.members) + sum(t.queue for t in self.tiers)
 
     def member(self, name: str) -> MemberStatus | None:
         return next((m for m in self.members if m.name == name), None)

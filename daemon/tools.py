@@ -3,14 +3,13 @@
 Each tool is a name, a description written for a model choosing a tool inside an IDE, a
 pydantic input model, a pydantic output model and an async handler on the Daemon. Output
 models are defined here (not borrowed from the engine or the ledger) so that the published
-schemas stay stable while the internals move; handlers convert with `_plain`.
+schemas stay stable while the internals move; handlers convert the internal pydantic models
+with `model_dump(mode="json")` and validate that into the published one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import enum
 import functools
 import time
 from collections.abc import Awaitable, Callable
@@ -29,8 +28,10 @@ from daemon.runs.state import RunState
 from roster.models import Budget
 
 if TYPE_CHECKING:
-    from daemon.ledger import ConsistencyProof, InclusionProof
+    from daemon.ledger import ConsistencyProof, Entry, InclusionProof
+    from daemon.runs.state import RunView
     from daemon.service import Daemon
+    from daemon.slots import PoolStatus
 
 In = TypeVar("In", bound=BaseModel)
 Out = TypeVar("Out", bound=BaseModel)
@@ -68,23 +69,6 @@ class _In(BaseModel):
 
 class _Out(BaseModel):
     model_config = ConfigDict(extra="ignore")
-
-
-def _plain(obj: Any) -> Any:
-    """JSON-ready form of whatever an internal API returned (pydantic, dataclass, enum, ...)."""
-    if isinstance(obj, BaseModel):
-        return obj.model_dump(mode="json")
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple | set | frozenset):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, bytes):
-        return obj.hex()
-    return obj
 
 
 # ---------------------------------------------------------------- shared output models
@@ -133,8 +117,8 @@ class RunOut(_Out):
         return self.state in TERMINAL
 
 
-def run_out(view: Any) -> RunOut:
-    return RunOut.model_validate(_plain(view))
+def run_out(view: RunView) -> RunOut:
+    return RunOut.model_validate(view.model_dump(mode="json"))
 
 
 class EntryOut(_Out):
@@ -154,14 +138,15 @@ class EntryOut(_Out):
     redacted: bool = Field(default=False, description="True if the body was redacted.")
 
 
-def entry_out(entry: Any, content: Any = None, *, redacted: bool = False) -> EntryOut:
-    fields = ("v", "seq", "ts", "actor", "kind", "run", "parent", "body", "prev", "hash")
-    data = {f: _plain(getattr(entry, f, None)) for f in fields}
-    data = {k: v for k, v in data.items() if v is not None or k in ("run", "parent", "body")}
-    return EntryOut.model_validate({**data, "content": content, "redacted": redacted})
+def entry_out(entry: Entry, content: Any = None, *, redacted: bool = False) -> EntryOut:
+    # `hash` is derived, so Entry leaves it out of its dump; the published entry carries it.
+    data = entry.model_dump(mode="json")
+    return EntryOut.model_validate(
+        {**data, "hash": entry.hash, "content": content, "redacted": redacted}
+    )
 
 
-async def _with_bodies(daemon: Daemon, entries: list[Any], bodies: bool) -> list[EntryOut]:
+async def _with_bodies(daemon: Daemon, entries: list[Entry], bodies: bool) -> list[EntryOut]:
     out = []
     for e in entries:
         if bodies and e.body is not None:
@@ -209,7 +194,7 @@ def _version() -> str:
 
 
 async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
-    active = [r for r in daemon.engine.list(limit=10_000) if _plain(r.state) not in TERMINAL]
+    active = [r for r in daemon.engine.list(limit=10_000) if r.state not in TERMINAL]
     return HealthOut(
         version=_version(),
         uptime_s=round(time.monotonic() - STARTED, 3),
@@ -293,7 +278,9 @@ class PlanOut(_Out):
 async def plan(daemon: Daemon, data: PlanIn, ctx: ToolContext) -> PlanOut:
     parsed = data.plan
     lanes = [lane.name for lane in daemon.roster.lanes]
-    found = [PlanProblemOut.model_validate(_plain(p)) for p in problems(parsed, lanes)]
+    found = [
+        PlanProblemOut.model_validate(p.model_dump(mode="json")) for p in problems(parsed, lanes)
+    ]
     if found:
         return PlanOut(ok=False, problems=found, waves=[])
     limit = data.max_parallel or daemon.roster.policy.max_parallel
@@ -396,7 +383,9 @@ class VerifyIn(_In):
 
 
 async def ledger_verify(daemon: Daemon, data: VerifyIn, ctx: ToolContext) -> VerifyOut:
-    return VerifyOut.model_validate(_plain(await daemon.ledger.verify(deep=data.deep)))
+    return VerifyOut.model_validate(
+        (await daemon.ledger.verify(deep=data.deep)).model_dump(mode="json")
+    )
 
 
 class EntriesIn(_In):
@@ -465,7 +454,7 @@ async def ledger_proof(daemon: Daemon, data: ProofIn, ctx: ToolContext) -> Proof
     else:
         assert data.old is not None
         proof = await daemon.ledger.consistency_proof(data.old, data.new)
-    return ProofOut.model_validate({"kind": data.kind, **_plain(proof)})
+    return ProofOut.model_validate({"kind": data.kind, **proof.model_dump(mode="json")})
 
 
 class CheckpointIn(_In):
@@ -480,7 +469,7 @@ class CheckpointOut(_Out):
 
 async def ledger_checkpoint(daemon: Daemon, data: CheckpointIn, ctx: ToolContext) -> CheckpointOut:
     cp = await daemon.ledger.checkpoint() if data.create else daemon.ledger.latest_checkpoint()
-    return CheckpointOut(checkpoint=None if cp is None else _plain(cp))
+    return CheckpointOut(checkpoint=None if cp is None else cp.model_dump(mode="json"))
 
 
 class ChainIn(_In):
@@ -595,7 +584,9 @@ async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> S
         if len(batch) < 1000:
             break
         start = batch[-1].seq + 1
-    report = VerifyOut.model_validate(_plain(await daemon.ledger.verify())) if data.verify else None
+    report = None
+    if data.verify:
+        report = VerifyOut.model_validate((await daemon.ledger.verify()).model_dump(mode="json"))
     cp = daemon.ledger.latest_checkpoint()
     members = acc.members
     return SummaryOut(
@@ -610,7 +601,7 @@ async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> S
         route_escalations=acc.route_escalations,
         runs_by_state=acc.states,
         verify=report,
-        checkpoint=None if cp is None else _plain(cp),
+        checkpoint=None if cp is None else cp.model_dump(mode="json"),
     )
 
 
@@ -679,8 +670,8 @@ class SlotsOut(_Out):
     queue: int = Field(description="Callers waiting across all members.")
 
 
-def slots_out(status: Any) -> SlotsOut:
-    members = [SlotMemberOut.model_validate(_plain(m)) for m in status.members]
+def slots_out(status: PoolStatus) -> SlotsOut:
+    members = [SlotMemberOut.model_validate(m.model_dump(mode="json")) for m in status.members]
     instances = [i for m in members for i in m.instances]
     return SlotsOut(
         members=members,

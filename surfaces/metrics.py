@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING
 
 from daemon.runs.state import RunState
-from daemon.tools import _plain, slots_out
+from daemon.tools import slots_out
 
 if TYPE_CHECKING:
     from daemon.service import Daemon
@@ -57,11 +57,9 @@ def _runs(out: _Text, daemon: Daemon) -> None:
     tasks: dict[str, int] = {}
     calls = tokens = 0
     for view in daemon.engine.list(limit=1_000_000):
-        state = str(_plain(view.state))
-        by_state[state] = by_state.get(state, 0) + 1
+        by_state[view.state] = by_state.get(view.state, 0) + 1
         for task in view.tasks:
-            t_state = str(_plain(task.state))
-            tasks[t_state] = tasks.get(t_state, 0) + 1
+            tasks[task.state] = tasks.get(task.state, 0) + 1
         calls += int(view.spent.model_calls)
         tokens += int(view.spent.tokens)
     out.family("tally_runs", "gauge", "Runs known to the daemon, by state.")

@@ -194,12 +194,11 @@ def _version() -> str:
 
 
 async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
-    active = [r for r in daemon.engine.list(limit=10_000) if r.state not in TERMINAL]
     return HealthOut(
         version=_version(),
         uptime_s=round(time.monotonic() - STARTED, 3),
         ledger_size=daemon.ledger.size,
-        runs_active=len(active),
+        runs_active=daemon.engine.census.active(),
         lanes=len(daemon.roster.lanes),
         members=len(daemon.roster.models),
     )

@@ -1,7 +1,7 @@
-"""Prometheus text for GET /metrics, from in-memory counters only (never O(ledger)).
+"""Prometheus text for GET /metrics, from in-memory counters only (never O(ledger) or O(runs)).
 
-Sources: the engine's runs in memory, `pool.status()` (PoolStatus) and `ledger.stats`
-(LedgerStats: counters and cumulative fsync buckets).
+Sources: the engine's run census (totals kept as runs change), `pool.status()` (PoolStatus)
+and `ledger.stats` (LedgerStats: counters and cumulative fsync buckets).
 """
 
 from __future__ import annotations
@@ -53,15 +53,10 @@ def render(daemon: Daemon) -> str:
 
 
 def _runs(out: _Text, daemon: Daemon) -> None:
-    by_state = dict.fromkeys(RUN_STATES, 0)
-    tasks: dict[str, int] = {}
-    calls = tokens = 0
-    for view in daemon.engine.list(limit=1_000_000):
-        by_state[view.state] = by_state.get(view.state, 0) + 1
-        for task in view.tasks:
-            tasks[task.state] = tasks.get(task.state, 0) + 1
-        calls += int(view.spent.model_calls)
-        tokens += int(view.spent.tokens)
+    census = daemon.engine.census
+    by_state = {state: census.runs[state] for state in RUN_STATES}
+    tasks = census.tasks
+    calls, tokens = census.model_calls, census.tokens
     out.family("tally_runs", "gauge", "Runs known to the daemon, by state.")
     for state, n in by_state.items():
         out.sample("tally_runs", n, state=state)

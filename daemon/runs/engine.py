@@ -29,7 +29,7 @@ from daemon.runs.executors import Stub, chat_messages, clip, echo_stub, run_comm
 from daemon.runs.ports import LedgerPort, PoolPort, RouterPort
 from daemon.runs.replay import RedactedAfterSnapshot, apply, replay
 from daemon.runs.snapshot import Snapshot
-from daemon.runs.state import FINAL, STOPPED, Limits, RunEvent, RunView
+from daemon.runs.state import FINAL, STOPPED, Census, Limits, RunEvent, RunView
 from roster.models import Budget, Lane, Roster
 
 RESULT_CAP = 64 * 1024
@@ -88,6 +88,7 @@ class Engine:
         self.options = options or EngineOptions()
         self.stub = stub
         self._views: dict[str, RunView] = {}
+        self.census = Census()
         self._runs: dict[str, _Run] = {}
         self._keys: dict[str, asyncio.Future[str]] = {}
         self._listeners: dict[str, set[asyncio.Queue[RunEvent]]] = {}
@@ -287,6 +288,7 @@ class Engine:
             views = await replay(self.ledger)
         self.restored_from = snapshot.size if snapshot is not None else None
         self._views.update(views)
+        self.census = Census.of(self._views.values())
         for view in views.values():
             if view.idempotency_key is not None:
                 done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -312,7 +314,7 @@ class Engine:
                     run=view.id,
                     parent=view.request_seq,
                 )
-                apply(self._views, entry.seq, entry.ts, k.INTERRUPTED, view.id, body)
+                self._apply(entry.seq, entry.ts, k.INTERRUPTED, view.id, body)
             finally:
                 self._appending -= 1
             interrupted.append(view.id)
@@ -363,7 +365,7 @@ class Engine:
             entry = await self.ledger.append(
                 actor=k.ACTOR, kind=kind, body=body, run=run_id, parent=parent
             )
-            apply(self._views, entry.seq, entry.ts, kind, run_id, body)
+            self._apply(entry.seq, entry.ts, kind, run_id, body)
         finally:
             self._appending -= 1
         listeners = self._listeners.get(run_id)
@@ -372,6 +374,16 @@ class Engine:
             for queue in listeners:
                 queue.put_nowait(event)
         return int(entry.seq)
+
+    def _apply(self, seq: int, ts: int, kind: str, run_id: str, body: dict[str, Any]) -> None:
+        """The reducer on the live views, keeping the census in step with it."""
+        before = self._views.get(run_id)
+        if before is not None:
+            self.census.count(before, -1)
+        apply(self._views, seq, ts, kind, run_id, body)
+        after = self._views.get(run_id)
+        if after is not None:
+            self.census.count(after)
 
     def _delta(self, run_id: str, text: str) -> None:
         for queue in self._listeners.get(run_id, ()):

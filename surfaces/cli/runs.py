@@ -68,7 +68,11 @@ async def submit(args: argparse.Namespace) -> int:
     if args.lane:
         body["lane"] = args.lane
     if args.plan:
-        body["plan"] = json.loads(args.plan.read_text())
+        try:
+            body["plan"] = json.loads(args.plan.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            print(f"tally: cannot read the plan {args.plan}: {exc}", file=sys.stderr)
+            return 2
     if args.max_parallel:
         body["max_parallel"] = args.max_parallel
     if args.idempotency_key:

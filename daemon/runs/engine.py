@@ -329,8 +329,7 @@ class Engine:
         """
         if self._appending:
             return None
-        size = int(getattr(self.ledger, "size", 0))
-        return size, list(self._views.values())
+        return self.ledger.size, list(self._views.values())
 
     async def shutdown(self, drain_s: float = 5.0) -> None:
         """Let runs finish for `drain_s`, then interrupt the rest (witnessed, resumable)."""

@@ -821,6 +821,7 @@ class Engine:
     # ---------------------------------------------------------------- tasks
 
     async def _execute(self, ctx: _Run, plan: Plan, task: Task) -> bool:
+        """Run a task up the escalation ladder until a verdict passes or no rung is left."""
         view = self._views[ctx.id]
         lane = self._lanes.get(task.lane)
         if lane is None:
@@ -840,54 +841,10 @@ class Engine:
                 raise asyncio.CancelledError
             attempt += 1
             tier = ladder[rung] if task.executor != "command" else None
-            start_seq = await self._witness(
-                ctx.id,
-                k.TASK_START,
-                {
-                    "task": task.id,
-                    "lane": task.lane,
-                    "executor": task.executor,
-                    "tier": tier,
-                    "attempt": attempt,
-                    "needs": list(task.needs),
-                    "feedback": feedback,
-                },
-                parent,
+            output, exit_code, error, result_seq = await self._attempt(
+                ctx, task, lane, tier, attempt, feedback, previous, parent
             )
-            upstream = {n: ctx.outputs.get(n, "") for n in task.needs}
-            output, exit_code, error = "", None, None
-            result_parent = start_seq
-            try:
-                output, exit_code, result_parent = await self._run_executor(
-                    ctx, task, lane, tier, attempt, upstream, feedback, previous, start_seq
-                )
-            except (BudgetExhausted, asyncio.CancelledError):
-                raise
-            except Exception as exc:  # an executor error is a failed attempt, not a crash
-                error = _describe(exc)
-            output = clip(output, RESULT_CAP)
-            result_seq = await self._witness(
-                ctx.id,
-                k.TASK_RESULT,
-                {
-                    "task": task.id,
-                    "attempt": attempt,
-                    "ok": error is None,
-                    "output": output,
-                    "exit_code": exit_code,
-                    "error": error,
-                },
-                result_parent,
-            )
-            if error is not None:
-                failures = [f"the executor failed: {error}"]
-            else:
-                failures = checks.check(task.assertions, output, exit_code)
-            judged: dict[str, Any] | None = None
-            if not failures and self.options.judge and task.executor == "chat":
-                judged = await self._judge(ctx, task, output, result_seq)
-                if not judged["ok"]:
-                    failures.append(f"the judge found: {judged['reason']}")
+            failures, judged = await self._assess(ctx, task, output, exit_code, error, result_seq)
             can_climb = task.executor != "command" and rung + 1 < len(ladder)
             nxt = "done" if not failures else ("escalate" if can_climb else "failed")
             verdict_seq = await self._witness(
@@ -922,6 +879,80 @@ class Engine:
             )
             rung += 1
             feedback, previous = failures, output
+
+    async def _attempt(
+        self,
+        ctx: _Run,
+        task: Task,
+        lane: Lane,
+        tier: str | None,
+        attempt: int,
+        feedback: builtins.list[str],
+        previous: str | None,
+        parent: int,
+    ) -> tuple[str, int | None, str | None, int]:
+        """One try on one rung, witnessed start and result: (output, exit code, error, seq)."""
+        start_seq = await self._witness(
+            ctx.id,
+            k.TASK_START,
+            {
+                "task": task.id,
+                "lane": task.lane,
+                "executor": task.executor,
+                "tier": tier,
+                "attempt": attempt,
+                "needs": list(task.needs),
+                "feedback": feedback,
+            },
+            parent,
+        )
+        upstream = {n: ctx.outputs.get(n, "") for n in task.needs}
+        output, exit_code, error = "", None, None
+        result_parent = start_seq
+        try:
+            output, exit_code, result_parent = await self._run_executor(
+                ctx, task, lane, tier, attempt, upstream, feedback, previous, start_seq
+            )
+        except (BudgetExhausted, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # an executor error is a failed attempt, not a crash
+            error = _describe(exc)
+        output = clip(output, RESULT_CAP)
+        result_seq = await self._witness(
+            ctx.id,
+            k.TASK_RESULT,
+            {
+                "task": task.id,
+                "attempt": attempt,
+                "ok": error is None,
+                "output": output,
+                "exit_code": exit_code,
+                "error": error,
+            },
+            result_parent,
+        )
+        return output, exit_code, error, result_seq
+
+    async def _assess(
+        self,
+        ctx: _Run,
+        task: Task,
+        output: str,
+        exit_code: int | None,
+        error: str | None,
+        result_seq: int,
+    ) -> tuple[builtins.list[str], dict[str, Any] | None]:
+        """Why the attempt fails (empty: it passes), and the judge's verdict if one was asked."""
+        if error is not None:
+            return [f"the executor failed: {error}"], None
+        failures = checks.check(task.assertions, output, exit_code)
+        # The judge costs a model call, so only output that already passes its assertions gets one.
+        if failures or not self.options.judge or task.executor != "chat":
+            return failures, None
+        judged = await self._judge(ctx, task, output, result_seq)
+        if not judged["ok"]:
+            failures.append(f"the judge found: {judged['reason']}")
+        return failures, judged
 
     async def _run_executor(
         self,

@@ -25,7 +25,7 @@ from daemon.errors import DeadlineExceeded, InvalidInput
 from daemon.planning import Plan, problems, waves
 from daemon.runs import entries as k
 from daemon.runs.state import STOPPED as TERMINAL
-from daemon.runs.state import RunState
+from daemon.runs.state import TASK_ENDED, RunState
 from roster.models import Budget
 
 if TYPE_CHECKING:
@@ -335,7 +335,7 @@ async def submit(daemon: Daemon, data: SubmitIn, ctx: ToolContext) -> RunOut:
 
 def progress_of(run: RunOut) -> tuple[float, float | None, str]:
     """(done, total, message) for a progress notification: tasks finished of tasks planned."""
-    done = sum(1 for t in run.tasks if t.state in ("done", "failed", "skipped", "cancelled"))
+    done = sum(1 for t in run.tasks if t.state in TASK_ENDED)
     total = float(len(run.tasks)) if run.tasks else None
     return float(done), total, f"{run.state}: {done}/{len(run.tasks)} tasks"
 

@@ -30,6 +30,8 @@ FINAL: frozenset[str] = frozenset({"done", "failed", "cancelled", "budget_exhaus
 """States a run never leaves."""
 STOPPED: frozenset[str] = FINAL | {"interrupted"}
 """States in which nothing is executing (an interrupted run can be resumed)."""
+TASK_ENDED: frozenset[str] = frozenset({"done", "failed", "skipped", "cancelled"})
+"""Task states that count as finished in progress reports."""
 
 
 class Limits(BaseModel):

@@ -187,7 +187,8 @@ class HealthOut(_Out):
 
 
 @functools.cache
-def _version() -> str:
+def package_version() -> str:
+    """The installed tallyd version, as health, MCP and `tally version` all report it."""
     try:
         return dist_version("tallyd")
     except PackageNotFoundError:  # pragma: no cover - only in a source checkout without install
@@ -196,7 +197,7 @@ def _version() -> str:
 
 async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
     return HealthOut(
-        version=_version(),
+        version=package_version(),
         uptime_s=round(time.monotonic() - STARTED, 3),
         ledger_size=daemon.ledger.size,
         runs_active=daemon.engine.census.active(),

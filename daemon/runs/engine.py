@@ -95,9 +95,9 @@ class Engine:
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._closing = False
         self._appending = 0
+        """Run entries being appended and not yet applied: a snapshot needs none in between."""
         self.restored_from: int | None = None
         """The ledger size of the snapshot the last restore() continued from (None: full)."""
-        """Run entries being appended and not yet applied: a snapshot needs none in between."""
         self.set_roster(roster)
 
     # ---------------------------------------------------------------- configuration

@@ -134,7 +134,8 @@ class Daemon:
 
     async def reload_roster(self, path: Path | None = None) -> Roster:
         """Load the roster again; on any problem raise RosterError and keep the last good one."""
-        roster = load_roster(path or self.roster_path)
+        # Off the loop: the path may come from a client, and a large or slow file would stall it.
+        roster = await asyncio.to_thread(load_roster, path or self.roster_path)
         self._roster = roster
         self._router = Router(roster)
         self.engine.router = self._router

@@ -3,20 +3,20 @@
 Each tool is a name, a description written for a model choosing a tool inside an IDE, a
 pydantic input model, a pydantic output model and an async handler on the Daemon. Output
 models are defined here (not borrowed from the engine or the ledger) so that the published
-schemas stay stable while the internals move; handlers convert with `_plain`.
+schemas stay stable while the internals move; handlers convert the internal pydantic models
+with `model_dump(mode="json")` and validate that into the published one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import enum
 import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -25,12 +25,14 @@ from daemon.errors import DeadlineExceeded, InvalidInput
 from daemon.planning import Plan, problems, waves
 from daemon.runs import entries as k
 from daemon.runs.state import STOPPED as TERMINAL
-from daemon.runs.state import RunState
+from daemon.runs.state import TASK_ENDED, RunState
 from roster.models import Budget
 
 if TYPE_CHECKING:
-    from daemon.ledger import ConsistencyProof, InclusionProof
+    from daemon.ledger import ConsistencyProof, Entry, InclusionProof
+    from daemon.runs.state import RunView
     from daemon.service import Daemon
+    from daemon.slots import PoolStatus
 
 In = TypeVar("In", bound=BaseModel)
 Out = TypeVar("Out", bound=BaseModel)
@@ -68,23 +70,6 @@ class _In(BaseModel):
 
 class _Out(BaseModel):
     model_config = ConfigDict(extra="ignore")
-
-
-def _plain(obj: Any) -> Any:
-    """JSON-ready form of whatever an internal API returned (pydantic, dataclass, enum, ...)."""
-    if isinstance(obj, BaseModel):
-        return obj.model_dump(mode="json")
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple | set | frozenset):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, bytes):
-        return obj.hex()
-    return obj
 
 
 # ---------------------------------------------------------------- shared output models
@@ -133,8 +118,8 @@ class RunOut(_Out):
         return self.state in TERMINAL
 
 
-def run_out(view: Any) -> RunOut:
-    return RunOut.model_validate(_plain(view))
+def run_out(view: RunView) -> RunOut:
+    return RunOut.model_validate(view.model_dump(mode="json"))
 
 
 class EntryOut(_Out):
@@ -154,14 +139,15 @@ class EntryOut(_Out):
     redacted: bool = Field(default=False, description="True if the body was redacted.")
 
 
-def entry_out(entry: Any, content: Any = None, *, redacted: bool = False) -> EntryOut:
-    fields = ("v", "seq", "ts", "actor", "kind", "run", "parent", "body", "prev", "hash")
-    data = {f: _plain(getattr(entry, f, None)) for f in fields}
-    data = {k: v for k, v in data.items() if v is not None or k in ("run", "parent", "body")}
-    return EntryOut.model_validate({**data, "content": content, "redacted": redacted})
+def entry_out(entry: Entry, content: Any = None, *, redacted: bool = False) -> EntryOut:
+    # `hash` is derived, so Entry leaves it out of its dump; the published entry carries it.
+    data = entry.model_dump(mode="json")
+    return EntryOut.model_validate(
+        {**data, "hash": entry.hash, "content": content, "redacted": redacted}
+    )
 
 
-async def _with_bodies(daemon: Daemon, entries: list[Any], bodies: bool) -> list[EntryOut]:
+async def _with_bodies(daemon: Daemon, entries: list[Entry], bodies: bool) -> list[EntryOut]:
     out = []
     for e in entries:
         if bodies and e.body is not None:
@@ -201,7 +187,8 @@ class HealthOut(_Out):
 
 
 @functools.cache
-def _version() -> str:
+def package_version() -> str:
+    """The installed tallyd version, as health, MCP and `tally version` all report it."""
     try:
         return dist_version("tallyd")
     except PackageNotFoundError:  # pragma: no cover - only in a source checkout without install
@@ -209,12 +196,11 @@ def _version() -> str:
 
 
 async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
-    active = [r for r in daemon.engine.list(limit=10_000) if _plain(r.state) not in TERMINAL]
     return HealthOut(
-        version=_version(),
+        version=package_version(),
         uptime_s=round(time.monotonic() - STARTED, 3),
         ledger_size=daemon.ledger.size,
-        runs_active=len(active),
+        runs_active=daemon.engine.census.active(),
         lanes=len(daemon.roster.lanes),
         members=len(daemon.roster.models),
     )
@@ -293,7 +279,9 @@ class PlanOut(_Out):
 async def plan(daemon: Daemon, data: PlanIn, ctx: ToolContext) -> PlanOut:
     parsed = data.plan
     lanes = [lane.name for lane in daemon.roster.lanes]
-    found = [PlanProblemOut.model_validate(_plain(p)) for p in problems(parsed, lanes)]
+    found = [
+        PlanProblemOut.model_validate(p.model_dump(mode="json")) for p in problems(parsed, lanes)
+    ]
     if found:
         return PlanOut(ok=False, problems=found, waves=[])
     limit = data.max_parallel or daemon.roster.policy.max_parallel
@@ -348,7 +336,7 @@ async def submit(daemon: Daemon, data: SubmitIn, ctx: ToolContext) -> RunOut:
 
 def progress_of(run: RunOut) -> tuple[float, float | None, str]:
     """(done, total, message) for a progress notification: tasks finished of tasks planned."""
-    done = sum(1 for t in run.tasks if t.state in ("done", "failed", "skipped", "cancelled"))
+    done = sum(1 for t in run.tasks if t.state in TASK_ENDED)
     total = float(len(run.tasks)) if run.tasks else None
     return float(done), total, f"{run.state}: {done}/{len(run.tasks)} tasks"
 
@@ -396,7 +384,9 @@ class VerifyIn(_In):
 
 
 async def ledger_verify(daemon: Daemon, data: VerifyIn, ctx: ToolContext) -> VerifyOut:
-    return VerifyOut.model_validate(_plain(await daemon.ledger.verify(deep=data.deep)))
+    return VerifyOut.model_validate(
+        (await daemon.ledger.verify(deep=data.deep)).model_dump(mode="json")
+    )
 
 
 class EntriesIn(_In):
@@ -465,7 +455,7 @@ async def ledger_proof(daemon: Daemon, data: ProofIn, ctx: ToolContext) -> Proof
     else:
         assert data.old is not None
         proof = await daemon.ledger.consistency_proof(data.old, data.new)
-    return ProofOut.model_validate({"kind": data.kind, **_plain(proof)})
+    return ProofOut.model_validate({"kind": data.kind, **proof.model_dump(mode="json")})
 
 
 class CheckpointIn(_In):
@@ -480,7 +470,7 @@ class CheckpointOut(_Out):
 
 async def ledger_checkpoint(daemon: Daemon, data: CheckpointIn, ctx: ToolContext) -> CheckpointOut:
     cp = await daemon.ledger.checkpoint() if data.create else daemon.ledger.latest_checkpoint()
-    return CheckpointOut(checkpoint=None if cp is None else _plain(cp))
+    return CheckpointOut(checkpoint=None if cp is None else cp.model_dump(mode="json"))
 
 
 class ChainIn(_In):
@@ -595,7 +585,9 @@ async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> S
         if len(batch) < 1000:
             break
         start = batch[-1].seq + 1
-    report = VerifyOut.model_validate(_plain(await daemon.ledger.verify())) if data.verify else None
+    report = None
+    if data.verify:
+        report = VerifyOut.model_validate((await daemon.ledger.verify()).model_dump(mode="json"))
     cp = daemon.ledger.latest_checkpoint()
     members = acc.members
     return SummaryOut(
@@ -610,7 +602,7 @@ async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> S
         route_escalations=acc.route_escalations,
         runs_by_state=acc.states,
         verify=report,
-        checkpoint=None if cp is None else _plain(cp),
+        checkpoint=None if cp is None else cp.model_dump(mode="json"),
     )
 
 
@@ -635,8 +627,6 @@ class ReloadOut(_Out):
 
 
 async def roster_reload(daemon: Daemon, data: ReloadIn, ctx: ToolContext) -> ReloadOut:
-    from pathlib import Path
-
     try:
         roster = await daemon.reload_roster(Path(data.path) if data.path else None)
     except OSError as exc:
@@ -679,8 +669,8 @@ class SlotsOut(_Out):
     queue: int = Field(description="Callers waiting across all members.")
 
 
-def slots_out(status: Any) -> SlotsOut:
-    members = [SlotMemberOut.model_validate(_plain(m)) for m in status.members]
+def slots_out(status: PoolStatus) -> SlotsOut:
+    members = [SlotMemberOut.model_validate(m.model_dump(mode="json")) for m in status.members]
     instances = [i for m in members for i in m.instances]
     return SlotsOut(
         members=members,

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
+from pydantic_core import to_jsonable_python
 
 from daemon.errors import Busy, TallyError
-from daemon.tools import TOOLS, ToolContext, _plain
+from daemon.tools import TOOLS, ToolContext
 from surfaces import metrics
 from surfaces.auth import bearer_ok
 from surfaces.notify import sd_notify, watchdog_task
@@ -92,7 +93,7 @@ def _http_code(status: int) -> str:
 
 def validation_details(exc: ValidationError) -> dict[str, Any]:
     errors = exc.errors(include_url=False, include_context=False, include_input=False)
-    return {"errors": _plain(errors)}
+    return {"errors": to_jsonable_python(errors)}
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,9 @@ async def surface_mw(
         headers = None
         if isinstance(exc, Busy):
             headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
-        return error_response(exc.status, exc.code, exc.message, _plain(exc.details), headers)
+        return error_response(
+            exc.status, exc.code, exc.message, to_jsonable_python(exc.details), headers
+        )
     except asyncio.CancelledError:
         raise
     except Exception:
@@ -278,7 +281,7 @@ async def run_events(request: web.Request) -> web.StreamResponse:
                 await resp.write(sse_frame("end", {"run_id": run_id}))
                 break
             pending = None
-            await resp.write(sse_frame(_plain(event.kind), _plain(event.data), event.seq))
+            await resp.write(sse_frame(event.kind, event.data, event.seq))
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:

@@ -22,7 +22,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 from pydantic import ValidationError
 
-from daemon.tools import TOOLS, RunOut, progress_of
+from daemon.tools import TOOLS, RunOut, package_version, progress_of
 from surfaces.client import NOT_RUNNING, DaemonClient, DaemonDown, DaemonError, Endpoint
 from surfaces.http import tool_listing
 
@@ -59,11 +59,9 @@ class Adapter:
         ]
 
     def server(self) -> Server[Any]:
-        from daemon.tools import _version
-
         return Server(
             "tally",
-            version=_version(),
+            version=package_version(),
             instructions="tally runs requests through a fleet of local model agents and keeps "
             "a verifiable ledger of every step. Use `submit` with wait=true to get work done, "
             "`route` to preview routing, the ledger_* tools to audit.",

@@ -1,7 +1,7 @@
-"""Prometheus text for GET /metrics, from in-memory counters only (never O(ledger)).
+"""Prometheus text for GET /metrics, from in-memory counters only (never O(ledger) or O(runs)).
 
-Sources: the engine's runs in memory, `pool.status()` (PoolStatus) and `ledger.stats`
-(LedgerStats: counters and cumulative fsync buckets).
+Sources: the engine's run census (totals kept as runs change), `pool.status()` (PoolStatus)
+and `ledger.stats` (LedgerStats: counters and cumulative fsync buckets).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING
 
 from daemon.runs.state import RunState
-from daemon.tools import _plain, slots_out
+from daemon.tools import slots_out
 
 if TYPE_CHECKING:
     from daemon.service import Daemon
@@ -53,17 +53,10 @@ def render(daemon: Daemon) -> str:
 
 
 def _runs(out: _Text, daemon: Daemon) -> None:
-    by_state = dict.fromkeys(RUN_STATES, 0)
-    tasks: dict[str, int] = {}
-    calls = tokens = 0
-    for view in daemon.engine.list(limit=1_000_000):
-        state = str(_plain(view.state))
-        by_state[state] = by_state.get(state, 0) + 1
-        for task in view.tasks:
-            t_state = str(_plain(task.state))
-            tasks[t_state] = tasks.get(t_state, 0) + 1
-        calls += int(view.spent.model_calls)
-        tokens += int(view.spent.tokens)
+    census = daemon.engine.census
+    by_state = {state: census.runs[state] for state in RUN_STATES}
+    tasks = census.tasks
+    calls, tokens = census.model_calls, census.tokens
     out.family("tally_runs", "gauge", "Runs known to the daemon, by state.")
     for state, n in by_state.items():
         out.sample("tally_runs", n, state=state)

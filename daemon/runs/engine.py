@@ -29,7 +29,7 @@ from daemon.runs.executors import Stub, chat_messages, clip, echo_stub, run_comm
 from daemon.runs.ports import LedgerPort, PoolPort, RouterPort
 from daemon.runs.replay import RedactedAfterSnapshot, apply, replay
 from daemon.runs.snapshot import Snapshot
-from daemon.runs.state import FINAL, STOPPED, Limits, RunEvent, RunView
+from daemon.runs.state import FINAL, STOPPED, Census, Limits, RunEvent, RunView
 from roster.models import Budget, Lane, Roster
 
 RESULT_CAP = 64 * 1024
@@ -88,15 +88,16 @@ class Engine:
         self.options = options or EngineOptions()
         self.stub = stub
         self._views: dict[str, RunView] = {}
+        self.census = Census()
         self._runs: dict[str, _Run] = {}
         self._keys: dict[str, asyncio.Future[str]] = {}
         self._listeners: dict[str, set[asyncio.Queue[RunEvent]]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._closing = False
         self._appending = 0
+        """Run entries being appended and not yet applied: a snapshot needs none in between."""
         self.restored_from: int | None = None
         """The ledger size of the snapshot the last restore() continued from (None: full)."""
-        """Run entries being appended and not yet applied: a snapshot needs none in between."""
         self.set_roster(roster)
 
     # ---------------------------------------------------------------- configuration
@@ -287,6 +288,7 @@ class Engine:
             views = await replay(self.ledger)
         self.restored_from = snapshot.size if snapshot is not None else None
         self._views.update(views)
+        self.census = Census.of(self._views.values())
         for view in views.values():
             if view.idempotency_key is not None:
                 done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -312,7 +314,7 @@ class Engine:
                     run=view.id,
                     parent=view.request_seq,
                 )
-                apply(self._views, entry.seq, entry.ts, k.INTERRUPTED, view.id, body)
+                self._apply(entry.seq, entry.ts, k.INTERRUPTED, view.id, body)
             finally:
                 self._appending -= 1
             interrupted.append(view.id)
@@ -327,8 +329,7 @@ class Engine:
         """
         if self._appending:
             return None
-        size = int(getattr(self.ledger, "size", 0))
-        return size, list(self._views.values())
+        return self.ledger.size, list(self._views.values())
 
     async def shutdown(self, drain_s: float = 5.0) -> None:
         """Let runs finish for `drain_s`, then interrupt the rest (witnessed, resumable)."""
@@ -363,7 +364,7 @@ class Engine:
             entry = await self.ledger.append(
                 actor=k.ACTOR, kind=kind, body=body, run=run_id, parent=parent
             )
-            apply(self._views, entry.seq, entry.ts, kind, run_id, body)
+            self._apply(entry.seq, entry.ts, kind, run_id, body)
         finally:
             self._appending -= 1
         listeners = self._listeners.get(run_id)
@@ -372,6 +373,16 @@ class Engine:
             for queue in listeners:
                 queue.put_nowait(event)
         return int(entry.seq)
+
+    def _apply(self, seq: int, ts: int, kind: str, run_id: str, body: dict[str, Any]) -> None:
+        """The reducer on the live views, keeping the census in step with it."""
+        before = self._views.get(run_id)
+        if before is not None:
+            self.census.count(before, -1)
+        apply(self._views, seq, ts, kind, run_id, body)
+        after = self._views.get(run_id)
+        if after is not None:
+            self.census.count(after)
 
     def _delta(self, run_id: str, text: str) -> None:
         for queue in self._listeners.get(run_id, ()):
@@ -810,6 +821,7 @@ class Engine:
     # ---------------------------------------------------------------- tasks
 
     async def _execute(self, ctx: _Run, plan: Plan, task: Task) -> bool:
+        """Run a task up the escalation ladder until a verdict passes or no rung is left."""
         view = self._views[ctx.id]
         lane = self._lanes.get(task.lane)
         if lane is None:
@@ -829,54 +841,10 @@ class Engine:
                 raise asyncio.CancelledError
             attempt += 1
             tier = ladder[rung] if task.executor != "command" else None
-            start_seq = await self._witness(
-                ctx.id,
-                k.TASK_START,
-                {
-                    "task": task.id,
-                    "lane": task.lane,
-                    "executor": task.executor,
-                    "tier": tier,
-                    "attempt": attempt,
-                    "needs": list(task.needs),
-                    "feedback": feedback,
-                },
-                parent,
+            output, exit_code, error, result_seq = await self._attempt(
+                ctx, task, lane, tier, attempt, feedback, previous, parent
             )
-            upstream = {n: ctx.outputs.get(n, "") for n in task.needs}
-            output, exit_code, error = "", None, None
-            result_parent = start_seq
-            try:
-                output, exit_code, result_parent = await self._run_executor(
-                    ctx, task, lane, tier, attempt, upstream, feedback, previous, start_seq
-                )
-            except (BudgetExhausted, asyncio.CancelledError):
-                raise
-            except Exception as exc:  # an executor error is a failed attempt, not a crash
-                error = _describe(exc)
-            output = clip(output, RESULT_CAP)
-            result_seq = await self._witness(
-                ctx.id,
-                k.TASK_RESULT,
-                {
-                    "task": task.id,
-                    "attempt": attempt,
-                    "ok": error is None,
-                    "output": output,
-                    "exit_code": exit_code,
-                    "error": error,
-                },
-                result_parent,
-            )
-            if error is not None:
-                failures = [f"the executor failed: {error}"]
-            else:
-                failures = checks.check(task.assertions, output, exit_code)
-            judged: dict[str, Any] | None = None
-            if not failures and self.options.judge and task.executor == "chat":
-                judged = await self._judge(ctx, task, output, result_seq)
-                if not judged["ok"]:
-                    failures.append(f"the judge found: {judged['reason']}")
+            failures, judged = await self._assess(ctx, task, output, exit_code, error, result_seq)
             can_climb = task.executor != "command" and rung + 1 < len(ladder)
             nxt = "done" if not failures else ("escalate" if can_climb else "failed")
             verdict_seq = await self._witness(
@@ -911,6 +879,80 @@ class Engine:
             )
             rung += 1
             feedback, previous = failures, output
+
+    async def _attempt(
+        self,
+        ctx: _Run,
+        task: Task,
+        lane: Lane,
+        tier: str | None,
+        attempt: int,
+        feedback: builtins.list[str],
+        previous: str | None,
+        parent: int,
+    ) -> tuple[str, int | None, str | None, int]:
+        """One try on one rung, witnessed start and result: (output, exit code, error, seq)."""
+        start_seq = await self._witness(
+            ctx.id,
+            k.TASK_START,
+            {
+                "task": task.id,
+                "lane": task.lane,
+                "executor": task.executor,
+                "tier": tier,
+                "attempt": attempt,
+                "needs": list(task.needs),
+                "feedback": feedback,
+            },
+            parent,
+        )
+        upstream = {n: ctx.outputs.get(n, "") for n in task.needs}
+        output, exit_code, error = "", None, None
+        result_parent = start_seq
+        try:
+            output, exit_code, result_parent = await self._run_executor(
+                ctx, task, lane, tier, attempt, upstream, feedback, previous, start_seq
+            )
+        except (BudgetExhausted, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # an executor error is a failed attempt, not a crash
+            error = _describe(exc)
+        output = clip(output, RESULT_CAP)
+        result_seq = await self._witness(
+            ctx.id,
+            k.TASK_RESULT,
+            {
+                "task": task.id,
+                "attempt": attempt,
+                "ok": error is None,
+                "output": output,
+                "exit_code": exit_code,
+                "error": error,
+            },
+            result_parent,
+        )
+        return output, exit_code, error, result_seq
+
+    async def _assess(
+        self,
+        ctx: _Run,
+        task: Task,
+        output: str,
+        exit_code: int | None,
+        error: str | None,
+        result_seq: int,
+    ) -> tuple[builtins.list[str], dict[str, Any] | None]:
+        """Why the attempt fails (empty: it passes), and the judge's verdict if one was asked."""
+        if error is not None:
+            return [f"the executor failed: {error}"], None
+        failures = checks.check(task.assertions, output, exit_code)
+        # The judge costs a model call, so only output that already passes its assertions gets one.
+        if failures or not self.options.judge or task.executor != "chat":
+            return failures, None
+        judged = await self._judge(ctx, task, output, result_seq)
+        if not judged["ok"]:
+            failures.append(f"the judge found: {judged['reason']}")
+        return failures, judged
 
     async def _run_executor(
         self,

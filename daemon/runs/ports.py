@@ -6,21 +6,28 @@ in-memory fakes and keeps the dependency one-way.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
 
-class LedgerPort(Protocol):
-    async def append(
-        self,
-        *,
-        actor: str,
-        kind: str,
-        body: Any = None,
-        run: str | None = None,
-        parent: int | None = None,
-    ) -> Any: ...
+class EntryLike(Protocol):
+    """The fields of a ledger entry that the engine and replay read."""
+
+    @property
+    def seq(self) -> int: ...
+    @property
+    def ts(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def run(self) -> str | None: ...
+    @property
+    def body(self) -> str | None: ...
+
+
+class LedgerReader(Protocol):
+    """What replay needs: it reads and never writes."""
 
     async def entries(
         self,
@@ -30,11 +37,26 @@ class LedgerPort(Protocol):
         run: str | None = None,
         actor: str | None = None,
         in_run: bool = False,
-    ) -> list[Any]: ...
+    ) -> Sequence[EntryLike]: ...
 
     async def body(self, body_hash: str) -> Any: ...
 
-    def subscribe(self, callback: Callable[[list[Any]], None]) -> Callable[[], None]: ...
+
+class LedgerPort(LedgerReader, Protocol):
+    """What the engine needs: replay's reads, appends, and the size a snapshot is stamped with."""
+
+    @property
+    def size(self) -> int: ...
+
+    async def append(
+        self,
+        *,
+        actor: str,
+        kind: str,
+        body: Any = None,
+        run: str | None = None,
+        parent: int | None = None,
+    ) -> EntryLike: ...
 
 
 class LeasePort(Protocol):

@@ -7,24 +7,12 @@ construction (a test checks it). No model is called: replies are in the record.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from daemon.runs import entries as k
+from daemon.runs.ports import LedgerReader
 from daemon.runs.state import FINAL, Limits, RunView, TaskView
-
-
-class EntryLike(Protocol):
-    @property
-    def seq(self) -> int: ...
-    @property
-    def ts(self) -> int: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def run(self) -> str | None: ...
-    @property
-    def body(self) -> str | None: ...
 
 
 def _task(view: RunView, body: dict[str, Any]) -> TaskView | None:
@@ -203,30 +191,6 @@ _REDUCERS: dict[str, Callable[[RunView, int, int, dict[str, Any]], None]] = {
     k.INTERRUPTED: _interrupted,
     k.RESUME: _resume,
 }
-
-
-def reduce(records: Iterable[tuple[int, int, str, str | None, Any]]) -> dict[str, RunView]:
-    """Fold (seq, ts, kind, run, body) records into run views."""
-    views: dict[str, RunView] = {}
-    for seq, ts, kind, run, body in records:
-        apply(views, seq, ts, kind, run, body)
-    return views
-
-
-class LedgerReader(Protocol):
-    """What replay reads: a subset of LedgerPort, so a read-only ledger will do."""
-
-    async def entries(
-        self,
-        start: int = 0,
-        limit: int = 100,
-        kind: str | None = None,
-        run: str | None = None,
-        actor: str | None = None,
-        in_run: bool = False,
-    ) -> list[Any]: ...
-
-    async def body(self, body_hash: str) -> Any: ...
 
 
 class RedactedAfterSnapshot(Exception):

@@ -6,6 +6,8 @@ code that changes them, for live runs and for replay alike, so the two cannot dr
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -28,6 +30,8 @@ FINAL: frozenset[str] = frozenset({"done", "failed", "cancelled", "budget_exhaus
 """States a run never leaves."""
 STOPPED: frozenset[str] = FINAL | {"interrupted"}
 """States in which nothing is executing (an interrupted run can be resumed)."""
+TASK_ENDED: frozenset[str] = frozenset({"done", "failed", "skipped", "cancelled"})
+"""Task states that count as finished in progress reports."""
 
 
 class Limits(BaseModel):
@@ -97,3 +101,35 @@ class RunEvent(BaseModel):
     seq: int | None
     kind: str
     data: dict[str, Any] | None = None
+
+
+class Census:
+    """Totals over every run view, kept current as views change.
+
+    /metrics and health read these instead of walking (and copying) every run on each scrape;
+    the engine subtracts a view before the reducer changes it and adds it back after.
+    """
+
+    def __init__(self) -> None:
+        self.runs: Counter[str] = Counter()
+        self.tasks: Counter[str] = Counter()
+        self.model_calls = 0
+        self.tokens = 0
+
+    @classmethod
+    def of(cls, views: Iterable[RunView]) -> Census:
+        census = cls()
+        for view in views:
+            census.count(view)
+        return census
+
+    def count(self, view: RunView, sign: int = 1) -> None:
+        self.runs[view.state] += sign
+        for task in view.tasks:
+            self.tasks[task.state] += sign
+        self.model_calls += sign * view.spent.model_calls
+        self.tokens += sign * view.spent.tokens
+
+    def active(self) -> int:
+        """Runs not in a stopped state: the ones something is executing for."""
+        return sum(n for state, n in self.runs.items() if state not in STOPPED)

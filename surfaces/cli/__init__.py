@@ -7,6 +7,7 @@ A module's `register(commands)` adds its sub-parsers and sets `run=` on each to 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -36,5 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except Exception as exc:  # the last resort: a user gets one line, never a traceback
+        if os.environ.get("TALLY_DEBUG"):
+            raise
+        print(f"tally: {type(exc).__name__}: {exc} (TALLY_DEBUG=1 shows where)", file=sys.stderr)
+        return 1
     sys.stdout.flush()
     return code

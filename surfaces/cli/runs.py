@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from daemon.runs.state import TASK_ENDED
 from surfaces.client import DaemonClient, Endpoint, run_client
-
-TERMINAL = {"done", "failed", "cancelled", "interrupted", "budget_exhausted"}
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -49,7 +48,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 def status_line(run: dict[str, Any]) -> str:
     tasks = run.get("tasks") or []
-    done = sum(1 for t in tasks if t.get("state") in ("done", "failed", "skipped", "cancelled"))
+    done = sum(1 for t in tasks if t.get("state") in TASK_ENDED)
     parts = [f"{run['id']} {run['state']}"]
     if run.get("lane"):
         parts.append(f"lane {run['lane']}")
@@ -68,7 +67,11 @@ async def submit(args: argparse.Namespace) -> int:
     if args.lane:
         body["lane"] = args.lane
     if args.plan:
-        body["plan"] = json.loads(args.plan.read_text())
+        try:
+            body["plan"] = json.loads(args.plan.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            print(f"tally: cannot read the plan {args.plan}: {exc}", file=sys.stderr)
+            return 2
     if args.max_parallel:
         body["max_parallel"] = args.max_parallel
     if args.idempotency_key:

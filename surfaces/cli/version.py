@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from importlib.metadata import version as dist_version
 from typing import Any
+
+from daemon.tools import package_version
 
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
@@ -13,5 +14,5 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    print(dist_version("tallyd"))
+    print(package_version())
     return 0

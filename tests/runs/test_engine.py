@@ -12,6 +12,7 @@ from typing import Any
 from daemon.runs import entries as k
 from daemon.runs.engine import Engine, EngineOptions
 from daemon.runs.replay import replay
+from daemon.runs.state import Census
 from tests.runs.fakes import KeywordRouter, MemoryLedger, ScriptedPool, make_roster
 
 
@@ -174,6 +175,44 @@ async def test_interrupted_run_resumes_reusing_done_tasks() -> None:
     # only the unfinished task and the synthesis were asked of a model
     assert len(pool2.calls) == 2
     assert ledger.bodies_of(k.RESUME, view.id)[0]["reused"] == ["api", "doc"]
+
+
+def census_totals(census: Census) -> tuple[Any, ...]:
+    runs = {s: n for s, n in census.runs.items() if n}
+    tasks = {s: n for s, n in census.tasks.items() if n}
+    return runs, tasks, census.model_calls, census.tokens
+
+
+async def test_census_follows_every_change_of_run_state() -> None:
+    hang = asyncio.Event()
+
+    async def stuck_on_tests(member: str, messages: list[dict[str, Any]]) -> str:
+        if "Test it" in user_text(messages):
+            await hang.wait()
+        return dag_script(member, messages)
+
+    engine, ledger, _ = make_engine(stuck_on_tests)
+    done = await engine.submit("api", plan={"tasks": DAG["tasks"][:2]})
+    await engine.wait(done.id, timeout=5)
+    stuck = await engine.submit("api", plan=DAG)
+    for _ in range(500):
+        if any(b["task"] == "test" for b in ledger.bodies_of(k.TASK_START, stuck.id)):
+            break
+        await asyncio.sleep(0.01)
+    assert engine.census.active() == 1
+    await engine.shutdown(drain_s=0)
+    expected = Census.of((await replay(ledger)).values())
+    assert census_totals(engine.census) == census_totals(expected)
+    assert engine.census.active() == 0
+
+    roster = make_roster()
+    engine2 = Engine(ledger, ScriptedPool(roster, dag_script), roster, KeywordRouter(roster))
+    await engine2.restore()
+    await engine2.resume(stuck.id)
+    await engine2.wait(stuck.id, timeout=5)
+    expected = Census.of((await replay(ledger)).values())
+    assert census_totals(engine2.census) == census_totals(expected)
+    assert engine2.census.runs["done"] == 2
 
 
 async def test_restore_marks_in_flight_runs_interrupted() -> None:

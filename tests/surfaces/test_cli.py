@@ -31,3 +31,30 @@ async def test_slots_asks_the_daemon(
 def test_slots_without_a_daemon_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["slots", "--socket", str(tmp_path / "none.sock")]) == 1
     assert "daemon not running" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [None, "{not json"])
+def test_submit_with_an_unreadable_plan_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None
+) -> None:
+    plan = tmp_path / "plan.json"
+    if content is not None:
+        plan.write_text(content)
+    socket = str(tmp_path / "none.sock")
+    assert main(["submit", "x", "--plan", str(plan), "--socket", socket]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read the plan" in err
+    assert "Traceback" not in err
+
+
+def test_an_unexpected_error_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(args: object) -> int:
+        raise RuntimeError("boom")
+
+    monkeypatch.delenv("TALLY_DEBUG", raising=False)
+    monkeypatch.setattr("surfaces.cli.version.run", broken)
+    assert main(["version"]) == 1
+    err = capsys.readouterr().err
+    assert err == "tally: RuntimeError: boom (TALLY_DEBUG=1 shows where)\n"

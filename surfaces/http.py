@@ -495,11 +495,15 @@ async def serve(
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    if listen.socket_path is not None:
+        # Refuse before opening the ledger, and never touch a socket another daemon owns.
+        _prepare_socket_path(listen.socket_path)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await daemon.start()
     runner = web.AppRunner(create_app(daemon, options), shutdown_timeout=5.0, access_log=None)
     where: list[str] = []
+    bound_socket = False
     try:
         await runner.setup()
         if listen.socket_path is not None:
@@ -507,6 +511,7 @@ async def serve(
             old = os.umask(0o177)  # the socket is born 0600: no window where others can connect
             try:
                 await web.UnixSite(runner, str(listen.socket_path)).start()
+                bound_socket = True
             finally:
                 os.umask(old)
             os.chmod(listen.socket_path, 0o600)
@@ -526,7 +531,7 @@ async def serve(
             loop.remove_signal_handler(sig)
         await runner.cleanup()
         await daemon.stop()
-        if listen.socket_path is not None:
+        if bound_socket and listen.socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 listen.socket_path.unlink()
 

@@ -15,12 +15,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from openapi_spec_validator import validate
 
-from daemon.errors import Busy, DeadlineExceeded
+from daemon.errors import Busy, DeadlineExceeded, TallyError
 from daemon.ledger.merkle import verify_inclusion
 from daemon.runs import entries as k
 from daemon.service import Daemon
 from daemon.tools import TOOLS
-from surfaces.http import HttpOptions, create_app, openapi_document
+from surfaces.http import HttpOptions, Listen, create_app, openapi_document, serve
 from tests.slots.fake_server import FakeServer
 from tests.surfaces.conftest import TOKEN, daemon_settings, two_tasks
 
@@ -470,3 +470,18 @@ async def test_plan_tool_waves_and_problems(client: Client) -> None:
 @pytest.mark.parametrize("deep", [False, True])
 async def test_ledger_verify_on_a_fresh_daemon(client: Client, deep: bool) -> None:
     assert (await call(client, "ledger_verify", deep=deep))["ok"]
+
+
+async def test_second_daemon_on_a_live_socket_leaves_it_alone(
+    unix_server: Path, tmp_path: Path, model: FakeServer
+) -> None:
+    """A second `tally serve` on a socket in use refuses, and the first keeps serving."""
+    (tmp_path / "second").mkdir()
+    second = Daemon(daemon_settings(tmp_path / "second", model.url))
+    with pytest.raises(TallyError, match="another daemon is listening"):
+        await serve(second, Listen(socket_path=unix_server), HttpOptions())
+    assert unix_server.exists()
+    connector = aiohttp.UnixConnector(path=str(unix_server))
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async with session.get("http://tally/healthz") as response:
+            assert response.status == 200

@@ -301,7 +301,12 @@ async def plan(daemon: Daemon, data: PlanIn, ctx: ToolContext) -> PlanOut:
 class SubmitIn(_In):
     request: str = Field(min_length=1, max_length=100_000, description="What you want done.")
     plan: Plan | None = Field(
-        default=None, description="An explicit plan (see the plan tool); default: tally plans."
+        default=None,
+        description=(
+            "An explicit task DAG (check it first with the plan tool). Without one, the "
+            "roster's coordinator model plans it if one is configured, else the request "
+            "runs as one task in its routed lane."
+        ),
     )
     lane: str | None = Field(default=None, description="Force a lane instead of routing.")
     budget: Budget | None = Field(default=None, description="Per-run limits (default: roster).")

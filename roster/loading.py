@@ -232,6 +232,7 @@ def _cross_checks(data: dict[str, Any]) -> Iterator[tuple[FieldPath, str]]:
         defined = tiers["members"] if nested else {k: v for k, v in tiers.items() if k != "ladder"}
         prefix: FieldPath = ("tiers", "members") if nested else ("tiers",)
         yield from _tier_checks(tiers.get("ladder"), defined, prefix, members)
+    yield from _policy_checks(data.get("policy"), defined, members)
     lanes = data.get("lanes")
     for i, lane in enumerate(lanes if isinstance(lanes, list) else []):
         if not isinstance(lane, dict):
@@ -244,6 +245,19 @@ def _cross_checks(data: dict[str, Any]) -> Iterator[tuple[FieldPath, str]]:
             for j, word in enumerate(words if isinstance(words, list) else []):
                 if isinstance(word, str) and not word.strip():
                     yield ("lanes", i, field, j), f"blank entry in {field}"
+
+
+def _policy_checks(
+    policy: Any, tiers: dict[str, Any] | None, members: list[str]
+) -> Iterator[tuple[FieldPath, str]]:
+    """The coordinator and judge name a tier or a member, like a lease target."""
+    if not isinstance(policy, dict):
+        return
+    known = [*(tiers or {}), *members]
+    for field in ("coordinator", "judge"):
+        name = policy.get(field)
+        if isinstance(name, str) and name not in known:
+            yield ("policy", field), f"unknown tier or member {name!r} (known: {_known(known)})"
 
 
 def _tier_checks(

@@ -140,6 +140,10 @@ class Policy(_Strict):
     margin: float = Field(default=0.1, ge=0, le=1)
     budget: Budget = Budget(model_calls=64, tokens=200_000, wall_s=600)
     on_task_failure: Literal["fail", "continue"] = "fail"
+    coordinator: str | None = None
+    """Tier or member that plans a request the client gave no plan for; None = one task."""
+    judge: str | None = None
+    """Tier or member that judges chat output once its assertions pass; None = no judge."""
 
 
 class Roster(_Strict):

@@ -61,9 +61,9 @@ class EngineOptions:
     max_tasks: int = 256
     """Tasks in flight across every run (the daemon-wide cap)."""
     coordinator: str | None = None
-    """Tier or member asked to plan when the client gives no plan; None = one task."""
+    """Tier or member asked to plan when the client gives no plan; None = the roster's policy."""
     judge: str | None = None
-    """Tier or member asked to judge a task's output after its assertions pass; None = no judge."""
+    """Tier or member asked to judge a task's output; None = the roster's policy."""
     keep_full: int = 256
     """Finished runs kept in full in memory; older ones keep a summary."""
     command_timeout_s: float = 60.0
@@ -101,6 +101,14 @@ class Engine:
         self.set_roster(roster)
 
     # ---------------------------------------------------------------- configuration
+
+    @property
+    def _coordinator(self) -> str | None:
+        return self.options.coordinator or self.roster.policy.coordinator
+
+    @property
+    def _judge_target(self) -> str | None:
+        return self.options.judge or self.roster.policy.judge
 
     def set_roster(self, roster: Roster) -> None:
         """Use a new roster for runs that start from now on."""
@@ -596,7 +604,7 @@ class Engine:
         if ctx.client_plan is not None:
             plan = ctx.client_plan
             source = "client"
-        elif self.options.coordinator is not None:
+        elif self._coordinator is not None:
             try:
                 plan, parent = await self._coordinate(ctx, lane, parent)
                 source = "coordinator"
@@ -684,7 +692,7 @@ class Engine:
             return plan
 
         got = await self._structured(
-            ctx, "plan", self.options.coordinator or "", messages, schema, valid, parent
+            ctx, "plan", self._coordinator or "", messages, schema, valid, parent
         )
         return got.value, got.reply_seq or parent
 
@@ -947,7 +955,7 @@ class Engine:
             return [f"the executor failed: {error}"], None
         failures = checks.check(task.assertions, output, exit_code)
         # The judge costs a model call, so only output that already passes its assertions gets one.
-        if failures or not self.options.judge or task.executor != "chat":
+        if failures or not self._judge_target or task.executor != "chat":
             return failures, None
         judged = await self._judge(ctx, task, output, result_seq)
         if not judged["ok"]:
@@ -1016,7 +1024,7 @@ class Engine:
 
         try:
             got = await self._structured(
-                ctx, "judge", self.options.judge or "", messages, schema, valid, parent
+                ctx, "judge", self._judge_target or "", messages, schema, valid, parent
             )
         except (BudgetExhausted, asyncio.CancelledError):
             raise

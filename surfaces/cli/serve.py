@@ -20,6 +20,16 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--state", type=Path, help="state directory (ledger, keys, token)")
     p.add_argument("--socket", type=Path, help="unix socket path")
     p.add_argument("--roster", type=Path, help="roster TOML file (default: the packaged one)")
+    p.add_argument(
+        "--coordinator",
+        metavar="TIER",
+        help="plan requests with this tier or member (roster: [policy] coordinator)",
+    )
+    p.add_argument(
+        "--judge",
+        metavar="TIER",
+        help="judge chat output with this tier or member (roster: [policy] judge)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(run=run_serve)
 
@@ -45,6 +55,8 @@ def settings_from(args: argparse.Namespace) -> Any:
         ("socket_path", "socket"),
         ("tcp", "tcp"),
         ("roster_path", "roster"),
+        ("coordinator", "coordinator"),
+        ("judge", "judge"),
     ):
         value = getattr(args, attr, None)
         if value is not None:

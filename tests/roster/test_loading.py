@@ -151,6 +151,12 @@ def test_all_validation_errors_at_once_with_their_lines() -> None:
             "Field required",
         ),
         (
+            "threshold = 0.3",
+            'threshold = 0.3\ncoordinator = "capabel"',
+            (6, 15, "policy.coordinator"),
+            "unknown tier or member 'capabel' (known: cheap, capable, tiny, big)",
+        ),
+        (
             'name = "frontend"',
             'name = "Front End"',
             (32, 8, "lanes[1].name"),

@@ -240,3 +240,33 @@ async def test_command_gets_shell_metacharacters_as_literal_arguments(
     assert run["exit_code"] == 0
     assert run["argv"][-2:] == [evil, "*"]
     assert server.requests == []  # a single command task needs no model
+
+
+async def test_roster_policy_names_the_coordinator_and_the_judge(fleet: Factory) -> None:
+    """`[policy] coordinator/judge` in the roster turn on model planning and judging."""
+    daemon, server = await fleet(
+        [
+            (
+                "You check whether",
+                ['{"ok": false, "reason": "too vague"}', '{"ok": true, "reason": "fine"}'],
+                0.0,
+            ),
+            ("You route a request", '{"lane": "backend"}', 0.0),
+            (
+                "You split a request",
+                '{"tasks": [{"id": "a", "lane": "backend", "instruction": "Do A", "needs": []}]}',
+                0.0,
+            ),
+            ("Do A", ["draft one", "draft two"], 0.0),
+        ],
+        policy={"coordinator": "big", "judge": "capable"},
+    )
+    view = await daemon.engine.wait((await daemon.engine.submit("backend work")).id, timeout=20)
+    assert view.state == "done", view.error
+    assert (await bodies(daemon, k.PLAN, view.id))[0]["source"] == "coordinator"
+    assert view.answer == "draft two"
+    escalation = (await bodies(daemon, k.TASK_ESCALATE, view.id))[0]
+    assert escalation["failures"] == ["the judge found: too vague"]
+    judged = [r for r in server.requests if "You check whether" in r["messages"][0]["content"]]
+    assert len(judged) == 2
+    assert "draft one" in judged[0]["messages"][-1]["content"]

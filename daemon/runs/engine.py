@@ -796,7 +796,7 @@ class Engine:
                 await self._witness(
                     ctx.id,
                     k.MODEL_REPLY,
-                    {"text": "", "finish_reason": None, "usage": None, "timings_us": {}}
+                    {"text": "", "finish_reason": None, "usage": None, "timings": {}}
                     | where
                     | {"error": _describe(exc)},
                     call_seq,
@@ -814,11 +814,7 @@ class Engine:
                     "completion_tokens": usage.completion_tokens,
                     "cached_tokens": getattr(usage, "cached_tokens", None),
                 },
-                "timings_us": {
-                    str(name): int(value * 1000)
-                    for name, value in dict(getattr(result, "timings", None) or {}).items()
-                    if isinstance(value, int | float) and not isinstance(value, bool)
-                },
+                "timings": ledger_timings(getattr(result, "timings", None)),
                 "sent": k.safe({key: v for key, v in sent.items() if key != "messages"}),
                 "error": None,
             } | where
@@ -1100,6 +1096,26 @@ def _depth(nodes: list[Node]) -> int:
         return memo[node_id]
 
     return max((depth(n.id) for n in nodes), default=0)
+
+
+def ledger_timings(raw: object) -> dict[str, int]:
+    """llama.cpp's timings as ledger integers: `*_ms` durations become `*_us`, counts stay.
+
+    Hashed bodies hold no floats; the per-token and per-second rates are dropped because they
+    follow from the counts and durations.
+    """
+    out: dict[str, int] = {}
+    for name, value in dict(raw or {}).items():  # type: ignore[call-overload]
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        name = str(name)
+        if name.endswith(("_per_token_ms", "_per_second")):
+            continue
+        if name.endswith("_ms"):
+            out[name[:-3] + "_us"] = round(value * 1000)
+        else:
+            out[name] = round(value)
+    return out
 
 
 def _describe(exc: BaseException) -> str:

@@ -47,7 +47,8 @@ request: the exact request body sent (messages, max_tokens, response_format, sam
 
 MODEL_REPLY: Final = "model.reply"
 """[model.call] {text, finish_reason: str|null, usage: {prompt_tokens, completion_tokens,
-cached_tokens} (ints or null = not reported), timings_us: {name: int}, member, instance, slot,
+cached_tokens} (ints or null = not reported), timings: {name: int} (llama.cpp's, `*_ms` as
+`*_us`: prompt_n, prompt_us, predicted_n, predicted_us, cache_n), member, instance, slot,
 error: str|null}  (an error reply has text "" and the error; its tokens count as 0)"""
 
 COMMAND_RUN: Final = "command.run"

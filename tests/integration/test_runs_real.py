@@ -35,6 +35,12 @@ async def test_a_real_request_completes_and_the_ledger_verifies(tmp_path: Path) 
             body = await daemon.ledger.body(entry.body or "")
             assert body["member"]
             assert isinstance(body["slot"], int)
+        replies = await daemon.ledger.entries(limit=10_000, kind=k.MODEL_REPLY, run=view.id)
+        timings = (await daemon.ledger.body(replies[0].body or ""))["timings"]
+        # llama.cpp reports counts and milliseconds; the ledger keeps counts and microseconds
+        assert timings["predicted_n"] > 0
+        assert timings["predicted_us"] > 0
+        assert not any(name.endswith(("_ms", "_per_second")) for name in timings)
         assert (await daemon.ledger.verify(deep=True)).ok
     finally:
         await daemon.stop()

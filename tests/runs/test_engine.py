@@ -10,7 +10,7 @@ import asyncio
 from typing import Any
 
 from daemon.runs import entries as k
-from daemon.runs.engine import Engine, EngineOptions
+from daemon.runs.engine import Engine, EngineOptions, ledger_timings
 from daemon.runs.replay import replay
 from daemon.runs.state import Census
 from tests.runs.fakes import KeywordRouter, MemoryLedger, ScriptedPool, make_roster
@@ -223,3 +223,25 @@ async def test_restore_marks_in_flight_runs_interrupted() -> None:
     assert await engine.restore() == ["r1"]
     assert engine.get("r1").state == "interrupted"
     assert ledger.kinds("r1") == [k.REQUEST, k.INTERRUPTED]
+
+
+def test_ledger_timings_keep_counts_and_turn_milliseconds_into_microseconds() -> None:
+    raw = {
+        "cache_n": 2,
+        "prompt_n": 5,
+        "prompt_ms": 12.5,
+        "prompt_per_token_ms": 2.5,
+        "prompt_per_second": 400.0,
+        "predicted_n": 3,
+        "predicted_ms": 30.25,
+        "draft": True,
+        "note": "x",
+    }
+    assert ledger_timings(raw) == {
+        "cache_n": 2,
+        "prompt_n": 5,
+        "prompt_us": 12500,
+        "predicted_n": 3,
+        "predicted_us": 30250,
+    }
+    assert ledger_timings(None) == {}

@@ -91,8 +91,11 @@ class Adapter:
                 body = await self._submit_and_follow(ctx, arguments)
             else:
                 body = await self._call(params.name, arguments)
-        except DaemonDown:
-            return _error(NOT_RUNNING)
+        except DaemonDown as exc:
+            return _error(
+                f"{NOT_RUNNING}. Looked for it at {exc.where}; if it listens elsewhere, set "
+                "TALLY_SOCKET (or TALLY_URL and TALLY_TOKEN) in this MCP server's env."
+            )
         except DaemonError as exc:
             return _error(f"{exc.code}: {exc.message}", exc.details)
         return _ok(body)

@@ -128,3 +128,5 @@ async def test_daemon_down_every_call_says_how_to_start(tmp_path: Path) -> None:
             assert "tally daemon is not running" in text.text
             assert "systemctl --user start tallyd" in text.text
             assert "tally serve" in text.text
+            assert str(tmp_path / "nothing.sock") in text.text
+            assert "TALLY_SOCKET" in text.text

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from daemon.errors import DeadlineExceeded, InvalidInput
 from daemon.planning import Plan, problems, waves
@@ -122,6 +122,20 @@ def run_out(view: RunView) -> RunOut:
     return RunOut.model_validate(view.model_dump(mode="json"))
 
 
+JsonValue = Annotated[
+    Any,
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": name}
+                for name in ("object", "array", "string", "integer", "number", "boolean", "null")
+            ]
+        }
+    ),
+]
+"""Any JSON value, stated as such so strict schema checkers (MCP clients) see a type."""
+
+
 class EntryOut(_Out):
     """One ledger entry; `body` is the hash of its content, `content` the content if asked for."""
 
@@ -135,7 +149,9 @@ class EntryOut(_Out):
     body: str | None = None
     prev: str
     hash: str | None = None
-    content: Any = Field(default=None, description="The body's JSON when requested and present.")
+    content: JsonValue = Field(
+        default=None, description="The body's JSON when requested and present."
+    )
     redacted: bool = Field(default=False, description="True if the body was redacted.")
 
 
@@ -169,8 +185,12 @@ class VerifyOut(_Out):
     root: str | None = None
     first_bad_seq: int | None = None
     reason: str | None = None
-    redacted: Any = None
-    tampered: Any = None
+    redacted: list[str] | None = Field(
+        default=None, description="Hashes of bodies removed by a witnessed redaction (deep)."
+    )
+    tampered: list[str] | None = Field(
+        default=None, description="Hashes of bodies missing or changed without a witness (deep)."
+    )
 
 
 # ---------------------------------------------------------------- health

@@ -130,8 +130,9 @@ def stem(word: str) -> str:
     Only lowercase ASCII alphabetic words longer than three letters are touched; anything
     with digits or symbols ("k8s", "c++", "utf8") or non-ASCII letters is returned as is.
     One suffix rule applies (first match in `_SUFFIXES`, and only if what remains is at
-    least three letters with a vowel; after a plural "s" one more rule may apply, so
-    "settings" meets "setting" and "set"), then a doubled final consonant left by -ing/-ed is
+    least three letters with a vowel, any three letters for a plural "s" so "jwts" meets
+    "jwt"; after a plural "s" one more rule may apply, so "settings" meets "setting" and
+    "set"), then a doubled final consonant left by -ing/-ed is
     undoubled ("running" -> "run") and a final "e" is dropped ("cache" and "caching" ->
     "cach"), so the verb, noun and plural forms of a word meet.
     """
@@ -149,7 +150,11 @@ def _strip(word: str, rules: tuple[tuple[str, str], ...]) -> str:
         if suffix == "ed" and word.endswith("eed"):
             break
         base = word[: -len(suffix)]
-        if len(base) + len(replacement) < 3 or not _VOWELS.intersection(base):
+        if len(base) + len(replacement) < 3:
+            break
+        # a plural "s" comes off an acronym too ("JWTs", "LLMs", "SDKs" meet "jwt", "llm",
+        # "sdk"); the other rules need a vowel left so "sing" or "shed" keep their letters
+        if suffix != "s" and not _VOWELS.intersection(base):
             break
         word = base + replacement
         if suffix == "s" and word not in _UNSTEMMED:

@@ -10,6 +10,7 @@ from surfaces.cli.route import read_roster
 from tests.routing.labelled import LABELLED, evaluate, load
 
 BLIND = LABELLED.with_name("blind.jsonl")
+WALKTHROUGH = LABELLED.with_name("walkthrough.jsonl")
 
 LANES = [
     "backend",
@@ -83,6 +84,19 @@ def test_blind_set_floors(router: Router) -> None:
     """The issue's targets on the blind set (see tests/bench/bench_routing.py for why the set
     is no longer strictly blind). Reached: 100% top-1, 10.8% escalated, 85% should-escalate."""
     acc = evaluate(router, load(BLIND))
+    report = "\n".join(f"  want {want} got {got}: {text}" for text, want, got in acc.errors)
+    assert acc.top1 >= 0.95, report
+    assert acc.escalation_rate <= 0.15, report
+    assert acc.escalation_recall >= 0.80, report
+
+
+def test_walkthrough_floors(router: Router) -> None:
+    """Requests a README walkthrough found misrouted (security tokens, versioning, release
+    notes, "fix the login API"). Reached: 24/24 decided correct, 2/26 escalated."""
+    examples = load(WALKTHROUGH)
+    assert len(examples) >= 12
+    assert any(e.holdout for e in examples)
+    acc = evaluate(router, examples)
     report = "\n".join(f"  want {want} got {got}: {text}" for text, want, got in acc.errors)
     assert acc.top1 >= 0.95, report
     assert acc.escalation_rate <= 0.15, report

@@ -62,6 +62,9 @@ def score(evidence: float) -> float:
         ["docstring", "docstrings"],
         ["string", "strings"],
         ["deploy", "deploys", "deployed", "deploying"],
+        ["jwt", "jwts", "JWTs"],
+        ["llm", "LLMs"],
+        ["cve", "CVEs"],
     ],
 )
 def test_stemming_meets_word_forms(forms: list[str]) -> None:

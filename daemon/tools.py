@@ -687,11 +687,21 @@ class SlotMemberOut(_Out):
     instances: list[SlotInstanceOut] = []
 
 
+class SlotTierOut(_Out):
+    name: str
+    members: list[str]
+    queue: int = Field(
+        description="Callers waiting for any member of this tier (runs lease by tier)."
+    )
+    max_queue: int
+
+
 class SlotsOut(_Out):
     members: list[SlotMemberOut]
+    tiers: list[SlotTierOut] = []
     busy: int = Field(description="Busy slots across all members.")
     idle: int = Field(description="Idle slots of running instances.")
-    queue: int = Field(description="Callers waiting across all members.")
+    queue: int = Field(description="Callers waiting for a slot, tier and member queues together.")
 
 
 def slots_out(status: PoolStatus) -> SlotsOut:
@@ -699,9 +709,10 @@ def slots_out(status: PoolStatus) -> SlotsOut:
     instances = [i for m in members for i in m.instances]
     return SlotsOut(
         members=members,
+        tiers=[SlotTierOut.model_validate(t.model_dump(mode="json")) for t in status.tiers],
         busy=sum(i.slots_busy for i in instances),
         idle=sum(i.slots_idle for i in instances if i.state == "ready"),
-        queue=sum(m.queue for m in members),
+        queue=status.queued,
     )
 
 

@@ -86,6 +86,9 @@ def _slots(out: _Text, daemon: Daemon) -> None:
     out.family("tally_queue_depth", "gauge", "Callers waiting for a slot, by member.")
     for m in status.members:
         out.sample("tally_queue_depth", m.queue, member=m.name)
+    out.family("tally_tier_queue_depth", "gauge", "Callers waiting for any member of a tier.")
+    for t in status.tiers:
+        out.sample("tally_tier_queue_depth", t.queue, tier=t.name)
     out.family("tally_slot_restarts_total", "counter", "Model server restarts, by member.")
     for m in status.members:
         out.sample("tally_slot_restarts_total", m.restarts, member=m.name)

@@ -487,3 +487,25 @@ async def test_second_daemon_on_a_live_socket_leaves_it_alone(
         session.get("http://tally/healthz") as response,
     ):
         assert response.status == 200
+
+
+async def test_a_caller_waiting_on_a_tier_shows_in_status_and_metrics(
+    client: Client, daemon: Daemon
+) -> None:
+    """Runs lease by tier; a full tier's waiters must not read as an empty queue."""
+    held = [await daemon.pool.acquire("cheap") for _ in range(4)]
+    waiter = asyncio.create_task(daemon.pool.acquire("cheap"))
+    try:
+        for _ in range(100):
+            if daemon.pool.status().queued:
+                break
+            await asyncio.sleep(0.01)
+        status = await call(client, "slots_status")
+        assert status["queue"] == 1
+        assert [(t["name"], t["queue"]) for t in status["tiers"]] == [("cheap", 1), ("capable", 0)]
+        response = await client.get("/metrics")
+        assert 'tally_tier_queue_depth{tier="cheap"} 1' in await response.text()
+    finally:
+        for lease in held:
+            lease.release()
+        (await waiter).release()

@@ -115,9 +115,12 @@ async def runs(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(found, ensure_ascii=False))
         return 0
+    print(f"{'RUN':<24} {'STATE':<16} {'LANE':<14} REQUEST")
     for run in found:
         request = run["request"].replace("\n", " ")
         print(f"{run['id']:<24} {run['state']:<16} {run.get('lane') or '-':<14} {request[:60]}")
+    if not found:
+        print("(no runs)" if not args.state else f"(no runs in state {args.state})")
     return 0
 
 

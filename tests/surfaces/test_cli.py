@@ -58,3 +58,23 @@ def test_an_unexpected_error_is_one_line(
     assert main(["version"]) == 1
     err = capsys.readouterr().err
     assert err == "tally: RuntimeError: boom (TALLY_DEBUG=1 shows where)\n"
+
+
+async def test_runs_prints_a_header_then_one_row_per_run(
+    unix_server: Path, daemon: Daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    socket = ["--socket", str(unix_server)]
+    assert await asyncio.to_thread(main, ["runs", *socket]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{'RUN':<24} {'STATE':<16} {'LANE':<14} REQUEST",
+        "(no runs)",
+    ]
+    run = await daemon.engine.submit("the api")
+    await daemon.engine.wait(run.id, timeout=20)
+    assert await asyncio.to_thread(main, ["runs", *socket]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["RUN", "STATE", "LANE", "REQUEST"]
+    assert lines[1].split()[:2] == [run.id, "done"]
+    assert len(lines) == 2
+    assert await asyncio.to_thread(main, ["runs", "--json", *socket]) == 0
+    assert [r["id"] for r in json.loads(capsys.readouterr().out)] == [run.id]

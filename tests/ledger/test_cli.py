@@ -214,6 +214,7 @@ def test_json_errors_are_json(
         (["proof", "inclusion", "--json", *s], 2, "usage"),
     ]
     for argv, want, error_code in cases:
+        code: int | str | None
         try:
             code = main(["ledger", *argv])
         except SystemExit as exit:

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from daemon.errors import TallyError
 from daemon.ledger import (
@@ -56,7 +56,7 @@ class _Parser(argparse.ArgumentParser):
             self.error(f"unrecognized arguments: {' '.join(extras)}")
         return parsed, extras
 
-    def error(self, message: str) -> Any:
+    def error(self, message: str) -> NoReturn:
         if "--json" in self._argv:
             _print_json({"error": {"code": "usage", "message": f"{self.prog}: {message}"}})
             sys.exit(2)

@@ -165,3 +165,46 @@ def _check_deep(
     if bad and first_tampered is None:
         return seq
     return first_tampered
+
+
+class EntriesScan(BaseModel):
+    """What a plain walk of entries.jsonl found: how many entries form an intact chain."""
+
+    intact: int
+    first_bad_seq: int | None = None
+    reason: str | None = None
+
+
+def scan_entries(entries_path: Path) -> EntriesScan:
+    """Walk the entries file without the index, to name the first missing or broken seq.
+
+    Used after the index-driven checks refused the ledger (e.g. a file shorter than its index):
+    the index cannot say which entries went missing, the entries' own seq and prev can.
+    """
+    prev = GENESIS_PREV
+    seq = 0
+    with open(entries_path, "rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                return EntriesScan(intact=seq, first_bad_seq=seq, reason="torn last line")
+            line = raw[:-1]
+            try:
+                entry = Entry.from_line(line)
+            except ValueError as err:
+                return EntriesScan(intact=seq, first_bad_seq=seq, reason=f"does not parse: {err}")
+            if entry.seq > seq:
+                return EntriesScan(intact=seq, first_bad_seq=seq, reason=_gap(seq, entry.seq))
+            if entry.seq != seq:
+                reason = f"entry says seq {entry.seq}"
+                return EntriesScan(intact=seq, first_bad_seq=seq, reason=reason)
+            if entry.prev != prev:
+                reason = "prev does not link to the previous entry"
+                return EntriesScan(intact=seq, first_bad_seq=seq, reason=reason)
+            prev = sha256(b"\x00" + line).hexdigest()
+            seq += 1
+    return EntriesScan(intact=seq)
+
+
+def _gap(seq: int, found: int) -> str:
+    missing = f"entry {seq} is" if found == seq + 1 else f"entries {seq}..{found - 1} are"
+    return f"{missing} missing (the next line holds seq {found})"

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from daemon.errors import TallyError
 from daemon.ledger import (
@@ -26,13 +26,50 @@ from daemon.ledger import (
     parse_note,
     verify_note,
 )
+from daemon.ledger.audit import scan_entries
 from daemon.ledger.merkle import verify_consistency
+from daemon.ledger.store import body_digest
 
 Command = Callable[[Ledger, argparse.Namespace], Awaitable[int]]
 
 
 class UsageError(Exception):
     """Bad arguments or an unusable input file: exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports its usage errors as `{"error": …}` on stdout when `--json` is among the args.
+
+    `tally ledger` subcommands are built with this class (`parser_class=`).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._argv: list[str] = []
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Any = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:  # said here, not by the top-level parser, which cannot answer in JSON
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+    def error(self, message: str) -> NoReturn:
+        if "--json" in self._argv:
+            _print_json({"error": {"code": "usage", "message": f"{self.prog}: {message}"}})
+            sys.exit(2)
+        super().error(message)
+
+
+def _fail(args: argparse.Namespace, code: str, message: str, exit_code: int) -> int:
+    """One error: `{"error": {"code", "message"}}` on stdout with --json, else a line on stderr."""
+    if getattr(args, "json", False):
+        _print_json({"error": {"code": code, "message": message}})
+    else:
+        print(f"tally ledger: {message}", file=sys.stderr)
+    return exit_code
 
 
 def default_state_dir() -> Path:
@@ -55,18 +92,22 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     common.add_argument("--json", action="store_true", help="machine-readable output")
     group = commands.add_parser("ledger", help="inspect and verify the ledger (offline)")
     group.add_argument("--state", metavar="DIR", default=None, help=argparse.SUPPRESS)
-    sub = group.add_subparsers(dest="ledger_command", metavar="COMMAND", required=True)
+    sub = group.add_subparsers(
+        dest="ledger_command", metavar="COMMAND", required=True, parser_class=_Parser
+    )
 
     verify = sub.add_parser("verify", parents=[common], help="check chain, tree and checkpoints")
     verify.add_argument("--deep", action="store_true", help="also re-hash every body")
     verify.add_argument(
         "--since", metavar="CHECKPOINT_FILE", help="prove consistency from a saved checkpoint"
     )
-    verify.set_defaults(run=_runner(_verify, tail_check=0))
+    verify.set_defaults(run=_runner(_verify, tail_check=0, reports=True))
 
     show = sub.add_parser("show", parents=[common], help="list entries")
-    show.add_argument("--from", dest="start", type=int, default=0, metavar="N")
-    show.add_argument("--limit", type=int, default=20, metavar="N")
+    where = show.add_mutually_exclusive_group()
+    where.add_argument("--from", dest="start", type=int, default=0, metavar="N")
+    where.add_argument("--tail", type=int, metavar="N", help="the last N (matching) entries")
+    show.add_argument("--limit", type=int, default=None, metavar="N", help="default: 20")
     show.add_argument("--kind")
     show.add_argument("--run", dest="run_id")
     show.set_defaults(run=_runner(_show))
@@ -76,7 +117,9 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     get.set_defaults(run=_runner(_get))
 
     proof = sub.add_parser("proof", help="RFC 9162 proofs")
-    kinds = proof.add_subparsers(dest="proof_kind", metavar="KIND", required=True)
+    kinds = proof.add_subparsers(
+        dest="proof_kind", metavar="KIND", required=True, parser_class=_Parser
+    )
     inclusion = kinds.add_parser("inclusion", parents=[common], help="inclusion proof of SEQ")
     inclusion.add_argument("seq", type=int, metavar="SEQ")
     inclusion.add_argument("--size", type=int, metavar="N", help="tree size (default: all)")
@@ -90,12 +133,18 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     checkpoint.set_defaults(run=_runner(_checkpoint))
 
 
-def _runner(command: Command, tail_check: int | None = None) -> Callable[[argparse.Namespace], int]:
+def _runner(
+    command: Command, tail_check: int | None = None, reports: bool = False
+) -> Callable[[argparse.Namespace], int]:
+    """Wrap a command: open the ledger read-only, map every error to one message and a code.
+
+    `reports`: a corrupt ledger is the command's answer (a failed verify report), not an error.
+    """
+
     def run(args: argparse.Namespace) -> int:
         state = Path(args.state) if args.state else default_state_dir()
         if not (state / "ledger").is_dir():
-            print(f"tally ledger: no ledger in {state}", file=sys.stderr)
-            return 2
+            return _fail(args, "no_ledger", f"no ledger in {state}", 2)
         try:
             if getattr(args, "since", None):
                 try:
@@ -104,17 +153,18 @@ def _runner(command: Command, tail_check: int | None = None) -> Callable[[argpar
                     raise UsageError(f"cannot read checkpoint {args.since}: {err}") from err
             return asyncio.run(_with_ledger(state, command, args, tail_check))
         except UsageError as err:
-            print(f"tally ledger: {err}", file=sys.stderr)
-            return 2
+            return _fail(args, "usage", str(err), 2)
         except LedgerCorrupt as err:
-            _emit_report(args, _corrupt_report(err), None)
+            report = _corrupt_report(state, err)
+            if not reports:
+                message = f"ledger corrupt at seq {report.first_bad_seq}: {report.reason}"
+                return _fail(args, err.code, message + " (see `tally ledger verify`)", 1)
+            _emit_report(args, report, None, {"entries": report.size, "deep": False})
             return 1
         except TallyError as err:
-            print(f"tally ledger: {err.message}", file=sys.stderr)
-            return 2 if err.status == 422 else 1
+            return _fail(args, err.code, err.message, 2 if err.status == 422 else 1)
         except OSError as err:
-            print(f"tally ledger: {err}", file=sys.stderr)
-            return 1
+            return _fail(args, "os_error", str(err), 1)
 
     return run
 
@@ -130,8 +180,23 @@ async def _with_ledger(
         await ledger.close()
 
 
-def _corrupt_report(err: LedgerCorrupt) -> VerifyReport:
-    return VerifyReport(ok=False, size=err.seq, root="", first_bad_seq=err.seq, reason=err.reason)
+def _corrupt_report(state: Path, err: LedgerCorrupt) -> VerifyReport:
+    """The ledger would not open: walk the entries file to name the first missing/broken seq.
+
+    `size` is the number of entries that were intact before it.
+    """
+    seq, reason = err.seq, err.reason
+    try:
+        scan = scan_entries(state / "ledger" / "entries.jsonl")
+    except OSError:
+        scan = None
+    if scan is not None and scan.first_bad_seq is not None and scan.first_bad_seq <= seq:
+        seq, reason = scan.first_bad_seq, scan.reason or reason
+    elif scan is not None and scan.first_bad_seq is None and scan.intact <= seq:
+        # The entries still there chain correctly; those after them are gone.
+        seq = scan.intact
+        reason = f"entries from seq {seq} on are missing: the entries file ends there ({reason})"
+    return VerifyReport(ok=False, size=seq, root="", first_bad_seq=seq, reason=reason)
 
 
 def _print_json(value: Any) -> None:
@@ -139,31 +204,77 @@ def _print_json(value: Any) -> None:
 
 
 def _emit_report(
-    args: argparse.Namespace, report: VerifyReport, since: dict[str, Any] | None
+    args: argparse.Namespace,
+    report: VerifyReport,
+    since: dict[str, Any] | None,
+    checked: dict[str, Any],
 ) -> None:
     if getattr(args, "json", False):
-        out = report.model_dump()
+        out = {**report.model_dump(), "checked": checked}
         if since is not None:
             out["since"] = since
         _print_json(out)
         return
-    if report.first_bad_seq is not None and report.reason != "tampered bodies":
-        print(f"FAILED at seq {report.first_bad_seq}: {report.reason}")
+    for line in _report_lines(report, since, checked):
+        print(line)
+
+
+def _report_lines(
+    report: VerifyReport, since: dict[str, Any] | None, checked: dict[str, Any]
+) -> list[str]:
+    """The verdict first, then what was checked, so an `ok` says what it vouches for."""
+    n = report.size
+    broken = report.first_bad_seq is not None and report.reason != "tampered bodies"
+    if broken:
+        lines = [f"FAILED at seq {report.first_bad_seq}: {report.reason}"]
+        intact = f"entries 0..{n - 1} intact before it" if n else "no entry before it"
+        lines.append(f"  checked:    {intact}")
     else:
-        status = "ok" if report.ok else "FAILED"
-        print(f"{status}: {report.size} entries, root {report.root}")
+        lines = [f"{'ok' if report.ok else 'FAILED'}: {n} {_plural(n, 'entry', 'entries')}"]
+        lines.append("  chain:      every prev link and leaf hash re-computed from the entries")
+        lines.append(f"  merkle:     root {report.root} (matches the stored tree)")
+        latest = checked.get("checkpoint")
+        if latest is None:
+            lines.append("  checkpoint: none yet (nothing to compare the root with)")
+        else:
+            lines.append(
+                f"  checkpoint: latest, size {latest['size']} (signature {latest['signature']}):"
+                " its root matches the tree at that size"
+            )
+        if checked.get("deep"):
+            lines.append(
+                f"  bodies:     re-hashed (--deep): {len(report.redacted)} redacted, "
+                f"{len(report.tampered)} tampered"
+            )
+        else:
+            lines.append("  bodies:     not re-hashed (add --deep)")
     if report.redacted:
-        print(f"redacted bodies ({len(report.redacted)}): " + ", ".join(report.redacted))
+        lines.append(f"redacted bodies ({len(report.redacted)}): " + ", ".join(report.redacted))
     if report.tampered:
-        print(f"TAMPERED bodies ({len(report.tampered)}): " + ", ".join(report.tampered))
+        lines.append(f"TAMPERED bodies ({len(report.tampered)}): " + ", ".join(report.tampered))
         if report.first_bad_seq is not None:
-            print(f"first entry with a tampered body: seq {report.first_bad_seq}")
+            lines.append(f"first entry with a tampered body: seq {report.first_bad_seq}")
     if since is not None:
         verdict = "consistent" if since["consistent"] else "NOT consistent"
-        print(
-            f"checkpoint {since['size']} ({since['signature']} signature): {verdict} "
-            f"with the ledger at size {report.size}"
+        lines.append(
+            f"  since:      {since['file']}, size {since['size']} ({since['signature']} "
+            f"signature): {verdict} with the ledger at size {n}"
         )
+    return lines
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return one if n == 1 else many
+
+
+def _signature(note: str, vkey: str | None) -> str:
+    if vkey is None:
+        return "unchecked (no checkpoint.vkey)"
+    try:
+        verify_note(note, vkey)
+    except CheckpointError:
+        return "INVALID"
+    return "valid"
 
 
 async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
@@ -175,14 +286,13 @@ async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
             pinned = parse_note(text)
         except CheckpointError as err:
             raise UsageError(f"cannot read checkpoint {args.since}: {err}") from err
-        signature = "unchecked (no checkpoint.vkey)"
-        if ledger.vkey is not None:
-            try:
-                verify_note(text, ledger.vkey)
-                signature = "valid"
-            except CheckpointError:
-                signature = "INVALID"
-        since = {"size": pinned.size, "root": pinned.root, "signature": signature}
+        signature = _signature(text, ledger.vkey)
+        since = {
+            "file": args.since,
+            "size": pinned.size,
+            "root": pinned.root,
+            "signature": signature,
+        }
     report = await ledger.verify(deep=args.deep)
     if pinned is not None and since is not None:
         consistent = False
@@ -194,7 +304,15 @@ async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
         since["consistent"] = consistent
         if not consistent:
             report = report.model_copy(update={"ok": False})
-    _emit_report(args, report, since)
+    latest = ledger.latest_checkpoint()
+    checked: dict[str, Any] = {"entries": report.size, "deep": args.deep, "checkpoint": None}
+    if latest is not None:
+        checked["checkpoint"] = {
+            "size": latest.size,
+            "root": latest.root,
+            "signature": _signature(latest.note, ledger.vkey),
+        }
+    _emit_report(args, report, since, checked)
     return 0 if report.ok else 1
 
 
@@ -218,9 +336,17 @@ def _time(ts: int) -> str:
 
 
 async def _show(ledger: Ledger, args: argparse.Namespace) -> int:
-    if args.start < 0 or args.limit < 0:
+    if args.start < 0 or (args.limit is not None and args.limit < 0):
         raise UsageError("--from and --limit must not be negative")
-    entries = await ledger.entries(args.start, args.limit, kind=args.kind, run=args.run_id)
+    if args.tail is not None:
+        if args.tail < 0:
+            raise UsageError("--tail must not be negative")
+        if args.limit is not None:
+            raise UsageError("--tail N already says how many; leave out --limit")
+        entries = await _tail(ledger, args.tail, kind=args.kind, run=args.run_id)
+    else:
+        limit = 20 if args.limit is None else args.limit
+        entries = await ledger.entries(args.start, limit, kind=args.kind, run=args.run_id)
     if args.json:
         _print_json([_entry_json(e) for e in entries])
         return 0
@@ -232,23 +358,60 @@ async def _show(ledger: Ledger, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _tail(ledger: Ledger, n: int, kind: str | None, run: str | None) -> list[Entry]:
+    """The last `n` entries matching the filters, oldest first.
+
+    Entries are only scanned forwards, so look back over a window that grows 4x until it holds
+    `n` matches or reaches seq 0: at most ~4/3 of one full scan.
+    """
+    size = ledger.size
+    if n == 0 or size == 0:
+        return []
+    window = n if kind is None and run is None else max(n, 4096)
+    while True:
+        start = max(0, size - window)
+        found = await ledger.entries(start, size - start, kind=kind, run=run)
+        if len(found) >= n or start == 0:
+            return found[-n:]
+        window *= 4
+
+
 async def _get(ledger: Ledger, args: argparse.Namespace) -> int:
     entry = await ledger.get(args.seq)
     body: Any = None
     state = None
     if entry.body is not None:
-        state = ledger.body_state(entry.body)
-        body = await ledger.body(entry.body)
+        state, body = _read_body(ledger, entry.body)
     if args.json:
         _print_json({"entry": _entry_json(entry), "body": body, "body_state": state})
-        return 0
+        return 1 if state in ("tampered", "missing") else 0
     print(entry.line().decode())
     print(f"hash {entry.hash}")
     if state == "present":
         print(json.dumps(body, indent=2, ensure_ascii=False))
+    elif state == "tampered":
+        print(f"body TAMPERED: the stored bytes do not hash to {entry.body}")
+    elif state == "missing":
+        print(f"body MISSING: no stored body for {entry.body}")
     elif state is not None:
         print(f"body {state}")
-    return 0
+    return 1 if state in ("tampered", "missing") else 0
+
+
+def _read_body(ledger: Ledger, body_hash: str) -> tuple[str, Any]:
+    """(state, value): state is present, redacted, missing or tampered (hash mismatch).
+
+    Checked here rather than with `ledger.body`, whose None also means a stored JSON null.
+    """
+    digest = bytes.fromhex(body_hash)
+    data, redacted = ledger.bodies.read(digest)
+    if redacted:
+        return "redacted", None
+    if data is None:
+        return "missing", None
+    if body_digest(data) != digest:
+        return "tampered", None
+    return "present", json.loads(data)
 
 
 async def _inclusion(ledger: Ledger, args: argparse.Namespace) -> int:
@@ -278,8 +441,7 @@ async def _consistency(ledger: Ledger, args: argparse.Namespace) -> int:
 async def _checkpoint(ledger: Ledger, args: argparse.Namespace) -> int:
     latest = ledger.latest_checkpoint()
     if latest is None:
-        print("tally ledger: no checkpoint yet", file=sys.stderr)
-        return 1
+        return _fail(args, "no_checkpoint", "no checkpoint yet", 1)
     verified = False
     vkey = ledger.vkey
     if vkey is not None:

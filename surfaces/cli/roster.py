@@ -59,12 +59,19 @@ def run_check(args: argparse.Namespace) -> int:
         else:
             print(exc)
         return 1
-    lanes, members = len(roster.lanes), len(roster.models)
+    lanes, tiers, members = len(roster.lanes), len(roster.tiers.members), len(roster.models)
     if args.json:
-        print(json.dumps({"ok": True, "file": str(path), "lanes": lanes, "members": members}))
+        counts = {"lanes": lanes, "tiers": tiers, "members": members}
+        print(json.dumps({"ok": True, "file": str(path), **counts}))
     else:
-        print(f"ok: {lanes} lanes, {members} members")
+        counted = [count(lanes, "lane"), count(tiers, "tier"), count(members, "member")]
+        print(f"ok: {', '.join(counted)}")
     return 0
+
+
+def count(n: int, noun: str) -> str:
+    """`1 lane`, `2 lanes`, `0 lanes`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def run_show(args: argparse.Namespace) -> int:

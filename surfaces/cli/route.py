@@ -11,6 +11,7 @@ from typing import Any
 from daemon.routing import Route, Router
 from roster.loading import RosterError, default_roster_path, load_roster
 from roster.models import Roster
+from surfaces.cli.roster import roster_path
 
 
 def read_roster(path: Path | None = None) -> Roster:
@@ -27,15 +28,17 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("text", help="the request text, or '-' to read one per line from stdin")
     parser.add_argument("--json", action="store_true", help="print JSON (one object per line)")
-    parser.add_argument("--roster", type=Path, default=None, help="roster file (default: packaged)")
+    parser.add_argument(
+        "--roster", metavar="FILE", default=None, help="default: $TALLY_ROSTER or packaged"
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        roster = read_roster(args.roster)
+        roster = read_roster(roster_path(args.roster))
     except (OSError, RosterError) as error:
-        print(f"tally route: cannot load roster: {error}", file=sys.stderr)
+        print(f"tally route: cannot load the roster:\n{error}", file=sys.stderr)
         return 2
     router = Router(roster)
     texts = (line.rstrip("\n") for line in sys.stdin) if args.text == "-" else iter([args.text])

@@ -6,11 +6,12 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 from daemon.runs.state import TASK_ENDED
-from surfaces.client import DaemonClient, Endpoint, run_client
+from surfaces.client import DaemonClient, DaemonError, Endpoint, run_client
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -27,13 +28,13 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--idempotency-key")
     p.add_argument("--detach", action="store_true", help="print the run id and return")
     _common(p)
-    p.set_defaults(run=lambda a: run_client(submit(a)))
+    p.set_defaults(run=lambda a: run_client(_once(submit(a))))
 
     p = commands.add_parser("runs", help="list recent runs")
     p.add_argument("--state", help="only runs in this state")
     p.add_argument("--limit", type=int, default=20)
     _common(p)
-    p.set_defaults(run=lambda a: run_client(runs(a)))
+    p.set_defaults(run=lambda a: run_client(_once(runs(a))))
 
     for name, tool, text in (
         ("run", "run_get", "show one run"),
@@ -43,7 +44,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         p = commands.add_parser(name, help=text)
         p.add_argument("run_id")
         _common(p)
-        p.set_defaults(run=lambda a, tool=tool: run_client(one(a, tool)))
+        p.set_defaults(run=lambda a, tool=tool: run_client(_once(one(a, tool))))
 
 
 def status_line(run: dict[str, Any]) -> str:
@@ -81,22 +82,27 @@ async def submit(args: argparse.Namespace) -> int:
         if args.detach:
             print(json.dumps(run) if args.json else run["id"])
             return 0
+        if not sys.stdout.isatty():
+            # A script reading our stdout learns the id only at the end; say it now so it can
+            # `tally cancel` a run that takes too long.
+            print(f"tally: run {run['id']}", file=sys.stderr, flush=True)
         live = sys.stderr.isatty() and not args.json
+        if live:  # the state the daemon answered with (queued, …), before any event
+            _draw(status_line(run))
         try:
             async for event in client.events(run["id"]):
                 if event.event == "delta":
                     continue
                 run = await client.call("run_get", {"run_id": run["id"]})
                 if live:
-                    sys.stderr.write("\r\x1b[K" + status_line(run)[:200])
-                    sys.stderr.flush()
+                    _draw(status_line(run))
         except asyncio.CancelledError:
             await asyncio.shield(client.call("run_cancel", {"run_id": run["id"]}))
             print(f"\ncancelled run {run['id']}", file=sys.stderr)
             raise
         run = await client.call("run_get", {"run_id": run["id"]})
         if live:
-            sys.stderr.write("\r\x1b[K" + status_line(run) + "\n")
+            _draw(status_line(run), final=True)
     if args.json:
         print(json.dumps(run, ensure_ascii=False))
     elif run["state"] == "done":
@@ -104,6 +110,41 @@ async def submit(args: argparse.Namespace) -> int:
     else:
         print(f"run {run['id']} ended {run['state']}: {run.get('error') or ''}", file=sys.stderr)
     return 0 if run["state"] == "done" else 1
+
+
+def _draw(line: str, final: bool = False) -> None:
+    """Redraw the one live status line on stderr (a TTY); `final` keeps it, full length."""
+    sys.stderr.write("\r\x1b[K" + (line + "\n" if final else line[:200]))
+    sys.stderr.flush()
+
+
+async def _once(main: Awaitable[int]) -> int:
+    """Run a command; an error answer is printed here, each message once.
+
+    The daemon's message already holds every problem one per line (a plan's cycle, unknown
+    lanes, …), and `details.errors` repeats them: print the details only when they add to it.
+    """
+    try:
+        return await main
+    except DaemonError as exc:
+        lines = exc.message.splitlines() or [""]
+        errors = exc.details.get("errors", []) if isinstance(exc.details, dict) else []
+        for err in errors[:20]:
+            if not isinstance(err, dict):
+                continue
+            text = err.get("message")
+            if not isinstance(text, str):
+                loc = ".".join(str(p) for p in err.get("loc", []))
+                text = f"{loc}: {err.get('msg', err)}" if loc else str(err.get("msg", err))
+            if text not in lines:
+                lines.append(text)
+        if len(lines) == 1:
+            print(f"tally: {exc.code}: {lines[0]}", file=sys.stderr)
+        else:
+            print(f"tally: {exc.code}:", file=sys.stderr)
+            for line in lines:
+                print(f"  {line}", file=sys.stderr)
+        return 2 if exc.status == 422 else 1
 
 
 async def runs(args: argparse.Namespace) -> int:
@@ -115,9 +156,12 @@ async def runs(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(found, ensure_ascii=False))
         return 0
+    print(f"{'RUN':<24} {'STATE':<16} {'LANE':<14} REQUEST")
     for run in found:
         request = run["request"].replace("\n", " ")
         print(f"{run['id']:<24} {run['state']:<16} {run.get('lane') or '-':<14} {request[:60]}")
+    if not found:
+        print("(no runs)" if not args.state else f"(no runs in state {args.state})")
     return 0
 
 

@@ -12,15 +12,12 @@ import json
 import sys
 import tempfile
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from daemon.errors import TallyError
 from daemon.slots import Pool, PoolOptions, PoolStatus
-from roster import Roster
+from roster import Roster, RosterError, load_roster
 
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
@@ -39,8 +36,8 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def _load(path: Path) -> Roster:
-    with path.open("rb") as f:
-        return Roster.model_validate(tomllib.load(f))
+    """Through `load_roster`, so TOML and model errors are located as `file:line:col field: …`."""
+    return load_roster(path)
 
 
 async def _check(roster: Roster, state_dir: Path, timeout_s: float, base: Path) -> PoolStatus:
@@ -91,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
         return run_client(_ask(args))
     try:
         roster = _load(args.roster)
-    except (OSError, tomllib.TOMLDecodeError, ValidationError) as err:
-        print(f"tally slots: cannot load {args.roster}: {err}", file=sys.stderr)
+    except RosterError as err:
+        print(f"tally slots: cannot load the roster:\n{err}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="tally-slots-") as tmp:
         state = args.state_dir or Path(tmp)

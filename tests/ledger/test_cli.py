@@ -75,6 +75,7 @@ def test_verify_since_a_saved_checkpoint(
     code, out = run(capsys, "ledger", "verify", "--since", str(saved), "--json", *s)
     assert code == 0
     assert json.loads(out)["since"] == {
+        "file": str(saved),
         "size": 5,
         "root": json.loads(out)["since"]["root"],
         "signature": "valid",
@@ -119,3 +120,176 @@ def test_state_dir_from_environment(
     assert '"seq":1' in out
     monkeypatch.setenv("TALLY_STATE_DIR", str(state_dir.parent / "other"))
     assert main(["ledger", "get", "1"]) == 2
+
+
+def test_verify_says_what_it_checked(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    build(state_dir, 3)
+    s = ["--state", str(state_dir)]
+    code, out = run(capsys, "ledger", "verify", *s)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "ok: 3 entries"
+    assert lines[1].startswith("  chain:")
+    assert lines[2].startswith("  merkle:     root ")
+    assert lines[3].startswith("  checkpoint: latest, size 3 (signature valid)")
+    assert lines[4] == "  bodies:     not re-hashed (add --deep)"
+    code, out = run(capsys, "ledger", "verify", "--deep", *s)
+    assert "  bodies:     re-hashed (--deep): 0 redacted, 0 tampered" in out.splitlines()
+    code, out = run(capsys, "ledger", "verify", "--deep", "--json", *s)
+    checked = json.loads(out)["checked"]
+    assert checked["entries"] == 3
+    assert checked["deep"] is True
+    assert checked["checkpoint"]["size"] == 3
+    assert checked["checkpoint"]["signature"] == "valid"
+
+
+def test_verify_since_names_the_checkpoint_file(
+    state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    build(state_dir, 2)
+    saved = tmp_path / "pinned.ckpt"
+    shutil.copy(state_dir / "ledger" / "checkpoint", saved)
+    build(state_dir, 1)
+    code, out = run(capsys, "ledger", "verify", "--since", str(saved), "--state", str(state_dir))
+    assert code == 0
+    assert out.splitlines()[0] == "ok: 3 entries"
+    assert (
+        f"  since:      {saved}, size 2 (valid signature): consistent with the ledger at size 3"
+        in out.splitlines()
+    )
+
+
+@pytest.mark.parametrize(
+    ("keep", "first_missing", "words"),
+    [
+        (slice(0, 6), 6, "entries from seq 6 on are missing"),
+        ([0, 1, 2, 5, 6, 7, 8, 9], 3, "entries 3..4 are missing"),
+        ([0, 1, 3, 4, 5, 6, 7, 8, 9], 2, "entry 2 is missing"),
+    ],
+)
+def test_verify_names_the_first_missing_seq(
+    state_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    keep: slice | list[int],
+    first_missing: int,
+    words: str,
+) -> None:
+    build(state_dir, 10)
+    path = state_dir / "ledger" / "entries.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    kept = lines[keep] if isinstance(keep, slice) else [lines[i] for i in keep]
+    path.write_bytes(b"".join(kept))
+    s = ["--state", str(state_dir)]
+    code, out = run(capsys, "ledger", "verify", "--json", *s)
+    assert code == 1
+    report = json.loads(out)
+    assert report["first_bad_seq"] == first_missing
+    assert report["size"] == first_missing
+    assert words in report["reason"]
+    code, out = run(capsys, "ledger", "verify", *s)
+    assert code == 1
+    assert out.splitlines()[0].startswith(f"FAILED at seq {first_missing}: {words}")
+    assert out.splitlines()[1] == f"  checked:    entries 0..{first_missing - 1} intact before it"
+    # The other commands refuse the ledger with the same seq, as one error.
+    code, out = run(capsys, "ledger", "show", "--json", *s)
+    assert code == 1
+    error = json.loads(out)["error"]
+    assert error["code"] == "ledger_corrupt"
+    assert f"seq {first_missing}" in error["message"]
+
+
+def test_json_errors_are_json(
+    state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    build(state_dir, 2)
+    s = ["--state", str(state_dir)]
+    cases: list[tuple[list[str], int, str]] = [
+        (["verify", "--json", "--state", str(tmp_path / "nowhere")], 2, "no_ledger"),
+        (["verify", "--json", "--since", str(tmp_path / "no"), *s], 2, "usage"),
+        (["get", "7", "--json", *s], 1, "not_found"),
+        (["show", "--json", "--from", "-1", *s], 2, "usage"),
+        (["show", "--json", "--limit", "x", *s], 2, "usage"),
+        (["show", "--json", "--tail", "2", "--from", "1", *s], 2, "usage"),
+        (["verify", "--json", "--bogus", *s], 2, "usage"),
+        (["proof", "inclusion", "--json", *s], 2, "usage"),
+    ]
+    for argv, want, error_code in cases:
+        code: int | str | None
+        try:
+            code = main(["ledger", *argv])
+        except SystemExit as exit:
+            code = exit.code  # argparse's own errors
+        captured = capsys.readouterr()
+        assert code == want, argv
+        assert json.loads(captured.out)["error"]["code"] == error_code, argv
+        assert set(json.loads(captured.out)["error"]) == {"code", "message"}
+        assert captured.err == "", argv
+    # Without --json the same errors stay one line on stderr.
+    assert main(["ledger", "get", "7", *s]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("tally ledger: ")
+
+
+def test_show_tail(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    build(state_dir, 12)
+    s = ["--state", str(state_dir)]
+    code, out = run(capsys, "ledger", "show", "--tail", "3", "--json", *s)
+    assert code == 0
+    assert [e["seq"] for e in json.loads(out)] == [9, 10, 11]
+    code, out = run(capsys, "ledger", "show", "--tail", "2", "--kind", "task", "--json", *s)
+    assert [e["seq"] for e in json.loads(out)] == [8, 10]
+    code, out = run(capsys, "ledger", "show", "--tail", "50", "--json", *s)
+    assert len(json.loads(out)) == 12
+    code, out = run(capsys, "ledger", "show", "--tail", "0", "--json", *s)
+    assert json.loads(out) == []
+    code, out = run(capsys, "ledger", "show", "--tail", "2", *s)
+    assert [line.split()[0] for line in out.splitlines()] == ["10", "11"]
+    assert main(["ledger", "show", "--tail", "2", "--limit", "3", *s]) == 2
+    assert main(["ledger", "show", "--tail", "-1", *s]) == 2
+
+
+def _tamper_body(state_dir: Path, value: bytes, forged: bytes) -> None:
+    pack = state_dir / "ledger" / "bodies.pack"
+    data = pack.read_bytes()
+    assert data.count(value) == 1
+    pack.write_bytes(data.replace(value, forged))
+
+
+def test_get_a_tampered_body_fails(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    build(state_dir, 6)
+    _tamper_body(state_dir, b'{"i":4}', b'{"i":5}')
+    s = ["--state", str(state_dir)]
+    code, out = run(capsys, "ledger", "get", "4", *s)
+    assert code == 1
+    assert "body TAMPERED" in out
+    assert out.splitlines()[-1] != "null"
+    code, out = run(capsys, "ledger", "get", "4", "--json", *s)
+    assert code == 1
+    got = json.loads(out)
+    assert got["body_state"] == "tampered"
+    assert got["body"] is None
+    code, out = run(capsys, "ledger", "get", "3", "--json", *s)
+    assert code == 0
+    assert json.loads(out)["body_state"] == "present"
+
+
+def test_get_a_redacted_body_is_not_a_failure(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def go() -> str:
+        ledger = await Ledger.open(state_dir)
+        entry = await ledger.append(actor="a", kind="note", body={"secret": "x"})
+        assert entry.body is not None
+        await ledger.redact(entry.body, actor="a", reason="test")
+        await ledger.close()
+        return entry.body
+
+    asyncio.run(go())
+    s = ["--state", str(state_dir)]
+    code, out = run(capsys, "ledger", "get", "0", *s)
+    assert code == 0
+    assert out.splitlines()[-1] == "body redacted"
+    code, out = run(capsys, "ledger", "get", "0", "--json", *s)
+    assert code == 0
+    assert json.loads(out)["body_state"] == "redacted"

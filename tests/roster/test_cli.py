@@ -32,7 +32,30 @@ def bad(tmp_path: Path) -> Path:
 
 def test_check_ok(good: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["roster", "check", str(good)]) == 0
-    assert capsys.readouterr().out == "ok: 2 lanes, 2 members\n"
+    assert capsys.readouterr().out == "ok: 2 lanes, 2 tiers, 2 members\n"
+
+
+def test_check_counts_are_pluralized(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    one = """
+[[models]]
+name = "m"
+url = "http://127.0.0.1:1/v1"
+[tiers]
+ladder = ["t"]
+t = ["m"]
+[[lanes]]
+name = "x"
+keywords = ["x"]
+tier = "t"
+system = "s"
+"""
+    path = tmp_path / "one.toml"
+    path.write_text(one)
+    assert main(["roster", "check", str(path)]) == 0
+    assert capsys.readouterr().out == "ok: 1 lane, 1 tier, 1 member\n"
+    assert main(["roster", "check", "--json", str(path)]) == 0
+    counts = json.loads(capsys.readouterr().out)
+    assert (counts["lanes"], counts["tiers"], counts["members"]) == (1, 1, 1)
 
 
 def test_check_prints_every_located_error(bad: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -90,3 +113,29 @@ def test_usage_error_exits_2() -> None:
     with pytest.raises(SystemExit) as caught:
         main(["roster", "frobnicate"])
     assert caught.value.code == 2
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["roster", "check", "{file}"],
+        ["roster", "show", "--roster", "{file}"],
+        ["roster", "lanes", "--roster", "{file}"],
+        ["route", "--roster", "{file}", "x"],
+        ["plan", "--roster", "{file}", "{plan}"],
+        ["slots", "--roster", "{file}"],
+    ],
+)
+def test_toml_syntax_errors_are_located_like_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text(GOOD.replace("slots = 2", "slots = "))
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"tasks": []}')
+    code = main([a.format(file=path, plan=plan) for a in argv])
+    assert code in (1, 2)
+    captured = capsys.readouterr()
+    lines = (captured.out + captured.err).splitlines()
+    assert f"{path}:11:9: TOML syntax: Invalid value" in lines
+    assert "(at line" not in captured.out + captured.err

@@ -81,5 +81,35 @@ def test_route_bad_roster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["route", "--roster", str(path), "x"]) == 2
     assert main(["route", "--roster", str(tmp_path / "missing.toml"), "x"]) == 2
     err = capsys.readouterr().err
-    assert "cannot load roster" in err
+    assert "cannot load the roster" in err
     assert "Traceback" not in err
+
+
+PASTA = """
+[[models]]
+name = "m"
+url = "http://127.0.0.1:1/v1"
+[tiers]
+ladder = ["t"]
+t = ["m"]
+[[lanes]]
+name = "pasta"
+keywords = ["pasta", "recipe"]
+tier = "t"
+system = "You cook."
+"""
+
+
+def test_route_defaults_to_tally_roster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "env.toml"
+    path.write_text(PASTA, encoding="utf-8")
+    monkeypatch.setenv("TALLY_ROSTER", str(path))
+    assert main(["route", "--json", "a good pasta recipe"]) == 0
+    assert json.loads(capsys.readouterr().out)["lane"] == "pasta"
+    monkeypatch.setenv("TALLY_ROSTER", str(tmp_path / "missing.toml"))
+    assert main(["route", "x"]) == 2
+    assert "missing.toml" in capsys.readouterr().err
+    # --roster still wins over the environment
+    assert main(["route", "--json", "--roster", str(path), "a good pasta recipe"]) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,72 @@ def test_an_unexpected_error_is_one_line(
     assert main(["version"]) == 1
     err = capsys.readouterr().err
     assert err == "tally: RuntimeError: boom (TALLY_DEBUG=1 shows where)\n"
+
+
+async def test_runs_prints_a_header_then_one_row_per_run(
+    unix_server: Path, daemon: Daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    socket = ["--socket", str(unix_server)]
+    assert await asyncio.to_thread(main, ["runs", *socket]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{'RUN':<24} {'STATE':<16} {'LANE':<14} REQUEST",
+        "(no runs)",
+    ]
+    run = await daemon.engine.submit("the api")
+    await daemon.engine.wait(run.id, timeout=20)
+    assert await asyncio.to_thread(main, ["runs", *socket]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["RUN", "STATE", "LANE", "REQUEST"]
+    assert lines[1].split()[:2] == [run.id, "done"]
+    assert len(lines) == 2
+    assert await asyncio.to_thread(main, ["runs", "--json", *socket]) == 0
+    assert [r["id"] for r in json.loads(capsys.readouterr().out)] == [run.id]
+
+
+async def test_submit_a_bad_plan_says_its_error_once(
+    unix_server: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = tmp_path / "cycle.json"
+    tasks = [
+        {"id": "A", "lane": "backend", "instruction": "a", "needs": ["B"]},
+        {"id": "B", "lane": "backend", "instruction": "b", "needs": ["A"]},
+    ]
+    plan.write_text(json.dumps({"tasks": tasks}))
+    argv = ["submit", "x", "--plan", str(plan), "--socket", str(unix_server)]
+    assert await asyncio.to_thread(main, argv) == 2
+    err = capsys.readouterr().err
+    assert err == "tally: invalid_plan: cycle: A -> B -> A (each task needs the next)\n"
+    tasks[0]["lane"] = "nope"
+    plan.write_text(json.dumps({"tasks": tasks}))
+    assert await asyncio.to_thread(main, argv) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "tally: invalid_plan:"
+    assert len(lines) == 3
+    assert len(set(lines)) == 3  # the cycle and the unknown lane, each once
+
+
+async def test_submit_says_the_run_id_first_when_piped(
+    unix_server: Path, daemon: Daemon, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["submit", "build the api", "--socket", str(unix_server)]
+    assert await asyncio.to_thread(main, argv) == 0
+    captured = capsys.readouterr()
+    [run] = daemon.engine.list()
+    assert captured.err == f"tally: run {run.id}\n"
+    assert captured.out.strip() == (run.answer or "").strip()
+
+
+async def test_submit_live_line_starts_with_the_daemons_state(
+    unix_server: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    argv = ["submit", "build the api", "--socket", str(unix_server)]
+    assert await asyncio.to_thread(main, argv) == 0
+    err = capsys.readouterr().err
+    first, draws = err.split("\n", 1)
+    assert first.startswith("tally: run ")
+    run_id = first.removeprefix("tally: run ")
+    frames = draws.split("\r\x1b[K")[1:]
+    assert frames[0] == f"{run_id} queued"
+    assert frames[-1].startswith(f"{run_id} done")
+    assert frames[-1].endswith("\n")

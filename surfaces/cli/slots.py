@@ -54,15 +54,27 @@ async def _check(roster: Roster, state_dir: Path, timeout_s: float, base: Path) 
 
 
 def _table(status: PoolStatus) -> str:
-    lines = [f"{'MEMBER':<16} {'INST':>4} {'STATE':<9} {'PORT':>6} {'SLOTS':>5} {'CTX':>6}  URL"]
+    lines = [
+        f"{'MEMBER':<16} {'INST':>4} {'STATE':<9} {'PORT':>6} {'BUSY':>9} {'CTX':>6} {'QUEUE':>5}"
+        "  URL"
+    ]
     for m in status.members:
         for i in m.instances:
+            busy = f"{i.slots_busy}/{i.slots_total}"
             lines.append(
                 f"{m.name:<16} {i.index:>4} {i.state:<9} {i.port or '-':>6} "
-                f"{i.slots_total:>5} {i.n_ctx or '-':>6}  {i.url or '-'}"
+                f"{busy:>9} {i.n_ctx or '-':>6} {m.queue:>5}  {i.url or '-'}"
             )
+        if not m.instances:  # not started yet (servers start on first lease) or unloaded
+            lines.append(
+                f"{m.name:<16} {'-':>4} {m.state:<9} {'-':>6} {'-':>9} {'-':>6} {m.queue:>5}"
+            )
+        if m.restarts:
+            lines.append(f"  restarts: {m.restarts}")
         if m.last_error:
             lines.append(f"  last error: {m.last_error}")
+    for t in status.tiers:
+        lines.append(f"tier {t.name} ({', '.join(t.members)}): {t.queue} waiting")
     return "\n".join(lines)
 
 
@@ -74,7 +86,8 @@ async def _ask(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(body, indent=2))
     else:
-        print(_table(PoolStatus.model_validate({"members": body.get("members", [])})))
+        shown = {key: body.get(key, []) for key in ("members", "tiers")}
+        print(_table(PoolStatus.model_validate(shown)))
         print(
             f"busy {body.get('busy', 0)}  idle {body.get('idle', 0)}  queue {body.get('queue', 0)}"
         )

@@ -27,6 +27,9 @@ async def test_slots_asks_the_daemon(
     table = capsys.readouterr().out
     assert "MEMBER" in table
     assert "tiny" in table
+    assert "0/4" in table  # busy/total slots of the member that served the run
+    assert "big" in table  # never leased: listed with its state, no instance yet
+    assert "tier cheap (tiny): 0 waiting" in table
 
 
 def test_slots_without_a_daemon_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from daemon.errors import InvalidInput
 
 ProblemCode = Literal[
-    "schema", "duplicate_id", "unknown_need", "unknown_lane", "self_dependency", "cycle"
+    "schema", "duplicate_id", "unknown_need", "unknown_lane", "cycle"
 ]
 
 
@@ -233,9 +233,11 @@ def _task_problems(
         )
     for need in dict.fromkeys(task.needs):
         if need == tid:
-            found.append(
+            found.append(  # the shortest cycle, named like the others
                 PlanProblem(
-                    code="self_dependency", tasks=[tid], message=f"task {tid!r} needs itself"
+                    code="cycle",
+                    tasks=[tid, tid],
+                    message=f"cycle: {tid} -> {tid} (task {tid!r} needs itself)",
                 )
             )
         elif need not in positions:

@@ -42,9 +42,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     router = Router(roster)
     texts = (line.rstrip("\n") for line in sys.stdin) if args.text == "-" else iter([args.text])
-    for text in texts:
-        if args.text == "-" and not text.strip():
-            continue
+    for text in texts:  # a blank line gets its (escalating) route too: output lines match input
         route = router.route(text)
         print(as_json(route) if args.json else as_text(route), flush=args.text == "-")
     return 0

@@ -36,7 +36,8 @@ def test_route_stdin_one_object_per_line(
     monkeypatch.setattr("sys.stdin", io.StringIO(lines))
     assert main(["route", "--json", "-"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [row["lane"] for row in rows] == ["summarization", None, "graphics"]
+    # one output line per input line, the blank one included, so a script can zip them
+    assert [row["lane"] for row in rows] == ["summarization", None, None, "graphics"]
     assert rows[1] == {
         "lane": None,
         "confidence": 0.0,

@@ -21,9 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from daemon.errors import InvalidInput
 
-ProblemCode = Literal[
-    "schema", "duplicate_id", "unknown_need", "unknown_lane", "cycle"
-]
+ProblemCode = Literal["schema", "duplicate_id", "unknown_need", "unknown_lane", "cycle"]
 
 
 class _Model(BaseModel):

@@ -26,6 +26,8 @@ from roster.models import Roster
 from roster.positions import FieldPath, PositionIndex, format_path
 
 _TOML_AT = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)$")
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([A-Za-z0-9_.\-]+)\s*\]\]?")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_\-]+)\s*=")
 
 
 class RosterProblem(BaseModel):
@@ -154,8 +156,35 @@ def _syntax_problem(name: str, text: str, exc: tomllib.TOMLDecodeError) -> Roste
     if match is not None:
         message = message[: match.start()]
     return RosterProblem(
-        file=name, line=line, column=column, field="", message=f"TOML syntax: {message}"
+        file=name,
+        line=line,
+        column=column,
+        field=format_path(_syntax_field(text, line)),
+        message=f"TOML syntax: {message}",
     )
+
+
+def _syntax_field(text: str, line: int) -> FieldPath:
+    """The field a broken line belongs to: the last table header and key at or above it.
+
+    The document did not parse, so this is a line scan rather than PositionIndex; it is
+    right for the flat tables and arrays of tables a roster is made of.
+    """
+    table: FieldPath = ()
+    key: str | None = None
+    seen: dict[str, int] = {}
+    for raw in text.splitlines()[:line]:
+        header = _HEADER.match(raw)
+        if header:
+            name = header.group(2)
+            table = tuple(name.split("."))
+            if header.group(1) == "[[":
+                seen[name] = seen.get(name, -1) + 1
+                table = (*table, seen[name])
+            key = None
+        elif found := _KEY.match(raw):
+            key = found.group(1)
+    return (*table, key) if key else table
 
 
 def _pydantic_problem(err: ErrorDetails, data: Any) -> tuple[FieldPath, str, bool]:

@@ -137,5 +137,5 @@ def test_toml_syntax_errors_are_located_like_the_others(
     assert code in (1, 2)
     captured = capsys.readouterr()
     lines = (captured.out + captured.err).splitlines()
-    assert f"{path}:11:9: TOML syntax: Invalid value" in lines
+    assert f"{path}:11:9 models[0].slots: TOML syntax: Invalid value" in lines
     assert "(at line" not in captured.out + captured.err

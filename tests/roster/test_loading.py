@@ -42,9 +42,9 @@ def test_syntax_error_carries_tomllib_line_and_column() -> None:
     text = GOOD.replace("slots = 2", "slots = = 2")
     [problem] = problems_of(text)
     assert (problem.line, problem.column) == (11, 9)
-    assert problem.field == ""
+    assert problem.field == "models[0].slots"
     assert problem.message.startswith("TOML syntax: Invalid value")
-    assert str(problem) == "roster.toml:11:9: TOML syntax: Invalid value"
+    assert str(problem) == "roster.toml:11:9 models[0].slots: TOML syntax: Invalid value"
 
 
 def test_syntax_error_at_end_of_document() -> None:
@@ -254,3 +254,16 @@ def test_the_packaged_default_roster_loads_cleanly() -> None:
     roster = load_roster(default_roster_path())
     assert isinstance(roster, Roster)
     assert len(roster.lanes) >= 24
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field"),
+    [
+        ("threshold = 0.3", "threshold = 0.3.3", "policy.threshold"),
+        ('name = "frontend"', 'name = "frontend', "lanes[1].name"),
+        ('url = "http://127.0.0.1:11434/v1"', "url = http://127.0.0.1", "models[1].url"),
+    ],
+)
+def test_syntax_errors_name_the_field_they_break(old: str, new: str, field: str) -> None:
+    [problem] = problems_of(GOOD.replace(old, new, 1))
+    assert problem.field == field, problem

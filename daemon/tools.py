@@ -359,19 +359,36 @@ async def submit(daemon: Daemon, data: SubmitIn, ctx: ToolContext) -> RunOut:
         return run_out(daemon.engine.get(run_id))
 
 
-def progress_of(run: RunOut) -> tuple[float, float | None, str]:
-    """(done, total, message) for a progress notification: tasks finished of tasks planned."""
-    done = sum(1 for t in run.tasks if t.state in TASK_ENDED)
-    total = float(len(run.tasks)) if run.tasks else None
-    return float(done), total, f"{run.state}: {done}/{len(run.tasks)} tasks"
+class ProgressSteps:
+    """Progress notifications for a run: one per visible change, numbered 1, 2, 3, ...
+
+    MCP requires every notification's progress to be greater than the last, and a run's
+    state can move (queued -> planning -> running) while no task finishes; so the value is a
+    step count, no total, and the message says where the run is.
+    """
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.last: str | None = None
+
+    def next(self, run: RunOut) -> tuple[float, float | None, str] | None:
+        done = sum(1 for t in run.tasks if t.state in TASK_ENDED)
+        message = f"{run.state}: {done}/{len(run.tasks)} tasks done"
+        if message == self.last:
+            return None
+        self.step += 1
+        self.last = message
+        return float(self.step), None, message
 
 
 async def _follow(daemon: Daemon, run_id: str, progress: Progress) -> None:
+    steps = ProgressSteps()
     async for event in daemon.engine.events(run_id):
         if event.seq is None:
             continue
-        done, total, message = progress_of(run_out(daemon.engine.get(run_id)))
-        await progress(done, total, message)
+        report = steps.next(run_out(daemon.engine.get(run_id)))
+        if report is not None:
+            await progress(*report)
 
 
 async def run_get(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:

@@ -22,7 +22,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 from pydantic import ValidationError
 
-from daemon.tools import TOOLS, RunOut, package_version, progress_of
+from daemon.tools import TOOLS, ProgressSteps, RunOut, package_version
 from surfaces.client import NOT_RUNNING, DaemonClient, DaemonDown, DaemonError, Endpoint
 from surfaces.http import tool_listing
 
@@ -114,7 +114,8 @@ class Adapter:
         timeout = float(arguments.pop("timeout_s", 120.0))
         arguments["wait"] = False
         run = RunOut.model_validate(await self._call("submit", arguments))
-        await ctx.session.report_progress(*progress_of(run))
+        steps = ProgressSteps()
+        await self._report(ctx, steps, run)
         try:
             with anyio.move_on_after(timeout):
                 async for event in self.client.events(run.id):
@@ -123,7 +124,7 @@ class Adapter:
                     run = RunOut.model_validate(
                         await self.client.call("run_get", {"run_id": run.id})
                     )
-                    await ctx.session.report_progress(*progress_of(run))
+                    await self._report(ctx, steps, run)
         except asyncio.CancelledError:
             # The IDE cancelled the call (or the link broke): the run must not go on unattended.
             with anyio.move_on_after(5, shield=True):
@@ -133,6 +134,12 @@ class Adapter:
                     log.info("cancel of %s after abandon: %s", run.id, exc)
             raise
         return await self.client.call("run_get", {"run_id": run.id})
+
+    @staticmethod
+    async def _report(ctx: ServerRequestContext[Any], steps: ProgressSteps, run: RunOut) -> None:
+        report = steps.next(run)
+        if report is not None:
+            await ctx.session.report_progress(*report)
 
     async def _start_daemon(self) -> bool:
         if self._started is None:

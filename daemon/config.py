@@ -65,7 +65,11 @@ class Settings(BaseModel):
     def from_env(cls, **overrides: Any) -> Settings:
         state_dir = Path(overrides.pop("state_dir", None) or _state_dir())
         runtime_dir = Path(overrides.pop("runtime_dir", None) or default_runtime_dir())
-        socket_path = Path(overrides.pop("socket_path", None) or runtime_dir / "tally.sock")
+        socket_path = Path(
+            overrides.pop("socket_path", None)
+            or os.environ.get("TALLY_SOCKET")  # the clients' variable: both ends meet
+            or runtime_dir / "tally.sock"
+        )
         if "TALLY_TCP" in os.environ and "tcp" not in overrides:
             overrides["tcp"] = os.environ["TALLY_TCP"] or None
         if "TALLY_ROSTER" in os.environ and "roster_path" not in overrides:

@@ -143,9 +143,12 @@ class Adapter:
 
     async def _start_daemon(self) -> bool:
         if self._started is None:
-            log.info("starting a daemon: %s -m surfaces serve", sys.executable)
+            argv = [sys.executable, "-m", "surfaces", "serve"]
+            if self.client.endpoint.socket_path is not None:  # listen where we will look
+                argv += ["--socket", str(self.client.endpoint.socket_path)]
+            log.info("starting a daemon: %s", " ".join(argv))
             self._started = subprocess.Popen(  # noqa: ASYNC220 - detached, returns at once
-                [sys.executable, "-m", "surfaces", "serve"],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

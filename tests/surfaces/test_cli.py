@@ -131,3 +131,18 @@ async def test_submit_live_line_starts_with_the_daemons_state(
     assert frames[0] == f"{run_id} queued"
     assert frames[-1].startswith(f"{run_id} done")
     assert frames[-1].endswith("\n")
+
+
+def test_daemon_and_clients_read_the_same_socket_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from daemon.config import Settings
+    from surfaces.client import Endpoint
+
+    custom = tmp_path / "custom.sock"
+    monkeypatch.setenv("TALLY_SOCKET", str(custom))
+    monkeypatch.delenv("TALLY_URL", raising=False)
+    assert Settings.from_env(state_dir=tmp_path / "state").socket_path == custom
+    assert Endpoint.from_env().socket_path == custom
+    # an explicit --socket still wins
+    assert Settings.from_env(socket_path=tmp_path / "x.sock").socket_path == tmp_path / "x.sock"

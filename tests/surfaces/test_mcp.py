@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,7 +21,7 @@ from daemon.runs import entries as k
 from daemon.service import Daemon
 from daemon.tools import TOOLS
 from tests.slots.fake_server import FakeServer
-from tests.surfaces.conftest import two_tasks
+from tests.surfaces.conftest import roster_toml, two_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -132,3 +134,41 @@ async def test_daemon_down_every_call_says_how_to_start(tmp_path: Path) -> None:
             assert "tally serve" in text.text
             assert str(tmp_path / "nothing.sock") in text.text
             assert "TALLY_SOCKET" in text.text
+
+
+async def test_autostart_starts_a_daemon_where_the_adapter_looks(
+    tmp_path: Path, model: FakeServer
+) -> None:
+    """`tally mcp --autostart` with TALLY_SOCKET set: the daemon it starts listens there."""
+    sock = tmp_path / "elsewhere" / "tally.sock"
+    roster = tmp_path / "roster.toml"
+    roster.write_text(roster_toml(model.url))
+    state = tmp_path / "state"
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "surfaces", "mcp", "--autostart"],
+        env={"TALLY_SOCKET": str(sock), "TALLY_STATE_DIR": str(state), "TALLY_ROSTER": str(roster)},
+        cwd=str(ROOT),
+    )
+    try:
+        async with (
+            stdio_client(server) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            result = await session.call_tool("health", {})
+            assert not result.is_error, result.content
+            assert result.structured_content is not None
+            assert result.structured_content["lanes"] == 2
+        assert sock.exists()
+    finally:
+        lock = state / "ledger" / "lock"
+        pid = int(lock.read_text()) if lock.exists() and lock.read_text().strip() else None
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                await asyncio.sleep(0.05)

@@ -41,7 +41,7 @@ test: lint
 bench: install
 	$(PY) -m tests.bench
 
-run: install
+run: $(STAMP)
 	$(VENV)/bin/tally serve
 
 clean:

@@ -16,7 +16,6 @@ _USER = """\
 # (`loginctl enable-linger $USER` keeps it running without a login session).
 [Unit]
 Description=tally: local agent fleets with a verifiable ledger
-Documentation=https://github.com/tally/tally#readme
 
 [Service]
 Type=notify
@@ -36,7 +35,11 @@ NoNewPrivileges=yes
 LockPersonality=yes
 RestrictRealtime=yes
 RestrictSUIDSGID=yes
+RestrictNamespaces=yes
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
 SystemCallArchitectures=native
+SystemCallFilter=@system-service
+SystemCallErrorNumber=EPERM
 Environment=PYTHONUNBUFFERED=1
 
 [Install]

@@ -46,6 +46,15 @@ def test_user_unit_verifies(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
+    # A user manager cannot set up mount namespaces or IP filters, so a user unit scores
+    # higher (worse) than the system one; seccomp-based options must still be there: 6.4.
+    proc = subprocess.run(
+        ["systemd-analyze", "security", "--offline=true", "--threshold=70", str(unit)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:]
 
 
 @needs_systemd

@@ -38,6 +38,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
     lanes = sub.add_parser("lanes", help="print the lanes as a table")
     lanes.add_argument("--roster", metavar="FILE", help="default: $TALLY_ROSTER or packaged")
+    lanes.add_argument("--json", action="store_true", help="one JSON object per lane, in a list")
     lanes.set_defaults(run=run_lanes)
 
 
@@ -90,6 +91,10 @@ def run_lanes(args: argparse.Namespace) -> int:
     roster = _load(args.roster)
     if roster is None:
         return 1
+    if args.json:
+        fields = {"name", "tier", "keywords", "phrases", "negative", "max_concurrency"}
+        print(json.dumps([lane.model_dump(mode="json", include=fields) for lane in roster.lanes]))
+        return 0
     rows = [
         (lane.name, lane.tier, str(len(lane.keywords)), _first(lane.keywords))
         for lane in roster.lanes

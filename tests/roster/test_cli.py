@@ -95,6 +95,18 @@ def test_lanes_table(good: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[0].split() == ["lane", "tier", "keywords", "first", "keywords"]
     assert lines[1].split() == ["backend", "cheap", "3", "api,", "server,", "endpoint"]
     assert lines[2].split()[:3] == ["frontend", "capable", "3"]
+    assert main(["roster", "lanes", "--roster", str(good), "--json"]) == 0
+    lanes = json.loads(capsys.readouterr().out)
+    assert [(lane["name"], lane["tier"]) for lane in lanes] == [
+        ("backend", "cheap"),
+        ("frontend", "capable"),
+    ]
+    assert lanes[0]["keywords"] == ["api", "server", "endpoint"]
+
+
+def test_version_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["version", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["version"]
 
 
 def test_show_bad_roster_exits_1_without_traceback(bad: Path) -> None:

@@ -334,6 +334,10 @@ class SubmitIn(_In):
         default=None, max_length=200, description="Same key again returns the existing run."
     )
     max_parallel: int | None = Field(default=None, ge=1, le=1024)
+    barrier: bool = Field(
+        default=False,
+        description="Run the plan strictly wave by wave instead of as soon as needs are done.",
+    )
     wait: bool = Field(default=False, description="Wait for the answer (up to timeout_s).")
     timeout_s: float = Field(default=120.0, gt=0, le=3600, description="How long to wait.")
 
@@ -346,6 +350,7 @@ async def submit(daemon: Daemon, data: SubmitIn, ctx: ToolContext) -> RunOut:
         budget=data.budget,
         idempotency_key=data.idempotency_key,
         max_parallel=data.max_parallel,
+        barrier=data.barrier,
     )
     if not data.wait:
         return run_out(view)

@@ -31,7 +31,7 @@ from pydantic.json_schema import models_json_schema
 from pydantic_core import to_jsonable_python
 
 from daemon.errors import Busy, TallyError
-from daemon.tools import TOOLS, ToolContext
+from daemon.tools import TOOLS, SubmitIn, ToolContext
 from surfaces import metrics
 from surfaces.auth import bearer_ok
 from surfaces.notify import sd_notify, watchdog_task
@@ -225,6 +225,12 @@ async def call_tool(request: web.Request) -> web.Response:
         if any(e["type"] == "json_invalid" for e in exc.errors()):
             return error_response(400, "bad_json", "the body is not valid JSON")
         return error_response(422, "invalid_input", "invalid arguments", validation_details(exc))
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and isinstance(data, SubmitIn):
+        if data.idempotency_key not in (None, key) or not 0 < len(key) <= 200:
+            message = "Idempotency-Key must be 1-200 characters and match idempotency_key if both"
+            return error_response(422, "invalid_input", message)
+        data = data.model_copy(update={"idempotency_key": key})
     out = await tool.handler(request.app[DAEMON], data, ToolContext())
     return web.Response(body=out.model_dump_json().encode(), content_type="application/json")
 
@@ -309,7 +315,10 @@ async def close_streams(app: web.Application) -> None:
 
 async def get_metrics(request: web.Request) -> web.Response:
     text = metrics.render(request.app[DAEMON])
-    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+    # The Prometheus text format names its version in the media type.
+    return web.Response(
+        body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    )
 
 
 async def healthz(request: web.Request) -> web.Response:

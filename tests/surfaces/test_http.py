@@ -114,6 +114,14 @@ async def test_submit_wait_answers_from_the_model(
     a = await call(client, "submit", request="docs please", idempotency_key="k1")
     b = await call(client, "submit", request="docs please", idempotency_key="k1")
     assert a["id"] == b["id"]
+    # ... and so does the same key as an HTTP header
+    headers = {"Idempotency-Key": "k1"}
+    resp = await client.post("/v1/tools/submit", json={"request": "docs please"}, headers=headers)
+    assert (resp.status, (await resp.json())["id"]) == (200, a["id"])
+    resp = await client.post(
+        "/v1/tools/submit", json={"request": "docs", "idempotency_key": "k2"}, headers=headers
+    )
+    assert resp.status == 422
 
 
 async def test_run_cancel_reaches_a_running_run(
@@ -419,7 +427,9 @@ async def test_sse_keepalive_and_shutdown_ends_stream(daemon: Daemon, model: Fak
 
 async def test_metrics_text(client: Client, daemon: Daemon) -> None:
     await call(client, "submit", request="the api", plan=two_tasks(), wait=True)
-    text = await (await client.get("/metrics")).text()
+    response = await client.get("/metrics")
+    assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    text = await response.text()
     assert 'tally_runs{state="done"} 1' in text
     assert 'tally_tasks{state="done"} 2' in text
     assert "tally_model_calls_total 3" in text  # two tasks + the synthesis
@@ -509,3 +519,9 @@ async def test_a_caller_waiting_on_a_tier_shows_in_status_and_metrics(
         for lease in held:
             lease.release()
         (await waiter).release()
+
+
+async def test_submit_can_ask_for_barrier_dispatch(client: Client, daemon: Daemon) -> None:
+    run = await call(client, "submit", request="the api", plan=two_tasks(), barrier=True, wait=True)
+    assert run["state"] == "done"
+    assert daemon.engine.get(run["id"]).barrier is True

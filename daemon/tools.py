@@ -397,7 +397,11 @@ async def _follow(daemon: Daemon, run_id: str, progress: Progress) -> None:
 
 
 async def run_get(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
-    return run_out(daemon.engine.get(data.run_id))
+    view = daemon.engine.get(data.run_id)
+    if view.tasks and view.plan is None:
+        # An old finished run keeps only a summary in memory; its record has the rest.
+        view = await daemon.engine.detail(data.run_id)
+    return run_out(view)
 
 
 class RunsIn(_In):

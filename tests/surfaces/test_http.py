@@ -4,6 +4,7 @@ errors, auth, SSE, metrics, OpenAPI."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -525,3 +526,15 @@ async def test_submit_can_ask_for_barrier_dispatch(client: Client, daemon: Daemo
     run = await call(client, "submit", request="the api", plan=two_tasks(), barrier=True, wait=True)
     assert run["state"] == "done"
     assert daemon.engine.get(run["id"]).barrier is True
+
+
+async def test_run_get_reads_an_old_finished_run_back_from_the_ledger(
+    client: Client, daemon: Daemon
+) -> None:
+    daemon.engine.options = dataclasses.replace(daemon.engine.options, keep_full=1)
+    first = await call(client, "submit", request="the api", plan=two_tasks(), wait=True)
+    await call(client, "submit", request="more api", plan=two_tasks("more"), wait=True)
+    assert daemon.engine.get(first["id"]).tasks[0].result is None  # compacted in memory
+    again = await call(client, "run_get", run_id=first["id"])
+    assert again["tasks"] == first["tasks"]
+    assert again["answer"] == first["answer"]

@@ -59,6 +59,14 @@ def test_serve_submit_sigterm_verify(tmp_path: Path) -> None:
             assert serve.poll() is None, (tmp_path / "serve.log").read_text()
             assert time.monotonic() < deadline, "the daemon did not listen within 60 s"
             time.sleep(0.1)
+        # what `make run` shows its user: where it listens and the IDE's MCP block
+        deadline = time.monotonic() + 10
+        while "mcpServers" not in (tmp_path / "serve.log").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.1)
+        shown = (tmp_path / "serve.log").read_text()
+        assert f"listening on unix:{socket_path}" in shown
+        assert '"args": [' in shown and '"mcp"' in shown
 
         done = _tally(
             "submit",

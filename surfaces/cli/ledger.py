@@ -224,10 +224,12 @@ def _report_lines(
 ) -> list[str]:
     """The verdict first, then what was checked, so an `ok` says what it vouches for."""
     n = report.size
-    broken = report.first_bad_seq is not None and report.reason != "tampered bodies"
-    if broken:
+    if _broken(report):
         lines = [f"FAILED at seq {report.first_bad_seq}: {report.reason}"]
-        intact = f"entries 0..{n - 1} intact before it" if n else "no entry before it"
+        if n > 1:
+            intact = f"entries 0..{n - 1} intact before it"
+        else:
+            intact = "entry 0 intact before it" if n else "no entry before it"
         lines.append(f"  checked:    {intact}")
     else:
         lines = [f"{'ok' if report.ok else 'FAILED'}: {n} {_plural(n, 'entry', 'entries')}"]
@@ -293,10 +295,10 @@ async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
             "root": pinned.root,
             "signature": signature,
         }
-    report = await ledger.verify(deep=args.deep)
+    report = _vouched(await ledger.verify(deep=args.deep))
     if pinned is not None and since is not None:
         consistent = False
-        if report.first_bad_seq is None or report.reason == "tampered bodies":
+        if not _broken(report):
             consistent = pinned.size <= report.size and await _consistent(
                 ledger, pinned.size, pinned.root
             )
@@ -314,6 +316,22 @@ async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
         }
     _emit_report(args, report, since, checked)
     return 0 if report.ok else 1
+
+
+def _broken(report: VerifyReport) -> bool:
+    """The chain or tree is broken (not merely some bodies tampered)."""
+    return report.first_bad_seq is not None and report.reason != "tampered bodies"
+
+
+def _vouched(report: VerifyReport) -> VerifyReport:
+    """A broken ledger's report, sized to what it vouches for: the entries before the bad one.
+
+    `Ledger.verify` reports the ledger's size; the CLI's `size` and `checked.entries` are the
+    entries found intact, the same as when the ledger would not even open (`_corrupt_report`).
+    """
+    if _broken(report):
+        return report.model_copy(update={"size": report.first_bad_seq})
+    return report
 
 
 async def _consistent(ledger: Ledger, old: int, old_root: str) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.ledger import Ledger
+from daemon.ledger import Ledger, bulk
 from daemon.ledger.merkle import verify_consistency, verify_inclusion
 from surfaces.cli import main
 
@@ -293,3 +293,28 @@ def test_get_a_redacted_body_is_not_a_failure(
     code, out = run(capsys, "ledger", "get", "0", "--json", *s)
     assert code == 0
     assert json.loads(out)["body_state"] == "redacted"
+
+
+@pytest.mark.parametrize("bad_seq", [1, 2500])
+def test_verify_of_a_big_ledger_names_only_the_entries_before_the_bad_one(
+    state_dir: Path, capsys: pytest.CaptureFixture[str], bad_seq: int
+) -> None:
+    # > TAIL_CHECK entries: the ledger opens and `Ledger.verify` finds the flipped byte.
+    bulk.build(state_dir, 3000)
+    path = state_dir / "ledger" / "entries.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    lines[bad_seq] = lines[bad_seq].replace(b'"actor":"bench"', b'"actor":"bench"'.upper(), 1)
+    path.write_bytes(b"\n".join(lines))
+    s = ["--state", str(state_dir)]
+    code, out = run(capsys, "ledger", "verify", *s)
+    assert code == 1
+    first, second = out.splitlines()[:2]
+    assert first == f"FAILED at seq {bad_seq}: entry bytes do not match the recorded leaf hash"
+    intact = "entry 0" if bad_seq == 1 else f"entries 0..{bad_seq - 1}"
+    assert second == f"  checked:    {intact} intact before it"
+    code, out = run(capsys, "ledger", "verify", "--json", *s)
+    assert code == 1
+    report = json.loads(out)
+    assert report["first_bad_seq"] == bad_seq
+    assert report["size"] == bad_seq
+    assert report["checked"]["entries"] == bad_seq

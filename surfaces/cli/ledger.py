@@ -99,7 +99,9 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     verify = sub.add_parser("verify", parents=[common], help="check chain, tree and checkpoints")
     verify.add_argument("--deep", action="store_true", help="also re-hash every body")
     verify.add_argument(
-        "--since", metavar="CHECKPOINT_FILE", help="prove consistency from a saved checkpoint"
+        "--since",
+        metavar="CHECKPOINT_FILE",
+        help="prove consistency from a saved checkpoint (the note, or `checkpoint --json` output)",
     )
     verify.set_defaults(run=_runner(_verify, tail_check=0, reports=True))
 
@@ -279,11 +281,25 @@ def _signature(note: str, vkey: str | None) -> str:
     return "valid"
 
 
+def _note_text(name: str, text: str) -> str:
+    """A saved checkpoint: the note itself, or what `tally ledger checkpoint --json` printed."""
+    if not text.lstrip().startswith("{"):
+        return text
+    try:
+        saved = json.loads(text)
+    except ValueError as err:
+        raise UsageError(f"cannot read checkpoint {name}: not JSON: {err}") from err
+    note = saved.get("note") if isinstance(saved, dict) else None
+    if not isinstance(note, str):
+        raise UsageError(f'cannot read checkpoint {name}: JSON without a "note" string')
+    return note
+
+
 async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
     since = None
     pinned = None
     if args.since:
-        text = args.since_text
+        text = _note_text(args.since, args.since_text)
         try:
             pinned = parse_note(text)
         except CheckpointError as err:

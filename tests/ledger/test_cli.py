@@ -318,3 +318,33 @@ def test_verify_of_a_big_ledger_names_only_the_entries_before_the_bad_one(
     assert report["first_bad_seq"] == bad_seq
     assert report["size"] == bad_seq
     assert report["checked"]["entries"] == bad_seq
+
+
+def test_verify_since_accepts_the_checkpoint_json(
+    state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    build(state_dir, 4)
+    s = ["--state", str(state_dir)]
+    code, out = run(capsys, "ledger", "checkpoint", "--json", *s)
+    assert code == 0
+    saved = tmp_path / "pinned.json"
+    saved.write_text(out)
+    build(state_dir, 3)
+    code, out = run(capsys, "ledger", "verify", "--since", str(saved), "--json", *s)
+    assert code == 0, out
+    since = json.loads(out)["since"]
+    assert (since["size"], since["signature"], since["consistent"]) == (4, "valid", True)
+    # The note text itself still works, and the output says the same.
+    note = tmp_path / "pinned.note"
+    note.write_text(json.loads(saved.read_text())["note"])
+    code, out = run(capsys, "ledger", "verify", "--since", str(note), "--json", *s)
+    assert code == 0
+    assert {**json.loads(out)["since"], "file": None} == {**since, "file": None}
+    # JSON that is not a checkpoint is a usage error naming the file.
+    for text in ('{"size": 4}', "{not json", '["note"]'):
+        saved.write_text(text)
+        code, out = run(capsys, "ledger", "verify", "--since", str(saved), "--json", *s)
+        assert code == 2
+        error = json.loads(out)["error"]
+        assert error["code"] == "usage"
+        assert str(saved) in error["message"]

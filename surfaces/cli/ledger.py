@@ -10,12 +10,12 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from daemon.config import default_state_dir
 from daemon.errors import TallyError
 from daemon.ledger import (
     CheckpointError,
@@ -70,15 +70,6 @@ def _fail(args: argparse.Namespace, code: str, message: str, exit_code: int) -> 
     else:
         print(f"tally ledger: {message}", file=sys.stderr)
     return exit_code
-
-
-def default_state_dir() -> Path:
-    for name in ("TALLY_STATE_DIR", "STATE_DIRECTORY"):
-        value = os.environ.get(name)
-        if value:
-            return Path(value.split(":")[0])
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "tally"
 
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:

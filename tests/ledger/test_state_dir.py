@@ -36,7 +36,7 @@ def test_precedence(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 def test_daemon_and_cli_share_the_function(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    assert ledger_cli.default_state_dir is default_state_dir
+    assert vars(ledger_cli)["default_state_dir"] is default_state_dir
     assert config._state_dir is default_state_dir
     env.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     assert Settings.from_env().state_dir == tmp_path / "xdg" / "tally"

@@ -246,7 +246,10 @@ def _report_lines(
     if report.redacted:
         lines.append(f"redacted bodies ({len(report.redacted)}): " + ", ".join(report.redacted))
     if report.tampered:
-        lines.append(f"TAMPERED bodies ({len(report.tampered)}): " + ", ".join(report.tampered))
+        lines.append(f"TAMPERED bodies ({len(report.tampered)}):")
+        for body in report.tampered:
+            why = report.tampered_why.get(body)
+            lines.append(f"  {body}" + (f": {why}" if why else ""))
         if report.first_bad_seq is not None:
             lines.append(f"first entry with a tampered body: seq {report.first_bad_seq}")
     if since is not None:

@@ -348,3 +348,34 @@ def test_verify_since_accepts_the_checkpoint_json(
         error = json.loads(out)["error"]
         assert error["code"] == "usage"
         assert str(saved) in error["message"]
+
+
+def test_deep_verify_lists_each_tampered_body_with_why(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    build(state_dir, 4)
+
+    async def remove_unwitnessed() -> tuple[str, str]:
+        ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+        changed, removed = (await ledger.get(1)).body or "", (await ledger.get(2)).body or ""
+        ledger.bodies.redact(bytes.fromhex(removed))  # no `redaction` entry witnesses this
+        await ledger.close()
+        return changed, removed
+
+    changed, removed = asyncio.run(remove_unwitnessed())
+    pack = state_dir / "ledger" / "bodies.pack"
+    pack.write_bytes(pack.read_bytes().replace(b'{"i":1}', b'{"i":9}'))
+    s = ["--state", str(state_dir)]
+    code, out = run(capsys, "ledger", "verify", "--deep", *s)
+    assert code == 1
+    lines = out.splitlines()
+    at = lines.index("TAMPERED bodies (2):")
+    assert lines[at + 1 : at + 3] == [
+        f"  {changed}: changed",
+        f"  {removed}: missing (no redaction witnessed)",
+    ]
+    code, out = run(capsys, "ledger", "verify", "--deep", "--json", *s)
+    assert json.loads(out)["tampered_why"] == {
+        changed: "changed",
+        removed: "missing (no redaction witnessed)",
+    }

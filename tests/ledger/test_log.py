@@ -428,3 +428,30 @@ async def test_an_append_is_acknowledged_only_after_both_fsyncs(
     assert (entry.seq, ledger.size) == (1, 2)
     monkeypatch.undo()
     await ledger.close()
+
+
+async def test_deep_verify_says_changed_or_missing_without_a_witness(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    entries = await fill(ledger, 6)
+    changed, zeroed, gone = (entries[i].body or "" for i in (1, 3, 4))
+    ledger.bodies.redact(bytes.fromhex(zeroed))  # zeroed in place, no `redaction` entry
+    await ledger.close()
+    pack = state_dir / "ledger" / "bodies.pack"
+    data = pack.read_bytes()
+    # Overwrite the digest in the record header of body 4: its record is gone for the store.
+    at = data.index(bytes.fromhex(gone))
+    data = data[:at] + bytes(32) + data[at + 32 :]
+    pack.write_bytes(data.replace(b'{"i":1}', b'{"i":7}'))
+    again = await Ledger.open(state_dir, readonly=True)
+    assert await again.body(gone) is None
+    report = await again.verify(deep=True)
+    assert not report.ok
+    assert report.first_bad_seq == 1
+    assert report.redacted == []
+    assert sorted(report.tampered) == sorted([changed, zeroed, gone])
+    assert report.tampered_why == {
+        changed: "changed",
+        zeroed: "missing (no redaction witnessed)",
+        gone: "missing (no redaction witnessed)",
+    }
+    await again.close()

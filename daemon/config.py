@@ -9,12 +9,20 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 
-def _state_dir() -> Path:
+def default_state_dir() -> Path:
+    """Where the ledger lives, for the daemon and the offline CLI alike.
+
+    $TALLY_STATE_DIR, else systemd's $STATE_DIRECTORY (its first entry), else
+    $XDG_STATE_HOME/tally, else ~/.local/state/tally.
+    """
     for name in ("TALLY_STATE_DIR", "STATE_DIRECTORY"):
         if os.environ.get(name):
             return Path(os.environ[name].split(":")[0])
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "tally"
+
+
+_state_dir = default_state_dir  # the name callers used before it was public
 
 
 def default_runtime_dir() -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from hashlib import sha256
 from pathlib import Path
 
@@ -32,6 +33,14 @@ class VerifyReport(BaseModel):
     reason: str | None = None
     redacted: list[str] = []
     tampered: list[str] = []
+    tampered_why: dict[str, str] = {}
+    """Deep: per tampered body hash, `changed` (its bytes no longer hash to it) or `missing (no
+    redaction witnessed)` (removed or zeroed with no `redaction` entry naming it: an unwitnessed
+    removal is tampering, not a redaction)."""
+
+
+CHANGED = "changed"
+MISSING = "missing (no redaction witnessed)"
 
 
 class _Bad(Exception):
@@ -54,6 +63,7 @@ def verify_files(
     redacted: list[str] = []
     tampered: list[str] = []
     witnessed: set[str] = set()
+    changed: set[str] = set()  # tampered bodies whose (altered) bytes are still there
     first_tampered: int | None = None
     root_hex = ""
     try:
@@ -80,7 +90,11 @@ def verify_files(
                         raise _Bad(seq + i, "entry bytes do not match the recorded leaf hash")
                     if deep:
                         first_tampered = _check_deep(
-                            seq + i, line, bodies, redacted, tampered, witnessed, first_tampered
+                            seq + i,
+                            line,
+                            bodies,
+                            _Seen(redacted, tampered, witnessed, changed),
+                            first_tampered,
                         )
                     prev = h.hex().encode()
                     # Inline Frontier.push: this loop is the verify throughput.
@@ -111,6 +125,7 @@ def verify_files(
     if unwitnessed:
         tampered.extend(unwitnessed)
         redacted = [h for h in redacted if h in witnessed]
+    why = {h: CHANGED if h in changed else MISSING for h in tampered}
     return VerifyReport(
         ok=not tampered,
         size=size,
@@ -119,6 +134,7 @@ def verify_files(
         reason="tampered bodies" if tampered else None,
         redacted=redacted,
         tampered=tampered,
+        tampered_why=why,
     )
 
 
@@ -131,14 +147,18 @@ def _fold(stack: list[tuple[int, bytes]]) -> bytes:
     return h
 
 
+@dataclass(slots=True)
+class _Seen:
+    """What deep verify has found so far about bodies."""
+
+    redacted: list[str]
+    tampered: list[str]
+    witnessed: set[str]  # bodies named by a `redaction` entry
+    changed: set[str]  # tampered bodies whose (altered) bytes are still stored
+
+
 def _check_deep(
-    seq: int,
-    line: bytes,
-    bodies: BodyStore,
-    redacted: list[str],
-    tampered: list[str],
-    witnessed: set[str],
-    first_tampered: int | None,
+    seq: int, line: bytes, bodies: BodyStore, seen: _Seen, first_tampered: int | None
 ) -> int | None:
     try:
         entry = Entry.from_line(line)
@@ -152,16 +172,18 @@ def _check_deep(
     data, is_redacted = bodies.read(digest)
     bad = False
     if is_redacted:
-        if entry.body not in redacted:
-            redacted.append(entry.body)
+        if entry.body not in seen.redacted:
+            seen.redacted.append(entry.body)
     elif data is None or hashlib.sha256(data).digest() != digest:
         bad = True
-        if entry.body not in tampered:
-            tampered.append(entry.body)
+        if entry.body not in seen.tampered:
+            seen.tampered.append(entry.body)
+        if data is not None:
+            seen.changed.add(entry.body)
     if entry.kind == "redaction" and data is not None:
         target = json.loads(data).get("redacted") if data.startswith(b"{") else None
         if isinstance(target, str):
-            witnessed.add(target)
+            seen.witnessed.add(target)
     if bad and first_tampered is None:
         return seq
     return first_tampered

@@ -63,7 +63,10 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 1024
 MAX_BATCH_BYTES = 1 << 20
 SYNC_EVERY = 16384  # fsync the derived files at least this often (bounds recovery rescans)
-TAIL_CHECK = 1024  # on open, re-hash this many indexed entries at the end
+# On open, re-hash only this many indexed entries at the end. Deliberate: open must not re-read
+# the history, so a corrupted entry older than that is NOT seen at open (the ledger opens) and
+# is found by `verify()`, which re-hashes everything and names its seq.
+TAIL_CHECK = 1024
 READ_CHUNK = 1 << 22
 FSYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -198,7 +201,12 @@ class Ledger:
         checkpoint_interval: float | None = 60.0,
         tail_check: int = TAIL_CHECK,
     ) -> Ledger:
-        """Recover and (unless read-only) lock. `tail_check`: indexed entries re-hashed."""
+        """Recover and (unless read-only) lock.
+
+        `tail_check`: how many of the last indexed entries are re-hashed against their leaf
+        hashes. Corruption further back is not detected here (open must not re-read the
+        history; see TAIL_CHECK): `verify()` finds it.
+        """
         ledger = cls(Path(state_dir), readonly, tail_check)
         try:
             await asyncio.get_running_loop().run_in_executor(ledger._executor, ledger._open)
@@ -276,7 +284,10 @@ class Ledger:
         return os.fstat(self._entries_fd).st_size if self._entries_fd >= 0 else 0
 
     def _recover(self) -> None:
-        """Check the indexed tail, then extend the index over the unindexed entries."""
+        """Check the indexed tail, then extend the index over the unindexed entries.
+
+        Only the last `tail_check` indexed entries are re-hashed (see TAIL_CHECK).
+        """
         tree = self.tree
         n = tree.size
         file_size = self._file_size()

@@ -10,12 +10,12 @@ import argparse
 import asyncio
 import datetime as dt
 import json
-import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from daemon.config import default_state_dir
 from daemon.errors import TallyError
 from daemon.ledger import (
     CheckpointError,
@@ -72,15 +72,6 @@ def _fail(args: argparse.Namespace, code: str, message: str, exit_code: int) -> 
     return exit_code
 
 
-def default_state_dir() -> Path:
-    for name in ("TALLY_STATE_DIR", "STATE_DIRECTORY"):
-        value = os.environ.get(name)
-        if value:
-            return Path(value.split(":")[0])
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "tally"
-
-
 def register(commands: argparse._SubParsersAction[Any]) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -99,7 +90,9 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     verify = sub.add_parser("verify", parents=[common], help="check chain, tree and checkpoints")
     verify.add_argument("--deep", action="store_true", help="also re-hash every body")
     verify.add_argument(
-        "--since", metavar="CHECKPOINT_FILE", help="prove consistency from a saved checkpoint"
+        "--since",
+        metavar="CHECKPOINT_FILE",
+        help="prove consistency from a saved checkpoint (the note, or `checkpoint --json` output)",
     )
     verify.set_defaults(run=_runner(_verify, tail_check=0, reports=True))
 
@@ -224,10 +217,12 @@ def _report_lines(
 ) -> list[str]:
     """The verdict first, then what was checked, so an `ok` says what it vouches for."""
     n = report.size
-    broken = report.first_bad_seq is not None and report.reason != "tampered bodies"
-    if broken:
+    if _broken(report):
         lines = [f"FAILED at seq {report.first_bad_seq}: {report.reason}"]
-        intact = f"entries 0..{n - 1} intact before it" if n else "no entry before it"
+        if n > 1:
+            intact = f"entries 0..{n - 1} intact before it"
+        else:
+            intact = "entry 0 intact before it" if n else "no entry before it"
         lines.append(f"  checked:    {intact}")
     else:
         lines = [f"{'ok' if report.ok else 'FAILED'}: {n} {_plural(n, 'entry', 'entries')}"]
@@ -251,7 +246,10 @@ def _report_lines(
     if report.redacted:
         lines.append(f"redacted bodies ({len(report.redacted)}): " + ", ".join(report.redacted))
     if report.tampered:
-        lines.append(f"TAMPERED bodies ({len(report.tampered)}): " + ", ".join(report.tampered))
+        lines.append(f"TAMPERED bodies ({len(report.tampered)}):")
+        for body in report.tampered:
+            why = report.tampered_why.get(body)
+            lines.append(f"  {body}" + (f": {why}" if why else ""))
         if report.first_bad_seq is not None:
             lines.append(f"first entry with a tampered body: seq {report.first_bad_seq}")
     if since is not None:
@@ -277,11 +275,25 @@ def _signature(note: str, vkey: str | None) -> str:
     return "valid"
 
 
+def _note_text(name: str, text: str) -> str:
+    """A saved checkpoint: the note itself, or what `tally ledger checkpoint --json` printed."""
+    if not text.lstrip().startswith("{"):
+        return text
+    try:
+        saved = json.loads(text)
+    except ValueError as err:
+        raise UsageError(f"cannot read checkpoint {name}: not JSON: {err}") from err
+    note = saved.get("note") if isinstance(saved, dict) else None
+    if not isinstance(note, str):
+        raise UsageError(f'cannot read checkpoint {name}: JSON without a "note" string')
+    return note
+
+
 async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
     since = None
     pinned = None
     if args.since:
-        text = args.since_text
+        text = _note_text(args.since, args.since_text)
         try:
             pinned = parse_note(text)
         except CheckpointError as err:
@@ -293,10 +305,10 @@ async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
             "root": pinned.root,
             "signature": signature,
         }
-    report = await ledger.verify(deep=args.deep)
+    report = _vouched(await ledger.verify(deep=args.deep))
     if pinned is not None and since is not None:
         consistent = False
-        if report.first_bad_seq is None or report.reason == "tampered bodies":
+        if not _broken(report):
             consistent = pinned.size <= report.size and await _consistent(
                 ledger, pinned.size, pinned.root
             )
@@ -314,6 +326,22 @@ async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
         }
     _emit_report(args, report, since, checked)
     return 0 if report.ok else 1
+
+
+def _broken(report: VerifyReport) -> bool:
+    """The chain or tree is broken (not merely some bodies tampered)."""
+    return report.first_bad_seq is not None and report.reason != "tampered bodies"
+
+
+def _vouched(report: VerifyReport) -> VerifyReport:
+    """A broken ledger's report, sized to what it vouches for: the entries before the bad one.
+
+    `Ledger.verify` reports the ledger's size; the CLI's `size` and `checked.entries` are the
+    entries found intact, the same as when the ledger would not even open (`_corrupt_report`).
+    """
+    if _broken(report):
+        return report.model_copy(update={"size": report.first_bad_seq})
+    return report
 
 
 async def _consistent(ledger: Ledger, old: int, old_root: str) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.ledger import Ledger
+from daemon.ledger import Ledger, bulk
 from daemon.ledger.merkle import verify_consistency, verify_inclusion
 from surfaces.cli import main
 
@@ -293,3 +293,89 @@ def test_get_a_redacted_body_is_not_a_failure(
     code, out = run(capsys, "ledger", "get", "0", "--json", *s)
     assert code == 0
     assert json.loads(out)["body_state"] == "redacted"
+
+
+@pytest.mark.parametrize("bad_seq", [1, 2500])
+def test_verify_of_a_big_ledger_names_only_the_entries_before_the_bad_one(
+    state_dir: Path, capsys: pytest.CaptureFixture[str], bad_seq: int
+) -> None:
+    # > TAIL_CHECK entries: the ledger opens and `Ledger.verify` finds the flipped byte.
+    bulk.build(state_dir, 3000)
+    path = state_dir / "ledger" / "entries.jsonl"
+    lines = path.read_bytes().split(b"\n")
+    lines[bad_seq] = lines[bad_seq].replace(b'"actor":"bench"', b'"actor":"bench"'.upper(), 1)
+    path.write_bytes(b"\n".join(lines))
+    s = ["--state", str(state_dir)]
+    code, out = run(capsys, "ledger", "verify", *s)
+    assert code == 1
+    first, second = out.splitlines()[:2]
+    assert first == f"FAILED at seq {bad_seq}: entry bytes do not match the recorded leaf hash"
+    intact = "entry 0" if bad_seq == 1 else f"entries 0..{bad_seq - 1}"
+    assert second == f"  checked:    {intact} intact before it"
+    code, out = run(capsys, "ledger", "verify", "--json", *s)
+    assert code == 1
+    report = json.loads(out)
+    assert report["first_bad_seq"] == bad_seq
+    assert report["size"] == bad_seq
+    assert report["checked"]["entries"] == bad_seq
+
+
+def test_verify_since_accepts_the_checkpoint_json(
+    state_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    build(state_dir, 4)
+    s = ["--state", str(state_dir)]
+    code, out = run(capsys, "ledger", "checkpoint", "--json", *s)
+    assert code == 0
+    saved = tmp_path / "pinned.json"
+    saved.write_text(out)
+    build(state_dir, 3)
+    code, out = run(capsys, "ledger", "verify", "--since", str(saved), "--json", *s)
+    assert code == 0, out
+    since = json.loads(out)["since"]
+    assert (since["size"], since["signature"], since["consistent"]) == (4, "valid", True)
+    # The note text itself still works, and the output says the same.
+    note = tmp_path / "pinned.note"
+    note.write_text(json.loads(saved.read_text())["note"])
+    code, out = run(capsys, "ledger", "verify", "--since", str(note), "--json", *s)
+    assert code == 0
+    assert {**json.loads(out)["since"], "file": None} == {**since, "file": None}
+    # JSON that is not a checkpoint is a usage error naming the file.
+    for text in ('{"size": 4}', "{not json", '["note"]'):
+        saved.write_text(text)
+        code, out = run(capsys, "ledger", "verify", "--since", str(saved), "--json", *s)
+        assert code == 2
+        error = json.loads(out)["error"]
+        assert error["code"] == "usage"
+        assert str(saved) in error["message"]
+
+
+def test_deep_verify_lists_each_tampered_body_with_why(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    build(state_dir, 4)
+
+    async def remove_unwitnessed() -> tuple[str, str]:
+        ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+        changed, removed = (await ledger.get(1)).body or "", (await ledger.get(2)).body or ""
+        ledger.bodies.redact(bytes.fromhex(removed))  # no `redaction` entry witnesses this
+        await ledger.close()
+        return changed, removed
+
+    changed, removed = asyncio.run(remove_unwitnessed())
+    pack = state_dir / "ledger" / "bodies.pack"
+    pack.write_bytes(pack.read_bytes().replace(b'{"i":1}', b'{"i":9}'))
+    s = ["--state", str(state_dir)]
+    code, out = run(capsys, "ledger", "verify", "--deep", *s)
+    assert code == 1
+    lines = out.splitlines()
+    at = lines.index("TAMPERED bodies (2):")
+    assert lines[at + 1 : at + 3] == [
+        f"  {changed}: changed",
+        f"  {removed}: missing (no redaction witnessed)",
+    ]
+    code, out = run(capsys, "ledger", "verify", "--deep", "--json", *s)
+    assert json.loads(out)["tampered_why"] == {
+        changed: "changed",
+        removed: "missing (no redaction witnessed)",
+    }

@@ -15,8 +15,10 @@ from daemon.ledger import (
     LedgerCorrupt,
     LedgerFailed,
     LedgerLocked,
+    bulk,
     verify_note,
 )
+from daemon.ledger.log import TAIL_CHECK
 from daemon.ledger.merkle import verify_consistency, verify_inclusion
 
 
@@ -214,6 +216,34 @@ async def test_interior_flip_refuses_open_and_verify_names_seq(state_dir: Path) 
     await reader.close()
 
 
+async def test_a_flip_older_than_the_tail_check_opens_and_verify_names_seq(
+    state_dir: Path,
+) -> None:
+    # Open re-hashes only the last TAIL_CHECK entries (it must not re-read the history), so a
+    # flip further back does not stop the ledger from opening; verify() names the exact seq.
+    n, bad = TAIL_CHECK + 500, 123
+    bulk.build(state_dir, n)
+    path = entries_path(state_dir)
+    lines = path.read_bytes().split(b"\n")
+    lines[bad] = lines[bad].replace(b'"kind":"note"', b'"kind":"nope"')
+    path.write_bytes(b"\n".join(lines))
+    ledger = await Ledger.open(state_dir)
+    assert ledger.size == n
+    report = await ledger.verify()
+    assert not report.ok
+    assert report.first_bad_seq == bad
+    assert report.reason == "entry bytes do not match the recorded leaf hash"
+    await ledger.close()
+    # The same flip inside the checked tail refuses the open, naming the seq.
+    lines[bad] = lines[bad].replace(b'"kind":"nope"', b'"kind":"note"')
+    tail_bad = n - 10
+    lines[tail_bad] = lines[tail_bad].replace(b'"kind":"note"', b'"kind":"nope"')
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(LedgerCorrupt) as err:
+        await Ledger.open(state_dir)
+    assert err.value.seq == tail_bad
+
+
 async def test_missing_index_is_rebuilt(state_dir: Path) -> None:
     ledger = await Ledger.open(state_dir)
     await fill(ledger, 100)
@@ -398,3 +428,30 @@ async def test_an_append_is_acknowledged_only_after_both_fsyncs(
     assert (entry.seq, ledger.size) == (1, 2)
     monkeypatch.undo()
     await ledger.close()
+
+
+async def test_deep_verify_says_changed_or_missing_without_a_witness(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    entries = await fill(ledger, 6)
+    changed, zeroed, gone = (entries[i].body or "" for i in (1, 3, 4))
+    ledger.bodies.redact(bytes.fromhex(zeroed))  # zeroed in place, no `redaction` entry
+    await ledger.close()
+    pack = state_dir / "ledger" / "bodies.pack"
+    data = pack.read_bytes()
+    # Overwrite the digest in the record header of body 4: its record is gone for the store.
+    at = data.index(bytes.fromhex(gone))
+    data = data[:at] + bytes(32) + data[at + 32 :]
+    pack.write_bytes(data.replace(b'{"i":1}', b'{"i":7}'))
+    again = await Ledger.open(state_dir, readonly=True)
+    assert await again.body(gone) is None
+    report = await again.verify(deep=True)
+    assert not report.ok
+    assert report.first_bad_seq == 1
+    assert report.redacted == []
+    assert sorted(report.tampered) == sorted([changed, zeroed, gone])
+    assert report.tampered_why == {
+        changed: "changed",
+        zeroed: "missing (no redaction witnessed)",
+        gone: "missing (no redaction witnessed)",
+    }
+    await again.close()

@@ -60,6 +60,7 @@ class PoolOptions(BaseModel):
     health_failures: int = 3  # consecutive failed health checks that mean "hung"
     ready_poll_s: float = 0.05
     stop_grace_s: float = 5.0
+    log_max_bytes: int = 16 * 2**20  # a running server's log is rotated past this size
     host: str = "127.0.0.1"
     roster_dir: Path | None = None  # relative model paths resolve against it
 
@@ -462,6 +463,7 @@ class Instance:
                 now = time.monotonic()
                 if now >= next_health:
                     healthy = await self._healthy()
+                    await self._rotate_log()
                     next_health = time.monotonic() + opts.health_interval_s
                     failed_checks = 0 if healthy else failed_checks + 1
                     if failed_checks >= opts.health_failures:
@@ -483,6 +485,15 @@ class Instance:
         finally:
             if exit_task is not None and not exit_task.done():
                 exit_task.cancel()
+
+    async def _rotate_log(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        limit = self.ctx.options.log_max_bytes
+        if await asyncio.to_thread(process.rotate_if_over, limit):
+            log.info("%s/%d: rotated %s past %d bytes", self.member.name, self.index,
+                     process.log_path, limit)  # fmt: skip
 
     async def _kill(self) -> int | None:
         if self.process is None:

@@ -1,6 +1,7 @@
 """OpenAI-compatible `/v1/chat/completions` over one shared aiohttp session.
 
-Streaming reads Server-Sent Events up to `data: [DONE]`, asking for the final usage chunk.
+Streaming reads Server-Sent Events up to `data: [DONE]`, asking for the final usage chunk; a
+stream that ends with neither [DONE] nor a finish_reason was cut short and is an error.
 Any exception while a request is open (including cancellation) closes its connection rather
 than returning it to the pool, so llama-server notices and stops generating.
 """
@@ -169,12 +170,14 @@ def _read_whole(data: Any) -> Completion:
 async def _read_stream(resp: aiohttp.ClientResponse, on_delta: OnDelta | None) -> Completion:
     result = Completion()
     parts: list[str] = []
+    done = False
     async for raw in resp.content:
         line = raw.strip()
         if not line.startswith(b"data:"):
             continue
         payload = line[5:].strip()
         if payload == b"[DONE]":
+            done = True
             await resp.read()  # consume the end of the body so the connection can be reused
             break
         chunk = json.loads(payload)
@@ -193,5 +196,10 @@ async def _read_stream(resp: aiohttp.ClientResponse, on_delta: OnDelta | None) -
                         await echoed
             if choice.get("finish_reason"):
                 result.finish_reason = choice["finish_reason"]
+    if not done and result.finish_reason is None:
+        # The body ended before the stream did: the same as a connection lost mid-stream (the
+        # lease turns it into SlotLost), not a short success. A finish_reason without [DONE]
+        # is accepted: the reply itself is complete.
+        raise aiohttp.ClientPayloadError("the stream ended without [DONE] or a finish_reason")
     result.text = "".join(parts)
     return result

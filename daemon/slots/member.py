@@ -28,7 +28,14 @@ from daemon.slots.chat import ChatClient
 from daemon.slots.digest import DigestCache, DigestMismatch
 from daemon.slots.errors import PoolBusy, ServerStartError
 from daemon.slots.process import ServerProcess, free_port, render_argv
-from daemon.slots.records import EventKind, InstanceState, InstanceStatus, MemberStatus, SlotEvent
+from daemon.slots.records import (
+    EventKind,
+    InstanceState,
+    InstanceStatus,
+    MemberStatus,
+    SlotEvent,
+    StopReason,
+)
 from roster import Member, resolve_model_path
 
 if TYPE_CHECKING:
@@ -53,6 +60,7 @@ class PoolOptions(BaseModel):
     health_failures: int = 3  # consecutive failed health checks that mean "hung"
     ready_poll_s: float = 0.05
     stop_grace_s: float = 5.0
+    log_max_bytes: int = 16 * 2**20  # a running server's log is rotated past this size
     host: str = "127.0.0.1"
     roster_dir: Path | None = None  # relative model paths resolve against it
 
@@ -455,6 +463,7 @@ class Instance:
                 now = time.monotonic()
                 if now >= next_health:
                     healthy = await self._healthy()
+                    await self._rotate_log()
                     next_health = time.monotonic() + opts.health_interval_s
                     failed_checks = 0 if healthy else failed_checks + 1
                     if failed_checks >= opts.health_failures:
@@ -476,6 +485,15 @@ class Instance:
         finally:
             if exit_task is not None and not exit_task.done():
                 exit_task.cancel()
+
+    async def _rotate_log(self) -> None:
+        process = self.process
+        if process is None:
+            return
+        limit = self.ctx.options.log_max_bytes
+        if await asyncio.to_thread(process.rotate_if_over, limit):
+            log.info("%s/%d: rotated %s past %d bytes", self.member.name, self.index,
+                     process.log_path, limit)  # fmt: skip
 
     async def _kill(self) -> int | None:
         if self.process is None:
@@ -520,8 +538,12 @@ class Instance:
         self.state = "stopped"
         await self._emit("slot.unloaded", idle_ms=idle_ms)
 
-    async def stop(self, reason: str, state: InstanceState = "stopped") -> None:
-        """Stop whatever is running (used by pool stop, cooldown and retirement)."""
+    async def stop(
+        self, reason: StopReason, message: str, state: InstanceState = "stopped"
+    ) -> None:
+        """Stop whatever is running (used by pool stop, cooldown and retirement); an instance
+        that was not stopped already reports `slot.stopped` with the reason."""
+        was = self.status().state
         task = self.task
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -529,12 +551,17 @@ class Instance:
                 await task
             self.task = None
         self.state = "stopping"
-        lost = self._drop_slots(reason)
+        lost = self._drop_slots(message)
+        code: int | None = None
         if self.process is not None and self.process.returncode is None:
-            await self.process.terminate(self.ctx.options.stop_grace_s)
+            code = await self.process.terminate(self.ctx.options.stop_grace_s)
         self.state = state
         if lost:
-            await self._emit("slot.lost", reason=reason, leases=lost)
+            await self._emit("slot.lost", reason=message, leases=lost)
+        if was != "stopped":
+            await self._emit(
+                "slot.stopped", reason=reason, message=message, previous=was, returncode=code
+            )
 
     def status(self) -> InstanceStatus:
         state = self.state
@@ -587,6 +614,7 @@ class MemberRuntime:
         self.restarts = 0
         self.last_error: str | None = None
         self.retiring = False
+        self._cooled_timer: asyncio.TimerHandle | None = None
 
     @property
     def cooling(self) -> bool:
@@ -655,7 +683,7 @@ class MemberRuntime:
                 self.dispatch()
                 break
         if self.retiring and self.busy == 0:
-            self.ctx.background(self.stop("retired"))
+            self.ctx.background(self.stop("retired", "removed from the roster"))
 
     def add_slots(self, instance: Instance) -> None:
         for slot in instance.slots:
@@ -716,13 +744,24 @@ class MemberRuntime:
         for queue in self.queues[1:]:
             queue.member_down()
         # tier waiters still queued then may need this member again
-        asyncio.get_running_loop().call_later(opts.cooldown_s + 0.01, self._cooled)
+        if self._cooled_timer is not None:
+            self._cooled_timer.cancel()
+        self._cooled_timer = asyncio.get_running_loop().call_later(
+            opts.cooldown_s + 0.01, self._cooled, instance
+        )
         for other in self.instances:
             if other is not instance and (other.task is not None or other.slots):
-                self.ctx.background(other.stop(f"cooldown: {reason}", "cooldown"))
+                self.ctx.background(other.stop("cooldown", f"cooldown: {reason}", "cooldown"))
 
-    def _cooled(self) -> None:
-        if not self.cooling and not self.retiring:
+    def _cooled(self, instance: Instance) -> None:
+        self._cooled_timer = None
+        if self.cooling:
+            return
+        for other in self.instances:
+            if other.state == "cooldown":
+                other.state = "stopped"  # startable again, as status() already showed
+        self.ctx.background(instance._emit("slot.cooldown_ended", last_error=self.last_error))
+        if not self.retiring:
             self.dispatch()
             for queue in self.queues[1:]:
                 queue.grow()
@@ -735,9 +774,13 @@ class MemberRuntime:
             details={"member": self.name, "retry_after_ms": int(remaining * 1000)},
         )
 
-    async def stop(self, reason: str) -> None:
-        self.queue.fail(PoolBusy(f"member {self.name!r} is stopping ({reason})"))
-        await asyncio.gather(*(i.stop(reason) for i in self.instances))
+    async def stop(self, reason: StopReason, message: str) -> None:
+        if self._cooled_timer is not None:
+            # a stopped member's cooldown does not "end": its instances report stopped instead
+            self._cooled_timer.cancel()
+            self._cooled_timer = None
+        self.queue.fail(PoolBusy(f"member {self.name!r} is stopping ({message})"))
+        await asyncio.gather(*(i.stop(reason, message) for i in self.instances))
 
     def status(self) -> MemberStatus:
         instances = [i.status() for i in self.instances]

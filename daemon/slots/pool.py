@@ -324,7 +324,7 @@ class Pool:
         for queue in self._tiers.values():
             queue.fail(PoolBusy("the pool is stopping"))
         members = [*self._members.values(), *self._retired]
-        await asyncio.gather(*(m.stop("pool stopped") for m in members))
+        await asyncio.gather(*(m.stop("pool_stop", "pool stopped") for m in members))
         for task in list(self._ctx.tasks):
             task.cancel()
         await asyncio.gather(*self._ctx.tasks, return_exceptions=True)
@@ -342,7 +342,7 @@ class Pool:
             self._retired.append(runtime)
             runtime.queue.fail(PoolBusy(f"member {name!r} changed; retry"))
             if runtime.busy == 0:
-                self._ctx.background(runtime.stop("removed from the roster"))
+                self._ctx.background(runtime.stop("retired", "removed from the roster"))
         for name, spec in specs.items():
             if name not in self._members:
                 self._members[name] = MemberRuntime(self._ctx, spec)

@@ -1,5 +1,8 @@
 """One model-server child process: argv from a template, own process group, captured log.
 
+The log rotates when a server starts and, while it runs, whenever it outgrows a cap (checked on
+the pool's health tick; see `copy_truncate`).
+
 The child never outlives the daemon: it is started with PR_SET_PDEATHSIG=SIGKILL (set in the
 child between fork and exec), so even a SIGKILLed daemon takes its servers with it. Stopping
 signals the whole process group, in case the server command forks helpers of its own.
@@ -11,6 +14,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -49,6 +53,28 @@ def rotate_logs(path: Path, keep: int = _LOG_KEEP) -> None:
             os.replace(older, path.with_name(f"{path.name}.{i + 1}"))
     if path.exists():
         os.replace(path, path.with_name(f"{path.name}.1"))
+
+
+def copy_truncate(path: Path, keep: int = _LOG_KEEP) -> None:
+    """Rotate the log of a server that is still writing to it: copy it to `x.log.1` (shifting
+    the older ones), then truncate it in place.
+
+    The child holds its own descriptor of `x.log`, so renaming the file would leave it writing
+    into the renamed file and reopening is not ours to do. Piping its output through the daemon
+    would let us reopen at will, but costs a reader task per server and makes a busy or dying
+    daemon block (or SIGPIPE) the servers; copy-and-truncate needs neither. It works because
+    the log is opened O_APPEND: after the truncate the child's next write lands at the new end
+    (offset 0), not at its old offset behind a hole of NULs. Lines written between the copy and
+    the truncate are lost; for a diagnostic log that is the accepted price.
+    """
+    tmp = path.with_name(f"{path.name}.rotating")
+    shutil.copyfile(path, tmp)
+    os.truncate(path, 0)  # straight after the copy: the window for lost lines stays short
+    for i in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{i}")
+        if older.exists():
+            os.replace(older, path.with_name(f"{path.name}.{i + 1}"))
+    os.replace(tmp, path.with_name(f"{path.name}.1"))
 
 
 def log_tail(path: Path, limit: int = _TAIL_BYTES) -> str:
@@ -132,3 +158,14 @@ class ServerProcess:
 
     def tail(self) -> str:
         return log_tail(self.log_path)
+
+    def rotate_if_over(self, max_bytes: int, keep: int = _LOG_KEEP) -> bool:
+        """Copy-truncate the log if it has grown past `max_bytes` (blocking file I/O: run it
+        in a thread); True if it rotated."""
+        try:
+            if self.log_path.stat().st_size <= max_bytes:
+                return False
+            copy_truncate(self.log_path, keep)
+        except OSError:
+            return False  # a log we cannot rotate must not take the server down
+        return True

@@ -12,10 +12,15 @@ EventKind = Literal[
     "slot.exited",
     "slot.restarting",
     "slot.cooldown",
+    "slot.cooldown_ended",
     "slot.unloaded",
     "slot.failed",
     "slot.lost",
+    "slot.stopped",
 ]
+
+# Why a `slot.stopped` instance stopped (an idle unload has its own `slot.unloaded`).
+StopReason = Literal["pool_stop", "cooldown", "retired"]
 
 
 def _ledger_safe(value: Any, where: str) -> None:

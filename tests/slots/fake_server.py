@@ -6,7 +6,8 @@ It speaks the parts of llama-server the pool uses: /health (503 while "loading")
 /slots (is_processing), /v1/models, /v1/chat/completions (non-stream and SSE with [DONE],
 usage with cached_tokens, timings, id_slot queueing). Faults are injected with flags or at run
 time through POST /_fault {"mode": "crash" | "hang" | "fail", "count": N}: "crash" exits the
-process (in-process: drops the connection) mid-stream, "hang" stops answering anything,
+process (in-process: drops the connection) mid-stream, "truncate" ends the next stream cleanly
+after N tokens (`after`) with neither a finish_reason nor [DONE], "hang" stops answering anything,
 "fail" answers the next N chat requests with 500.
 """
 
@@ -41,6 +42,7 @@ class FakeServer:
         self.ready_at = time.monotonic() + load_delay_s
         self.hang = False
         self.crash_after: int | None = None  # tokens streamed before the crash
+        self.truncate_after: int | None = None  # tokens streamed before a clean, early end
         self.fail_next = 0
         self.requests: list[dict[str, Any]] = []
         self.processing: set[int] = set()
@@ -121,6 +123,8 @@ class FakeServer:
             self.hang = True
         elif mode == "crash":
             self.crash_after = int(body.get("after", 0))
+        elif mode == "truncate":
+            self.truncate_after = int(body.get("after", 0))
         elif mode == "fail":
             self.fail_next = int(body.get("count", 1))
         elif mode == "exit":
@@ -199,6 +203,10 @@ class FakeServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i, token in enumerate(tokens):
+            if self.truncate_after is not None and i >= self.truncate_after:
+                self.truncate_after = None
+                await resp.write_eof()  # a well-formed end of the body, but not of the stream
+                return resp
             await self._tick(i, request)
             chunk = {
                 "object": "chat.completion.chunk",

@@ -18,7 +18,7 @@ import pytest
 
 from daemon.slots import Pool, PoolBusy, PoolOptions, SlotLost
 from daemon.slots.digest import DigestCache, DigestMismatch
-from daemon.slots.process import render_argv, rotate_logs
+from daemon.slots.process import ServerProcess, render_argv, rotate_logs
 from roster import Member
 from tests.slots.conftest import FAST, REPO, Events, roster_of, spawned
 
@@ -299,3 +299,47 @@ def test_model_digest_is_checked_and_cached(tmp_path: Path) -> None:
     # a cached digest is trusted while path, size and mtime stay the same
     assert cache.path.exists()
     assert actual in cache.path.read_text()
+
+
+async def test_a_running_servers_log_is_copy_truncated_past_its_cap(tmp_path: Path) -> None:
+    writer = (
+        "import time\nfor i in range(10**5):\n    print(f'line {i}', flush=True)\n"
+        "    time.sleep(0.001)"
+    )
+    log = tmp_path / "logs" / "w.log"
+    process = ServerProcess([sys.executable, "-c", writer], log)
+    await process.spawn()
+    try:
+        await wait_for(lambda: log.exists() and log.stat().st_size > 2000)
+        assert not process.rotate_if_over(10**9)  # under the cap: left alone
+        assert process.rotate_if_over(1000, keep=2)
+        first = (tmp_path / "logs" / "w.log.1").read_bytes()
+        assert first.startswith(b"line 0\n")
+        assert len(first) > 2000
+        for _ in range(2):  # one more than `keep`: the oldest copy is dropped
+            await wait_for(lambda: log.stat().st_size > 2000)
+            assert process.rotate_if_over(1000, keep=2)
+        await wait_for(lambda: log.stat().st_size > 200)
+        current = log.read_bytes()
+        # the child appends (O_APPEND): no hole of NULs where its old offset was
+        assert b"\0" not in current
+        assert current.startswith(b"line ")
+        assert (tmp_path / "logs" / "w.log.2").exists()
+        assert not (tmp_path / "logs" / "w.log.3").exists()  # keep=2
+        assert not (tmp_path / "logs" / "w.log.rotating").exists()
+        assert process.returncode is None  # the server never noticed
+    finally:
+        await process.terminate(2)
+
+
+async def test_the_pool_rotates_a_running_servers_log_on_the_health_tick(
+    make_pool: PoolFactory, state_dir: Path
+) -> None:
+    pool = make_pool(spawned("fake"), options=FAST.model_copy(update={"log_max_bytes": 10}))
+    async with pool.lease("fake") as lease:
+        await lease.chat(MSG, max_tokens=1)
+    logs = state_dir / "logs"
+    await wait_for(lambda: (logs / "fake-0.log.1").exists(), 3)
+    assert b"listening" in (logs / "fake-0.log.1").read_bytes()
+    assert b"listening" not in (logs / "fake-0.log").read_bytes()
+    assert pool.status().member("fake").state == "ready"  # type: ignore[union-attr]

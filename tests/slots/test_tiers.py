@@ -264,7 +264,7 @@ async def test_tier_waiters_are_served_by_a_member_back_from_cooldown(
     pool = make_pool(ext(fake.url, "a"), ext(fake.url, "b"), tiers={"cheap": ["a", "b"]})
     await pool.wait_ready("cheap")
     b = pool._members["b"]
-    await b.instances[0].stop("injected", "cooldown")  # as if its server had failed
+    await b.instances[0].stop("cooldown", "injected", "cooldown")  # as if its server had failed
     await b.cool_down(b.instances[0], "injected")  # cooldown_s = 0.6 in FAST
     held = await pool.acquire("a")
     waiter = asyncio.ensure_future(pool.acquire("cheap"))

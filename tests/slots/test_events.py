@@ -1,0 +1,156 @@
+"""Every state change is an event: stopping the pool, cooldown stops and the end of a cooldown;
+and a stream that ends early is a lost slot, not a short success."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.slots import Pool, PoolBusy, PoolOptions, SlotLost
+from roster import Member
+from tests.slots.conftest import FAST, Events, roster_of
+from tests.slots.fake_server import FakeServer
+
+MSG = [{"role": "user", "content": "say hello"}]
+
+PoolFactory = Callable[..., Pool]
+
+
+@pytest.fixture
+async def make_pool(state_dir: Path, events: Events) -> AsyncIterator[PoolFactory]:
+    pools: list[Pool] = []
+
+    def make(*members: Member, options: PoolOptions = FAST) -> Pool:
+        pool = Pool(roster_of(*members), state_dir, on_event=events, options=options)
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        await pool.stop()
+
+
+def ext(url: str, name: str = "ext", **kw: Any) -> Member:
+    return Member(name=name, url=url, **kw)
+
+
+async def wait_for_kind(events: Events, kind: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while kind not in events.kinds():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {kind} in {events.kinds()}")
+        await asyncio.sleep(0.02)
+
+
+async def test_pool_stop_reports_each_running_instance_stopped(
+    fake: FakeServer, make_pool: PoolFactory, events: Events
+) -> None:
+    pool = make_pool(ext(fake.url, "a"), ext(fake.url, "idle"))
+    async with pool.lease("a") as lease:
+        await lease.chat(MSG, max_tokens=1)
+    await pool.stop()
+    assert events.kinds("a") == ["slot.starting", "slot.ready", "slot.stopped"]
+    stopped = events[-1]
+    assert stopped.detail["reason"] == "pool_stop"
+    assert stopped.detail["previous"] == "ready"
+    assert events.kinds("idle") == []  # never started: nothing changed, nothing to report
+    await pool.stop()  # a second stop changes nothing and says nothing
+    assert events.kinds("a") == ["slot.starting", "slot.ready", "slot.stopped"]
+
+
+async def test_pool_stop_under_a_lease_reports_lost_then_stopped(
+    fake: FakeServer, make_pool: PoolFactory, events: Events
+) -> None:
+    pool = make_pool(ext(fake.url))
+    lease = await pool.acquire("ext")
+    await pool.stop()
+    assert lease.lost == "pool stopped"
+    assert events.kinds()[-2:] == ["slot.lost", "slot.stopped"]
+    lease.release()
+
+
+async def test_retired_member_reports_stopped(
+    fake: FakeServer, make_pool: PoolFactory, events: Events
+) -> None:
+    pool = make_pool(ext(fake.url, "a"))
+    held = await pool.acquire("a")
+    await pool.reload(roster_of(ext(fake.url, "b")))
+    assert "slot.stopped" not in events.kinds("a")  # retired only once idle
+    held.release()
+    await wait_for_kind(events, "slot.stopped")
+    stopped = next(e for e in events if e.kind == "slot.stopped")
+    assert (stopped.member, stopped.detail["reason"]) == ("a", "retired")
+
+
+async def test_cooldown_stops_the_other_instances_and_its_end_is_reported(
+    make_pool: PoolFactory, events: Events
+) -> None:
+    fake = FakeServer(slots=1, load_delay_s=3600)  # "loading" until the test says otherwise
+    await fake.start()
+    try:
+        member = ext(fake.url, slots=1, instances=2, ready_timeout_s=0.15)
+        pool = make_pool(member)
+        waits = [asyncio.ensure_future(pool.acquire("ext")) for _ in range(2)]
+        for result in await asyncio.gather(*waits, return_exceptions=True):
+            assert isinstance(result, PoolBusy)
+        await wait_for_kind(events, "slot.stopped", 3)
+        cooled = next(e for e in events if e.kind == "slot.cooldown")
+        stopped = [e for e in events if e.kind == "slot.stopped"]
+        assert [(e.instance, e.detail["reason"]) for e in stopped] == [
+            (1 - cooled.instance, "cooldown")
+        ]
+        await wait_for_kind(events, "slot.cooldown_ended", 3)
+        ended = next(e for e in events if e.kind == "slot.cooldown_ended")
+        assert ended.instance == cooled.instance
+        assert "not ready" in ended.detail["last_error"]
+        status = pool.status().member("ext")
+        assert status is not None
+        assert status.state == "stopped"
+        assert {i.state for i in status.instances} == {"stopped"}
+        fake.ready_at = 0.0  # fixed: the next lease starts it again
+        async with pool.lease("ext", deadline=time.monotonic() + 5) as lease:
+            await lease.chat(MSG, max_tokens=1)
+    finally:
+        await fake.stop()
+
+
+async def test_pool_stop_during_a_cooldown_reports_stopped_not_ended(
+    make_pool: PoolFactory, events: Events
+) -> None:
+    fake = FakeServer(slots=1, load_delay_s=3600)
+    await fake.start()
+    try:
+        pool = make_pool(ext(fake.url, slots=1, ready_timeout_s=0.1))
+        with pytest.raises(PoolBusy):
+            await pool.acquire("ext")
+        await pool.stop()
+        await asyncio.sleep(FAST.cooldown_s + 0.1)
+        assert events.kinds()[-2:] == ["slot.cooldown", "slot.stopped"]
+        assert events[-1].detail == {
+            "reason": "pool_stop",
+            "message": "pool stopped",
+            "previous": "cooldown",
+            "returncode": None,
+        }
+    finally:
+        await fake.stop()
+
+
+async def test_stream_ending_without_done_or_finish_reason_is_slot_lost(
+    fake: FakeServer, make_pool: PoolFactory
+) -> None:
+    pool = make_pool(ext(fake.url, slots=1))
+    deltas: list[str] = []
+    fake.truncate_after = 2
+    async with pool.lease("ext") as lease:
+        with pytest.raises(SlotLost, match="without"):
+            await lease.chat(MSG, max_tokens=10, on_delta=deltas.append)
+    assert deltas == ["t0 ", "t1 "]  # what was streamed, but no ChatResult with partial text
+    async with pool.lease("ext") as lease:  # the next request completes normally
+        result = await lease.chat(MSG, max_tokens=3, on_delta=lambda _: None)
+    assert (result.text, result.finish_reason) == ("t0 t1 t2 ", "length")

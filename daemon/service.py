@@ -156,13 +156,15 @@ class Daemon:
                     await loop
         if self._engine is not None:
             await self._engine.shutdown(self.settings.drain_s)
-            if self._ledger is not None:
-                try:
-                    await self.write_snapshot(patience_s=5.0)
-                except Exception:  # derived data: the next start replays the ledger instead
-                    log.exception("run snapshot failed")
         if self._pool is not None:
+            # Before the snapshot: stopping servers witnesses slot.stopped entries, and a
+            # snapshot that covers the whole ledger makes the next start replay nothing.
             await self._pool.stop()
+        if self._engine is not None and self._ledger is not None:
+            try:
+                await self.write_snapshot(patience_s=5.0)
+            except Exception:  # derived data: the next start replays the ledger instead
+                log.exception("run snapshot failed")
         if self._ledger is not None:
             await self._ledger.checkpoint()
             await self._ledger.close()

@@ -66,7 +66,8 @@ def test_serve_submit_sigterm_verify(tmp_path: Path) -> None:
             time.sleep(0.1)
         shown = (tmp_path / "serve.log").read_text()
         assert f"listening on unix:{socket_path}" in shown
-        assert '"args": [' in shown and '"mcp"' in shown
+        assert '"mcpServers"' in shown
+        assert '"mcp"' in shown
 
         done = _tally(
             "submit",

@@ -97,8 +97,8 @@ INTENT: Final = "run.intent"
 """[run.answer] {coverage_ppm: int, keys: [str], missing: [str]}  (witnessed; never blocks)"""
 
 STATE: Final = "run.state"
-"""[run.answer | run.budget | run.cancel (queued run) | run.request] {state: "done"|"failed"|"cancelled"|
-"budget_exhausted", error: str|null}"""
+"""[run.answer | run.budget | run.cancel (a queued run) | run.request] {state: "done"|"failed"|
+"cancelled"|"budget_exhausted", error: str|null}"""
 
 INTERRUPTED: Final = "run.interrupted"
 """[run.request] {reason: str, previous: state, spent_wall_ms: int}  — written by the daemon on

@@ -765,6 +765,9 @@ class Engine:
         max_tokens = self.options.max_tokens
         on_delta = (lambda text: self._delta(ctx.id, text)) if stream else None
         async with self.pool.lease(target, priority=priority, affinity=affinity) as lease:
+            request = k.safe(
+                self._request(lease, messages, max_tokens, response_format, stream=stream)
+            )
             call_body = {
                 "purpose": purpose,
                 "task": task,
@@ -772,14 +775,7 @@ class Engine:
                 "member": lease.member,
                 "instance": lease.instance,
                 "slot": lease.id_slot,
-                "request": k.safe(
-                    {
-                        "messages": messages,
-                        "max_tokens": max_tokens,
-                        "response_format": response_format,
-                        "id_slot": lease.id_slot,
-                    }
-                ),
+                "request": request,
             }
             call_seq = await self._witness(ctx.id, k.MODEL_CALL, call_body, parent)
             where = {"member": lease.member, "instance": lease.instance, "slot": lease.id_slot}
@@ -803,7 +799,7 @@ class Engine:
                 )
                 raise
             usage = getattr(result, "usage", None)
-            sent = dict(getattr(result, "request", None) or {})
+            sent = k.safe(dict(getattr(result, "request", None) or {}))
             reply = {
                 "text": str(result.text),
                 "finish_reason": result.finish_reason,
@@ -815,12 +811,45 @@ class Engine:
                     "cached_tokens": getattr(usage, "cached_tokens", None),
                 },
                 "timings": ledger_timings(getattr(result, "timings", None)),
-                "sent": k.safe({key: v for key, v in sent.items() if key != "messages"}),
+                "sent": _differs(request, sent),
                 "error": None,
             } | where
             reply_seq = await self._witness(ctx.id, k.MODEL_REPLY, reply, call_seq)
         ctx.meter.check_tokens()
         return result, reply_seq
+
+    def _request(
+        self,
+        lease: Any,
+        messages: builtins.list[dict[str, Any]],
+        max_tokens: int,
+        response_format: dict[str, Any] | None,
+        *,
+        stream: bool,
+    ) -> dict[str, Any]:
+        """The request body the pool sends for this call, composed as `daemon.slots` does.
+
+        Witnessed in model.call before the call goes out; should the pool send anything else,
+        model.reply's `sent` shows it (see `_differs`).
+        """
+        member = next((m for m in self.roster.models if m.name == lease.member), None)
+        # A server the pool owns is always streamed (that is how a cancel stops it).
+        streamed = stream or member is None or member.url is None
+        body: dict[str, Any] = {
+            "model": (member.model_id or member.name) if member is not None else lease.member,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "cache_prompt": True,
+            "stream": streamed,
+            "id_slot": lease.id_slot,
+        }
+        if member is not None:
+            body.update(member.sampling.model_dump(exclude_none=True))
+        if response_format is not None:
+            body["response_format"] = response_format
+        if streamed:
+            body["stream_options"] = {"include_usage": True}
+        return body
 
     # ---------------------------------------------------------------- tasks
 
@@ -1116,6 +1145,16 @@ def ledger_timings(raw: object) -> dict[str, int]:
         else:
             out[name] = round(value)
     return out
+
+
+def _differs(witnessed: object, sent: object) -> object:
+    """None when the pool sent what model.call witnessed (or did not say what it sent), else
+    the body it did send minus its messages, so the ledger never hides a parameter."""
+    if not isinstance(sent, dict) or not sent or not isinstance(witnessed, dict):
+        return None
+    if sent == witnessed:
+        return None
+    return {key: value for key, value in sent.items() if key != "messages"}
 
 
 def _describe(exc: BaseException) -> str:

@@ -2,6 +2,8 @@
 
 All bodies hold only JSON null/bool/str/int/list/dict (no floats): confidences and scores are
 parts per million (`*_ppm`), durations integer milliseconds (`*_ms`) or microseconds (`*_us`).
+Values passed through as given (a plan's `timeout_s`, a request's sampling parameters) go
+through `safe`: each float becomes {"__float__": "<repr>"}, which `unsafe` reverses.
 Every entry carries `run` = the run id. `parent` (in brackets) makes the causal chain, so
 `causal_chain(answer)` reads request → route → plan → task.start → model.call → model.reply
 → task.result → task.verdict → [synthesis call → reply] → run.answer.
@@ -17,20 +19,22 @@ from typing import Final
 ACTOR: Final = "engine"
 
 REQUEST: Final = "run.request"
-"""[none] {request: str, lane: str|null, plan: Plan|null, budget: {model_calls, tokens, wall_ms}
-(ints or null), max_parallel: int|null, barrier: bool, idempotency_key: str|null}"""
+"""[none] {request: str, lane: str|null, plan: Plan|null (`safe`), budget: {model_calls, tokens,
+wall_ms} (ints or null), max_parallel: int|null, barrier: bool, idempotency_key: str|null}"""
 
 ROUTE: Final = "run.route"
 """[run.request] {lane: str|null, confidence_ppm: int, escalate: bool, source: "router"|"client",
-scores: [[lane, score_ppm], ...] (top 8), matched: {lane: [words]}}"""
+scores: [[lane, score_ppm], ...] (top 8), matched: {lane: [words]}}  (source "client": the
+client named the lane; confidence 1 000 000, scores [] and matched {})"""
 
 CLASSIFY: Final = "run.classify"
 """[classifier model.reply or run.route] {lane: str, candidates: [lane], source: "model"|"fallback",
 error: str|null}"""
 
 PLAN: Final = "run.plan"
-"""[run.route | run.classify] {source: "client"|"coordinator"|"single"|"fallback", plan: Plan,
-waves: [[task id]], critical_path: int, error: str|null}"""
+"""[run.route | run.classify | the coordinator's last model.reply] {source: "client"|"coordinator"|
+"single"|"fallback", plan: Plan (`safe`), waves: [[task id]], critical_path: int,
+error: str|null (why the coordinator's plan was not used, with source "fallback")}"""
 
 GUARD: Final = "output.guard"
 """[model.reply] one structured-output attempt: {purpose: "classify"|"plan"|"judge", attempt: int,
@@ -43,13 +47,20 @@ attempt: int (1-based), needs: [task id], feedback: [str] (what failed in the pr
 MODEL_CALL: Final = "model.call"
 """[task.start | run.route | run.plan's parent | last verdict] {purpose: "task"|"classify"|"plan"|
 "judge"|"synthesize", task: str|null, target: tier or member, member, instance: int, slot: int,
-request: the exact request body sent (messages, max_tokens, response_format, sampling, id_slot)}"""
+request}  `request` is the request body sent to `/v1/chat/completions`, through `safe`, witnessed
+before it goes out: {model, messages, max_tokens, cache_prompt: true, stream: bool, id_slot,
+the member's sampling parameters that are set (temperature, top_p, top_k, min_p, repeat_penalty,
+seed), response_format (when constrained), stream_options (when streamed)}. A server tally
+spawns is always streamed (a closed stream is how a cancel stops it)."""
 
 MODEL_REPLY: Final = "model.reply"
 """[model.call] {text, finish_reason: str|null, usage: {prompt_tokens, completion_tokens,
 cached_tokens} (ints or null = not reported), timings: {name: int} (llama.cpp's, `*_ms` as
 `*_us`: prompt_n, prompt_us, predicted_n, predicted_us, cache_n), member, instance, slot,
-error: str|null}  (an error reply has text "" and the error; its tokens count as 0)"""
+sent: null|{...}, error: str|null}  (an error reply has text "" and the error, no `sent`; its
+tokens count as 0). `sent` is null when the pool sent exactly model.call's `request` (or did not
+say what it sent); otherwise it is the body the pool did send, minus messages (`safe`) — e.g. an
+external server without slots gets no id_slot."""
 
 COMMAND_RUN: Final = "command.run"
 """[task.start] {task, argv: [str], exit_code: int|null, timed_out: bool, stdout: str, stderr: str,
@@ -78,15 +89,16 @@ CANCEL: Final = "run.cancel"
 """[run.request] {reason: str}"""
 
 ANSWER: Final = "run.answer"
-"""[synthesis model.reply | the single task's task.verdict] {answer: str, source: "single"|
-"synthesis"|"results"}"""
+"""[synthesis model.reply | the single task's task.verdict | the last entry] {answer: str,
+source: "single"|"synthesis"|"results", error: str (only with source "results": why synthesis
+failed, the task results joined stand as the answer)}"""
 
 INTENT: Final = "run.intent"
 """[run.answer] {coverage_ppm: int, keys: [str], missing: [str]}  (witnessed; never blocks)"""
 
 STATE: Final = "run.state"
-"""[last entry of the run] {state: "done"|"failed"|"cancelled"|"budget_exhausted",
-error: str|null}"""
+"""[run.answer | run.budget | run.cancel (a queued run) | run.request] {state: "done"|"failed"|
+"cancelled"|"budget_exhausted", error: str|null}"""
 
 INTERRUPTED: Final = "run.interrupted"
 """[run.request] {reason: str, previous: state, spent_wall_ms: int}  — written by the daemon on

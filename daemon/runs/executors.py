@@ -158,6 +158,9 @@ async def run_command(
         except BaseException:
             _kill_group(proc)
             readers.cancel()
+            # Retrieve the gather's outcome, or asyncio logs "exception was never retrieved".
+            with contextlib.suppress(BaseException):
+                await readers
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(proc.wait(), 2.0)
             raise

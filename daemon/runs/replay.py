@@ -61,8 +61,19 @@ def _ignore(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
 
 
 def _route(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    """`routing` while the lane is still open, `planning` once the route decides it.
+
+    The router escalates (no lane, or too close to call) → the engine asks the classifier
+    (or takes the lane from the client's plan) and the run reads `routing` until run.classify
+    or run.plan. A confident keyword route, or a lane the client named, decides at once and
+    the run goes queued → planning: routing by keywords is synchronous — the run passes the
+    `max_runs` gate, the router scores the request and run.route is appended with no await
+    in between — so no entry marks its start, and a `routing` state there would last one
+    fsync and cost an extra entry per run. `queued` stays what it says: waiting for the gate.
+    """
     view.lane = b.get("lane")
-    view.state = "planning"
+    decided = b.get("lane") is not None and not b.get("escalate")
+    view.state = "planning" if decided else "routing"
 
 
 def _classify(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:

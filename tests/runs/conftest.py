@@ -21,12 +21,15 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Factory]:
     made: list[tuple[Daemon, ScriptedServer]] = []
 
     async def make(
-        rules: list[tuple[str, Reply, float]], policy: dict[str, Any] | None = None, **over: Any
+        rules: list[tuple[str, Reply, float]],
+        policy: dict[str, Any] | None = None,
+        sampling: str = "",
+        **over: Any,
     ) -> tuple[Daemon, ScriptedServer]:
         server = ScriptedServer(rules, default="done")
         await server.start()
         roster = tmp_path / "roster.toml"
-        roster.write_text(roster_toml(server.url, **(policy or {})))
+        roster.write_text(roster_toml(server.url, sampling, **(policy or {})))
         settings = Settings.from_env(
             state_dir=tmp_path / "state",
             runtime_dir=tmp_path / "run",

@@ -106,7 +106,8 @@ class ScriptedServer(FakeServer):
         return resp
 
 
-def roster_toml(url: str, **policy: Any) -> str:
+def roster_toml(url: str, sampling: str = "", **policy: Any) -> str:
+    """The test roster; `sampling` is TOML for the members' `sampling` tables' keys."""
     lanes = "\n".join(
         f'[[lanes]]\nname = "{name}"\nkeywords = ["{name}"]\ntier = "cheap"\n'
         f'system = "You do {name} work."\n'
@@ -121,6 +122,7 @@ max_parallel = 4
 name = "tiny"
 url = "{url}"
 slots = 4
+sampling = {{ {sampling} }}
 
 [[models]]
 name = "big"

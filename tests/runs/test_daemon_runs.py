@@ -68,6 +68,11 @@ async def test_three_task_dag_with_scripted_replies(fleet: Factory) -> None:
     assert "GET /items" in doc_prompt
     calls = await bodies(daemon, k.MODEL_CALL, view.id)
     assert all(isinstance(c["slot"], int) and c["member"] == "tiny" for c in calls)
+    # witnessed before sending, the streamed synthesis too: each is what the server received
+    witnessed = sorted(json.dumps(k.unsafe(c["request"]), sort_keys=True) for c in calls)
+    assert witnessed == sorted(json.dumps(r, sort_keys=True) for r in server.requests)
+    assert calls[-1]["request"]["stream"] is True
+    assert all(r["sent"] is None for r in await bodies(daemon, k.MODEL_REPLY, view.id))
     assert done.answer_seq is not None
     chain = [e.kind for e in await daemon.ledger.causal_chain(done.answer_seq)]
     expected = [k.REQUEST, k.ROUTE, k.PLAN, k.TASK_START, k.TASK_RESULT, k.TASK_VERDICT, k.ANSWER]

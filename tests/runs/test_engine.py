@@ -245,3 +245,28 @@ def test_ledger_timings_keep_counts_and_turn_milliseconds_into_microseconds() ->
         "predicted_us": 30250,
     }
     assert ledger_timings(None) == {}
+
+
+async def _states(ledger: MemoryLedger, run_id: str) -> list[str]:
+    """The run's state after each of its entries, as replay reads it: no repeats."""
+    seen: list[str] = []
+    for entry in await ledger.entries(limit=10_000, run=run_id):
+        state = (await replay(ledger, until=entry.seq))[run_id].state
+        if not seen or seen[-1] != state:
+            seen.append(state)
+    return seen
+
+
+async def test_run_reads_routing_while_its_lane_is_open() -> None:
+    def script(member: str, messages: list[dict[str, Any]]) -> str:
+        if "route a request" in str(messages[0]["content"]):
+            return '{"lane": "docs"}'
+        return "an answer"
+
+    engine, ledger, _ = make_engine(script)
+    vague = await engine.wait((await engine.submit("something vague")).id, timeout=5)
+    routed = await engine.wait((await engine.submit("backend api")).id, timeout=5)
+    # escalated to the classifier: routing from run.route until run.classify, never back
+    assert await _states(ledger, vague.id) == ["queued", "routing", "planning", "running", "done"]
+    # a confident keyword route decides the lane in its own entry (see replay._route)
+    assert await _states(ledger, routed.id) == ["queued", "planning", "running", "done"]

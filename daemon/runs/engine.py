@@ -765,9 +765,7 @@ class Engine:
         max_tokens = self.options.max_tokens
         on_delta = (lambda text: self._delta(ctx.id, text)) if stream else None
         async with self.pool.lease(target, priority=priority, affinity=affinity) as lease:
-            request = k.safe(
-                self._request(lease, messages, max_tokens, response_format, stream=stream)
-            )
+            request = k.safe(lease.request(messages, max_tokens, response_format, stream=stream))
             call_body = {
                 "purpose": purpose,
                 "task": task,
@@ -817,39 +815,6 @@ class Engine:
             reply_seq = await self._witness(ctx.id, k.MODEL_REPLY, reply, call_seq)
         ctx.meter.check_tokens()
         return result, reply_seq
-
-    def _request(
-        self,
-        lease: Any,
-        messages: builtins.list[dict[str, Any]],
-        max_tokens: int,
-        response_format: dict[str, Any] | None,
-        *,
-        stream: bool,
-    ) -> dict[str, Any]:
-        """The request body the pool sends for this call, composed as `daemon.slots` does.
-
-        Witnessed in model.call before the call goes out; should the pool send anything else,
-        model.reply's `sent` shows it (see `_differs`).
-        """
-        member = next((m for m in self.roster.models if m.name == lease.member), None)
-        # A server the pool owns is always streamed (that is how a cancel stops it).
-        streamed = stream or member is None or member.url is None
-        body: dict[str, Any] = {
-            "model": (member.model_id or member.name) if member is not None else lease.member,
-            "messages": messages,
-            "max_tokens": max_tokens,
-            "cache_prompt": True,
-            "stream": streamed,
-            "id_slot": lease.id_slot,
-        }
-        if member is not None:
-            body.update(member.sampling.model_dump(exclude_none=True))
-        if response_format is not None:
-            body["response_format"] = response_format
-        if streamed:
-            body["stream_options"] = {"include_usage": True}
-        return body
 
     # ---------------------------------------------------------------- tasks
 

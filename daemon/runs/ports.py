@@ -64,6 +64,15 @@ class LeasePort(Protocol):
     instance: int
     id_slot: int
 
+    def request(
+        self,
+        messages: list[dict[str, Any]],
+        max_tokens: int = 256,
+        response_format: dict[str, Any] | None = None,
+        *,
+        stream: bool = False,
+    ) -> dict[str, Any]: ...
+
     async def chat(
         self,
         messages: list[dict[str, Any]],

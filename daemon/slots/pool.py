@@ -78,6 +78,29 @@ class Lease:
             details={"member": self.member, "instance": self.instance, "id_slot": self.id_slot},
         )
 
+    def request(
+        self,
+        messages: list[dict[str, Any]],
+        max_tokens: int = 256,
+        response_format: dict[str, Any] | None = None,
+        *,
+        stream: bool = False,
+    ) -> dict[str, Any]:
+        """The exact body `chat` sends for these arguments, so a caller can witness it first."""
+        spec = self._member.spec
+        return request_body(
+            spec,
+            self.id_slot if self._slot.instance.send_id_slot else None,
+            messages,
+            max_tokens=max_tokens,
+            response_format=response_format,
+            # llama.cpp notices a closed connection only while streaming (a non-streamed
+            # request was measured generating on after its client left), so cancel can only
+            # stop a server we own if we stream; the caller still gets one ChatResult.
+            stream=stream or spec.url is None,
+            extra=None,
+        )
+
     async def chat(
         self,
         messages: list[dict[str, Any]],
@@ -93,18 +116,9 @@ class Lease:
             raise RuntimeError("the lease has ended")
         instance = self._slot.instance
         spec = self._member.spec
-        body = request_body(
-            spec,
-            self.id_slot if instance.send_id_slot else None,
-            messages,
-            max_tokens=max_tokens,
-            response_format=response_format,
-            # llama.cpp notices a closed connection only while streaming (a non-streamed
-            # request was measured generating on after its client left), so cancel can only
-            # stop a server we own if we stream; the caller still gets one ChatResult.
-            stream=on_delta is not None or spec.url is None,
-            extra=extra,
-        )
+        body = self.request(messages, max_tokens, response_format, stream=on_delta is not None)
+        if extra:
+            body.update(extra)
         task = asyncio.current_task()
         self._task = task
         try:

@@ -168,6 +168,16 @@ class FakeLease:
         self.instance = 0
         self.id_slot = slot
 
+    def request(
+        self,
+        messages: list[dict[str, Any]],
+        max_tokens: int = 256,
+        response_format: dict[str, Any] | None = None,
+        *,
+        stream: bool = False,
+    ) -> dict[str, Any]:
+        return {"messages": messages, "max_tokens": max_tokens, "temperature": 0.2}
+
     async def chat(
         self,
         messages: list[dict[str, Any]],

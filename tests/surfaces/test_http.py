@@ -20,6 +20,7 @@ from daemon.errors import Busy, DeadlineExceeded, TallyError
 from daemon.ledger.merkle import verify_inclusion
 from daemon.runs import entries as k
 from daemon.service import Daemon
+from daemon.slots.errors import PoolBusy, PoolTimeout
 from daemon.tools import TOOLS
 from surfaces.http import HttpOptions, Listen, create_app, openapi_document, serve
 from tests.slots.fake_server import FakeServer
@@ -298,11 +299,19 @@ async def test_tally_errors_map_by_status(client: Client, daemon: Daemon, monkey
     assert resp.headers["Retry-After"] == "3"
     assert (await resp.json())["error"] == {"code": "busy", "message": "queue full", "details": {}}
 
-    def late(text: str) -> None:
-        raise DeadlineExceeded("too slow")
+    # the slot pool's own errors, as a tool that leases directly would see them
+    for error, status, code in (
+        (PoolBusy("tier cheap: 8 waiting", retry_after=1.0), 503, "pool_busy"),
+        (PoolTimeout("no slot within 2 s"), 504, "pool_timeout"),
+        (DeadlineExceeded("too slow"), 504, "deadline_exceeded"),
+    ):
 
-    monkeypatch.setattr(daemon.router, "route", late)
-    assert (await client.post("/v1/tools/route", json={"text": "x"})).status == 504
+        def fail(text: str, error: Exception = error) -> None:
+            raise error
+
+        monkeypatch.setattr(daemon.router, "route", fail)
+        resp = await client.post("/v1/tools/route", json={"text": "x"})
+        assert (resp.status, (await resp.json())["error"]["code"]) == (status, code)
 
     def boom(text: str) -> None:
         raise RuntimeError("secret internals")

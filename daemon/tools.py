@@ -191,6 +191,10 @@ class VerifyOut(_Out):
     tampered: list[str] | None = Field(
         default=None, description="Hashes of bodies missing or changed without a witness (deep)."
     )
+    tampered_why: dict[str, str] | None = Field(
+        default=None,
+        description='Per tampered body: "changed" or "missing (no redaction witnessed)".',
+    )
 
 
 # ---------------------------------------------------------------- health

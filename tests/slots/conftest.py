@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from daemon.slots import PoolOptions, SlotEvent
+from daemon.slots import Pool, PoolOptions, SlotEvent
 from roster import Lane, Member, Roster, Tiers
 from tests.slots.fake_server import FakeServer
 
@@ -79,6 +79,24 @@ def _importable_tests(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def events() -> Events:
     return Events()
+
+
+PoolFactory = Callable[..., Pool]
+
+
+@pytest.fixture
+async def make_pool(state_dir: Path, events: Events) -> AsyncIterator[PoolFactory]:
+    """make(*members, options=FAST, tiers=...) -> a Pool reporting to `events`, stopped after."""
+    pools: list[Pool] = []
+
+    def make(*members: Member, options: PoolOptions = FAST, **kw: Any) -> Pool:
+        pool = Pool(roster_of(*members, **kw), state_dir, on_event=events, options=options)
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        await pool.stop()
 
 
 @pytest.fixture

@@ -5,34 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from daemon.slots import Pool, PoolBusy, PoolOptions, SlotLost
+from daemon.slots import PoolBusy, SlotLost
 from roster import Member
-from tests.slots.conftest import FAST, Events, roster_of
+from tests.slots.conftest import FAST, Events, PoolFactory, roster_of
 from tests.slots.fake_server import FakeServer
 
 MSG = [{"role": "user", "content": "say hello"}]
-
-PoolFactory = Callable[..., Pool]
-
-
-@pytest.fixture
-async def make_pool(state_dir: Path, events: Events) -> AsyncIterator[PoolFactory]:
-    pools: list[Pool] = []
-
-    def make(*members: Member, options: PoolOptions = FAST) -> Pool:
-        pool = Pool(roster_of(*members), state_dir, on_event=events, options=options)
-        pools.append(pool)
-        return pool
-
-    yield make
-    for pool in pools:
-        await pool.stop()
 
 
 def ext(url: str, name: str = "ext", **kw: Any) -> Member:

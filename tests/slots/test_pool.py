@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,34 +12,16 @@ from aiohttp import web
 from daemon.slots import (
     ModelError,
     NoSuchTarget,
-    Pool,
     PoolBusy,
-    PoolOptions,
     PoolTimeout,
     SlotEvent,
     SlotLost,
 )
 from roster import Member, Sampling
-from tests.slots.conftest import FAST, Events, roster_of
+from tests.slots.conftest import FAST, Events, PoolFactory, roster_of
 from tests.slots.fake_server import FakeServer
 
 MSG = [{"role": "user", "content": "say hello"}]
-
-PoolFactory = Callable[..., Pool]
-
-
-@pytest.fixture
-async def make_pool(state_dir: Path, events: Events) -> AsyncIterator[PoolFactory]:
-    pools: list[Pool] = []
-
-    def make(*members: Member, options: PoolOptions = FAST, **kw: Any) -> Pool:
-        pool = Pool(roster_of(*members, **kw), state_dir, on_event=events, options=options)
-        pools.append(pool)
-        return pool
-
-    yield make
-    for pool in pools:
-        await pool.stop()
 
 
 def ext(url: str, name: str = "ext", **kw: Any) -> Member:

@@ -9,36 +9,20 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from daemon.slots import Pool, PoolBusy, PoolOptions, SlotLost
+from daemon.slots import Pool, PoolBusy, SlotLost
 from daemon.slots.digest import DigestCache, DigestMismatch
 from daemon.slots.process import ServerProcess, render_argv, rotate_logs
 from roster import Member
-from tests.slots.conftest import FAST, REPO, Events, roster_of, spawned
+from tests.slots.conftest import FAST, REPO, Events, PoolFactory, roster_of, spawned
 
 MSG = [{"role": "user", "content": "hi"}]
-
-PoolFactory = Callable[..., Pool]
-
-
-@pytest.fixture
-async def make_pool(state_dir: Path, events: Events) -> AsyncIterator[PoolFactory]:
-    pools: list[Pool] = []
-
-    def make(*members: Member, options: PoolOptions = FAST) -> Pool:
-        pool = Pool(roster_of(*members), state_dir, on_event=events, options=options)
-        pools.append(pool)
-        return pool
-
-    yield make
-    for pool in pools:
-        await pool.stop()
 
 
 def alive(pid: int) -> bool:

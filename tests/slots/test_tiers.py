@@ -5,33 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from daemon.slots import Pool, PoolBusy, PoolOptions, PoolTimeout
+from daemon.slots import Pool, PoolBusy, PoolTimeout
 from daemon.slots.pool import Lease
 from roster import Member
-from tests.slots.conftest import FAST, Events, roster_of, spawned
+from tests.slots.conftest import FAST, Events, PoolFactory, spawned
 from tests.slots.fake_server import FakeServer
-
-PoolFactory = Callable[..., Pool]
-
-
-@pytest.fixture
-async def make_pool(state_dir: Path, events: Events) -> AsyncIterator[PoolFactory]:
-    pools: list[Pool] = []
-
-    def make(*members: Member, options: PoolOptions = FAST, **kw: Any) -> Pool:
-        pool = Pool(roster_of(*members, **kw), state_dir, on_event=events, options=options)
-        pools.append(pool)
-        return pool
-
-    yield make
-    for pool in pools:
-        await pool.stop()
 
 
 def ext(url: str, name: str, **kw: Any) -> Member:

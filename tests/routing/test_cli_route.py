@@ -56,22 +56,7 @@ def test_route_escalation_text(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_route_other_roster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "r.toml"
-    path.write_text(
-        """
-[[models]]
-name = "m"
-url = "http://127.0.0.1:1/v1"
-[tiers]
-ladder = ["t"]
-t = ["m"]
-[[lanes]]
-name = "pasta"
-keywords = ["pasta", "recipe"]
-tier = "t"
-system = "You cook."
-""",
-        encoding="utf-8",
-    )
+    path.write_text(PASTA, encoding="utf-8")
     assert main(["route", "--json", "--roster", str(path), "a good pasta recipe"]) == 0
     assert json.loads(capsys.readouterr().out)["lane"] == "pasta"
 

@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from daemon.config import Settings
 from daemon.service import Daemon
-from tests.runs.model_server import Reply, ScriptedServer, roster_toml
+from tests.runs.model_server import Reply, ScriptedServer, roster_toml, settings_for
 
 Factory = Callable[..., Any]
 
@@ -28,17 +27,8 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Factory]:
     ) -> tuple[Daemon, ScriptedServer]:
         server = ScriptedServer(rules, default="done")
         await server.start()
-        roster = tmp_path / "roster.toml"
-        roster.write_text(roster_toml(server.url, sampling, **(policy or {})))
-        settings = Settings.from_env(
-            state_dir=tmp_path / "state",
-            runtime_dir=tmp_path / "run",
-            roster_path=roster,
-            checkpoint_interval_s=3600,
-            drain_s=0.2,
-            **over,
-        )
-        daemon = Daemon(settings)
+        roster = roster_toml(server.url, sampling, **(policy or {}))
+        daemon = Daemon(settings_for(tmp_path, roster, **over))
         await daemon.start()
         made.append((daemon, server))
         return daemon, server

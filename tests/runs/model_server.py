@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from daemon.config import Settings
 from tests.slots.fake_server import FakeServer
 
 Reply = str | list[str]
@@ -106,13 +108,18 @@ class ScriptedServer(FakeServer):
         return resp
 
 
-def roster_toml(url: str, sampling: str = "", **policy: Any) -> str:
-    """The test roster; `sampling` is TOML for the members' `sampling` tables' keys."""
-    lanes = "\n".join(
-        f'[[lanes]]\nname = "{name}"\nkeywords = ["{name}"]\ntier = "cheap"\n'
-        f'system = "You do {name} work."\n'
-        for name in ("backend", "docs", "testing")
-    )
+def roster_toml(url: str, sampling: str = "", lanes: str | None = None, **policy: Any) -> str:
+    """The test roster: two members (tiers cheap, capable) on one model server at `url`.
+
+    `sampling` is TOML for the first member's `sampling` table; `lanes` replaces the three
+    one-keyword lanes (backend, docs, testing); `policy` adds `[policy]` keys.
+    """
+    if lanes is None:
+        lanes = "\n".join(
+            f'[[lanes]]\nname = "{name}"\nkeywords = ["{name}"]\ntier = "cheap"\n'
+            f'system = "You do {name} work."\n'
+            for name in ("backend", "docs", "testing")
+        )
     extra = "".join(f"{key} = {json.dumps(value)}\n" for key, value in policy.items())
     return f"""version = 1
 [policy]
@@ -135,3 +142,19 @@ cheap = ["tiny"]
 capable = ["big"]
 
 {lanes}"""
+
+
+def settings_for(tmp_path: Path, roster_text: str, **over: Any) -> Settings:
+    """Daemon settings with everything under `tmp_path` and a short drain."""
+    roster = tmp_path / "roster.toml"
+    roster.write_text(roster_text)
+    return Settings.from_env(
+        **{
+            "state_dir": tmp_path / "state",
+            "runtime_dir": tmp_path / "run",
+            "roster_path": roster,
+            "checkpoint_interval_s": 3600,
+            "drain_s": 0.2,
+        }
+        | over
+    )

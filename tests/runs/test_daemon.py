@@ -16,7 +16,7 @@ import pytest
 from daemon.config import Settings
 from daemon.runs import entries as k
 from daemon.service import Daemon
-from tests.runs.model_server import ScriptedServer, roster_toml
+from tests.runs.model_server import ScriptedServer, roster_toml, settings_for
 
 CHAIN = {
     "tasks": [
@@ -29,15 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def settings(tmp_path: Path, url: str) -> Settings:
-    roster = tmp_path / "roster.toml"
-    roster.write_text(roster_toml(url))
-    return Settings.from_env(
-        state_dir=tmp_path / "state",
-        runtime_dir=tmp_path / "run",
-        roster_path=roster,
-        checkpoint_interval_s=3600,
-        drain_s=0.5,
-    )
+    return settings_for(tmp_path, roster_toml(url), drain_s=0.5)
 
 
 async def kinds_of(daemon: Daemon, run_id: str) -> list[str]:

@@ -16,6 +16,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from daemon.config import Settings
 from daemon.service import Daemon
 from surfaces.http import HttpOptions, create_app
+from tests.runs.model_server import roster_toml as shared_roster_toml
+from tests.runs.model_server import settings_for
 from tests.slots.fake_server import FakeServer
 
 TOKEN = "test-token-123"
@@ -37,25 +39,7 @@ system = "You write documentation."
 
 
 def roster_toml(url: str) -> str:
-    return f"""version = 1
-[policy]
-max_parallel = 4
-
-[[models]]
-name = "tiny"
-url = "{url}"
-slots = 4
-
-[[models]]
-name = "big"
-url = "{url}"
-slots = 4
-
-[tiers]
-ladder = ["cheap", "capable"]
-cheap = ["tiny"]
-capable = ["big"]
-{LANES}"""
+    return shared_roster_toml(url, lanes=LANES)
 
 
 def two_tasks(request: str = "build the api") -> dict[str, Any]:
@@ -69,15 +53,7 @@ def two_tasks(request: str = "build the api") -> dict[str, Any]:
 
 
 def daemon_settings(tmp_path: Path, url: str) -> Settings:
-    roster = tmp_path / "roster.toml"
-    roster.write_text(roster_toml(url))
-    return Settings.from_env(
-        state_dir=tmp_path / "state",
-        runtime_dir=tmp_path / "run",
-        roster_path=roster,
-        checkpoint_interval_s=3600,
-        drain_s=0.2,
-    )
+    return settings_for(tmp_path, roster_toml(url))
 
 
 @pytest.fixture

@@ -33,7 +33,6 @@ def request_body(
     max_tokens: int,
     response_format: dict[str, Any] | None,
     stream: bool,
-    extra: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": member.model_id or member.name,
@@ -49,8 +48,6 @@ def request_body(
         body["response_format"] = response_format
     if stream:
         body["stream_options"] = {"include_usage": True}
-    if extra:
-        body.update(extra)
     return body
 
 

@@ -98,7 +98,6 @@ class Lease:
             # request was measured generating on after its client left), so cancel can only
             # stop a server we own if we stream; the caller still gets one ChatResult.
             stream=stream or spec.url is None,
-            extra=None,
         )
 
     async def chat(

@@ -5,8 +5,11 @@ named, or climbs to a tier that can serve; never waits out its wall budget. The 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
+
+import pytest
 
 from daemon.runs import entries as k
 from daemon.service import Daemon
@@ -131,6 +134,33 @@ async def test_a_member_that_comes_back_serves_runs_again(tmp_path: Path) -> Non
         assert "back again" in view.answer
         kinds = [e.kind for e in await daemon.ledger.entries(limit=10_000, actor="pool")]
         assert kinds.count("slot.recovered") == 2
+    finally:
+        await daemon.stop()
+        await server.stop()
+
+
+async def test_start_up_warns_of_a_member_that_is_down_without_waiting_for_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = ScriptedServer([], default="done")
+    await server.start()
+    tiny = closed()
+    daemon = Daemon(settings_for(tmp_path, roster(tiny, server.url)))
+    caplog.set_level(logging.INFO, logger="daemon.service")
+    started = time.monotonic()
+    await daemon.start()
+    try:
+        assert time.monotonic() - started < 5
+        deadline = time.monotonic() + 10
+        while "member check" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            await asyncio.sleep(0.05)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        down = [w for w in warnings if w.startswith("member check: tiny: cannot connect")]
+        assert len(down) == 1, warnings
+        assert "start the server" in down[0]
+        assert not [w for w in warnings if w.startswith("member check: big")]
+        assert not server.requests  # the start-up check sends no model call
     finally:
         await daemon.stop()
         await server.stop()

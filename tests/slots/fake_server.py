@@ -10,7 +10,7 @@ process (in-process: drops the connection) mid-stream, "truncate" ends the next 
 after N tokens (`after`) with neither a finish_reason nor [DONE], "hang" stops answering anything,
 "fail" answers the next N chat requests with 500. `--ready-file PATH` keeps it "loading" until
 PATH exists (a spawned server a test can fix from outside). `--models a,b` sets what
-/v1/models lists.
+/v1/models lists; `--ollama` answers as Ollama does (/api/version; no /health, /props, /slots).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class FakeServer:
         subprocess_mode: bool = False,
         ready_file: str | None = None,
         models: list[str] | None = None,
+        ollama: bool = False,
     ) -> None:
         self.slots = slots
         self.n_ctx = n_ctx
@@ -59,10 +60,13 @@ class FakeServer:
         self._runner: web.AppRunner | None = None
         self.port = 0
         self.app = web.Application()
-        self.app.router.add_get("/health", self.health)
-        self.app.router.add_get("/v1/health", self.health)
-        self.app.router.add_get("/props", self.props)
-        self.app.router.add_get("/slots", self.slots_view)
+        if ollama:  # Ollama's shape: the OpenAI API and /api/*, no llama.cpp endpoints
+            self.app.router.add_get("/api/version", self.version)
+        else:
+            self.app.router.add_get("/health", self.health)
+            self.app.router.add_get("/v1/health", self.health)
+            self.app.router.add_get("/props", self.props)
+            self.app.router.add_get("/slots", self.slots_view)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_post("/_fault", self.fault)
@@ -132,6 +136,9 @@ class FakeServer:
         await self._gate()
         data = [{"id": name, "object": "model"} for name in self.model_ids]
         return web.json_response({"object": "list", "data": data})
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.0.0-fake"})
 
     async def fault(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -272,6 +279,7 @@ async def _serve(args: argparse.Namespace) -> None:
         subprocess_mode=True,
         ready_file=args.ready_file,
         models=args.models.split(",") if args.models else None,
+        ollama=args.ollama,
     )
     if args.hang:
         server.hang = True
@@ -290,6 +298,7 @@ def main() -> None:
     parser.add_argument("--hang", action="store_true")
     parser.add_argument("--die-on-start", action="store_true")
     parser.add_argument("--ready-file", default=None)
+    parser.add_argument("--ollama", action="store_true")
     parser.add_argument("--models", default=None, help="comma-separated /v1/models ids")
     args = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):

@@ -772,13 +772,20 @@ class MemberRuntime:
     def down(self) -> bool:
         """An external member none of whose servers answers: one was found unreachable and
         none is ready or still on its first probe."""
-        states = {i.state for i in self.instances}
-        return "unhealthy" in states and not states & {"ready", "starting"}
+        unhealthy = False
+        for instance in self.instances:  # on the lease fast path: no allocation
+            state = instance.state
+            if state == "ready" or state == "starting":
+                return False
+            unhealthy = unhealthy or state == "unhealthy"
+        return unhealthy
 
     @property
     def available(self) -> bool:
         """It can take a lease now, or once a server starts."""
-        return not self.cooling and not self.down
+        if self.cooldown_until and self.cooling:
+            return False
+        return self.spec.url is None or not self.down
 
     @property
     def waiting(self) -> int:

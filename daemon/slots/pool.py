@@ -299,11 +299,13 @@ class Pool:
             raise NoSuchTarget(f"no tier or member named {target!r}", details={"target": target})
         if self._stopping:
             raise PoolBusy("the pool is stopping")
-        tried: list[NoHealthyMember] = []
+        tried: list[NoHealthyMember] = []  # the rungs that could not serve, in order
         rung: WaitQueue | None = queue
         while rung is not None:
             try:
-                lease = await self._acquire(rung, priority, deadline, affinity)
+                lease = self._grab(rung, affinity) or await self._wait(
+                    rung, priority, deadline, affinity
+                )
             except NoHealthyMember as err:
                 tried.append(err)
                 rung = rung.next_rung  # a member's queue has none
@@ -321,10 +323,9 @@ class Pool:
             details={"target": target, "members": why},
         )
 
-    async def _acquire(
-        self, queue: WaitQueue, priority: int, deadline: float | None, affinity: str | None
-    ) -> Lease:
-        target = queue.name
+    def _grab(self, queue: WaitQueue, affinity: str | None) -> Lease | None:
+        """A free slot at once (the fast path: no await), or None; NoHealthyMember if no
+        member of the queue can serve."""
         members = queue.members
         if len(members) == 1:
             member = members[0]
@@ -350,6 +351,14 @@ class Pool:
                     member, slot = found
                     member.take(slot, affinity)
                     return Lease(member, slot)
+        return None
+
+    async def _wait(
+        self, queue: WaitQueue, priority: int, deadline: float | None, affinity: str | None
+    ) -> Lease:
+        """Queue for a slot of `queue`'s members (starting servers for it) until granted."""
+        target = queue.name
+        members = queue.members
         if deadline is not None and deadline <= time.monotonic():
             raise PoolTimeout(f"no slot of {target!r} before the deadline")
         # a tier holds as many waiters as its members' own queues would

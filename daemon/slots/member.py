@@ -142,9 +142,8 @@ class WaitQueue:
         self.members = members
         self.heap: list[Waiter] = []
         self.queued = 0
-        self.next_rung: WaitQueue | None = (
-            None  # a tier's: the ladder's next tier (the pool sets it)
-        )
+        # a tier's: the next tier of the ladder, where its leases go when it cannot serve
+        self.next_rung: WaitQueue | None = None
         self.failovers = 0
 
     def head(self) -> Waiter | None:
@@ -322,6 +321,7 @@ class Instance:
                 continue
             self.state = "ready"
             self.last_used = time.monotonic()
+            self.member.unready_failures = 0
             await self._emit(
                 "slot.ready",
                 slots=len(self.slots),
@@ -553,8 +553,8 @@ class Instance:
             )
         else:
             self.member.recoveries += 1
-            log.warning("%s/%d: recovered: %s answers again", self.member.name, self.index,
-                        self.root_url)  # fmt: skip
+            log.info("%s/%d: recovered: %s answers again", self.member.name, self.index,
+                     self.root_url)  # fmt: skip
             await self._emit(
                 "slot.recovered",
                 slots=len(self.slots),
@@ -762,6 +762,7 @@ class MemberRuntime:
         self.retiring = False
         self.downs = 0
         self.recoveries = 0
+        self.unready_failures = 0  # failures since one of its servers was last ready
         self._cooled_timer: asyncio.TimerHandle | None = None
 
     @property
@@ -890,7 +891,15 @@ class MemberRuntime:
         self.failures.append(now)
         while self.failures and self.failures[0] < now - opts.failure_window_s:
             self.failures.popleft()
-        if fatal or len(self.failures) >= opts.cooldown_after:
+        # Failures in a row without a ready server count too: a start that times out after
+        # ready_timeout_s may be slower than the window, and must not retry forever.
+        self.unready_failures += 1
+        if (
+            fatal
+            or len(self.failures) >= opts.cooldown_after
+            or self.unready_failures >= opts.cooldown_after
+        ):
+            self.unready_failures = 0
             await self.cool_down(instance, reason)
             return None
         return float(min(opts.backoff_max_s, opts.backoff_base_s * 2 ** (len(self.failures) - 1)))

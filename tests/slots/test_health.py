@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from daemon.slots import NoHealthyMember, PoolBusy, SlotLost
 from daemon.slots.process import free_port
 from roster import Member
-from tests.slots.conftest import Events, PoolFactory
+from tests.slots.conftest import FAST, Events, PoolFactory, spawned
 from tests.slots.fake_server import FakeServer
 
 MSG = [{"role": "user", "content": "say hello"}]
@@ -239,3 +240,18 @@ async def test_waiters_of_a_member_that_goes_down_fail_at_once(
     assert time.monotonic() - started < 1.5
     assert held.lost is not None
     held.release()
+
+
+async def test_a_spawned_server_that_never_gets_ready_cools_down_instead_of_retrying_forever(
+    make_pool: PoolFactory, events: Events, tmp_path: Path
+) -> None:
+    # each start times out after longer than the failure window: three in a row still count
+    options = FAST.model_copy(update={"failure_window_s": 0.05})
+    never = spawned("slow", "--ready-file", str(tmp_path / "never"), ready_timeout_s=0.3)
+    pool = make_pool(never, options=options)
+    started = time.monotonic()
+    with pytest.raises(NoHealthyMember, match="cooling down"):
+        await asyncio.wait_for(pool.acquire("slow"), 10)
+    assert time.monotonic() - started < 5
+    assert events.kinds().count("slot.failed") == 3
+    assert events.kinds()[-1] == "slot.cooldown"

@@ -30,7 +30,7 @@ from daemon.ledger import Ledger
 from daemon.routing import Router
 from daemon.runs import snapshot as snapshots
 from daemon.runs.engine import Engine, EngineOptions
-from daemon.slots import Pool, SlotEvent
+from daemon.slots import Pool, PoolOptions, SlotEvent
 from roster.loading import default_roster_path, load_roster
 from roster.models import Roster
 
@@ -93,7 +93,11 @@ class Daemon:
         try:
             self._roster = roster
             self._router = Router(roster)
-            self._pool = Pool(roster, settings.state_dir, on_event=self._on_slot_event)
+            # relative model paths resolve against the roster's directory, as in `tally doctor`
+            options = PoolOptions(roster_dir=self.roster_path.parent)
+            self._pool = Pool(
+                roster, settings.state_dir, on_event=self._on_slot_event, options=options
+            )
             await self._pool.start()
             self._engine = Engine(
                 self._ledger,

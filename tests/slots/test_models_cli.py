@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -318,3 +319,25 @@ def test_doctor_on_a_roster_that_does_not_load(tmp_path: Path, capsys: Capsys) -
     assert main(["doctor", "--roster", str(roster)]) == 1
     assert "does not load" in capsys.readouterr().err
     assert not os.environ.get("TALLY_DEBUG")
+
+
+async def test_doctor_and_the_daemon_resolve_a_relative_model_path_alike(
+    tmp_path: Path, capsys: Capsys
+) -> None:
+    from daemon.service import Daemon
+    from tests.runs.model_server import settings_for
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "m.gguf").write_bytes(b"GGUF")  # next to the roster, not in the working directory
+    text = roster_text(spawned_member("local", 'model = "m.gguf"\n'), ["local"])
+    settings = settings_for(conf, text)
+    assert await cli("doctor", "--roster", str(settings.roster_path), "--no-spawn") == 0
+    capsys.readouterr()
+    daemon = Daemon(settings)
+    await daemon.start()
+    try:
+        async with daemon.pool.lease("local", deadline=time.monotonic() + 10):
+            pass
+    finally:
+        await daemon.stop()

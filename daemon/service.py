@@ -6,6 +6,12 @@ shows in flight becomes `interrupted`, witnessed, so nothing is left "running" t
 `stop()` lets runs drain for `settings.drain_s`, interrupts the rest (resumable), stops the
 pool and writes a checkpoint.
 
+In the background after start, the pool's members are checked as `tally doctor --no-spawn`
+does, but without the one-token completion (a model call the ledger would not witness):
+external servers are asked whether they answer, list the model, and their context and slots;
+spawned ones have their command and model file checked. Each problem is logged as a warning
+with its fix; readiness never waits for it.
+
 Start-up is bounded by the run-state snapshot (`daemon.runs.snapshot`): written after start,
 every `snapshot_interval_s` and on stop, it lets `start()` replay only the entries after it;
 without a valid one, start-up replays the whole ledger (the result is the same).
@@ -24,7 +30,7 @@ from daemon.ledger import Ledger
 from daemon.routing import Router
 from daemon.runs import snapshot as snapshots
 from daemon.runs.engine import Engine, EngineOptions
-from daemon.slots import Pool, SlotEvent
+from daemon.slots import Pool, PoolOptions, SlotEvent
 from roster.loading import default_roster_path, load_roster
 from roster.models import Roster
 
@@ -41,6 +47,7 @@ class Daemon:
         self._router: Router | None = None
         self._checkpoints: asyncio.Task[None] | None = None
         self._snapshots: asyncio.Task[None] | None = None
+        self._checkup: asyncio.Task[None] | None = None
         self._snapshot_size = -1
         self.interrupted_on_start: list[str] = []
         self.restored_from: int | None = None
@@ -86,7 +93,11 @@ class Daemon:
         try:
             self._roster = roster
             self._router = Router(roster)
-            self._pool = Pool(roster, settings.state_dir, on_event=self._on_slot_event)
+            # relative model paths resolve against the roster's directory, as in `tally doctor`
+            options = PoolOptions(roster_dir=self.roster_path.parent)
+            self._pool = Pool(
+                roster, settings.state_dir, on_event=self._on_slot_event, options=options
+            )
             await self._pool.start()
             self._engine = Engine(
                 self._ledger,
@@ -110,6 +121,7 @@ class Daemon:
             raise
         self._checkpoints = asyncio.create_task(self._checkpoint_loop(), name="checkpoints")
         self._snapshots = asyncio.create_task(self._snapshot_loop(), name="run snapshots")
+        self._checkup = asyncio.create_task(self._check_members(roster), name="member checkup")
         self.start_seconds = time.perf_counter() - started
 
     async def write_snapshot(self, patience_s: float = 0.5) -> bool:
@@ -149,7 +161,7 @@ class Daemon:
         return roster
 
     async def stop(self) -> None:
-        for loop in (self._checkpoints, self._snapshots):
+        for loop in (self._checkpoints, self._snapshots, self._checkup):
             if loop is not None:
                 loop.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -175,6 +187,30 @@ class Daemon:
             return
         body = event.model_dump(mode="json")
         await self._ledger.append(actor="pool", kind=event.kind, body=body)
+
+    async def _check_members(self, roster: Roster) -> None:
+        """`tally doctor --no-spawn` at start-up: warnings in the log, nothing blocks."""
+        from daemon.slots.checkup import check_roster
+
+        try:
+            checkup = await check_roster(
+                roster,
+                roster_dir=self.roster_path.parent,
+                state_dir=self.settings.state_dir,
+                spawn=False,
+                complete=False,
+            )
+        except Exception:  # a check that breaks must not take the daemon with it
+            log.exception("the start-up member check failed")
+            return
+        for member in checkup.members:
+            for line in member.lines():
+                log.warning("member check: %s", line)
+        if checkup.ok:
+            names = ", ".join(m.name for m in checkup.members)
+            log.info("member check: all members ok (%s)", names)
+        else:
+            log.warning("member check: `tally doctor --roster %s` checks again", self.roster_path)
 
     async def _snapshot_loop(self) -> None:
         while True:

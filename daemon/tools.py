@@ -691,7 +691,10 @@ async def roster_reload(daemon: Daemon, data: ReloadIn, ctx: ToolContext) -> Rel
 
 class SlotInstanceOut(_Out):
     index: int
-    state: str = Field(description="stopped, starting, ready, backoff, stopping, cooldown, ...")
+    state: str = Field(
+        description="stopped, starting, ready, backoff, stopping, cooldown, unhealthy (an "
+        "external server that does not answer: probed, never restarted)"
+    )
     port: int | None = None
     pid: int | None = None
     url: str | None = None
@@ -715,6 +718,13 @@ class SlotMemberOut(_Out):
     cooldown_remaining_ms: int = 0
     last_error: str | None = None
     instances: list[SlotInstanceOut] = []
+    healthy: bool = Field(
+        default=True, description="False while it takes no lease (cooling down, unreachable)."
+    )
+    unhealthy_ms: int = Field(default=0, description="How long it has been unreachable.")
+    next_probe_ms: int | None = Field(default=None, description="When it is probed next.")
+    downs: int = Field(default=0, description="Times it became unreachable.")
+    recoveries: int = Field(default=0, description="Times it answered again after that.")
 
 
 class SlotTierOut(_Out):
@@ -724,6 +734,10 @@ class SlotTierOut(_Out):
         description="Callers waiting for any member of this tier (runs lease by tier)."
     )
     max_queue: int
+    healthy: list[str] = Field(default=[], description="Members that can take a lease now.")
+    failovers: int = Field(
+        default=0, description="Leases a higher tier served because none here could."
+    )
 
 
 class SlotsOut(_Out):

@@ -110,9 +110,16 @@ def load_roster_text(text: str, name: str = "roster.toml") -> Roster:
 
 
 def dump_roster(roster: Roster, path: Path) -> None:
-    """Write atomically: a temp file in the same directory, fsync, rename, fsync the directory."""
-    path = Path(path)
-    data = tomli_w.dumps(roster.model_dump(mode="json", exclude_none=True)).encode()
+    """Write the roster as TOML (comments are not kept: `roster.edits` keeps them) atomically."""
+    write_atomic(Path(path), tomli_w.dumps(roster.model_dump(mode="json", exclude_none=True)))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """A temp file in the same directory, fsync, rename, fsync the directory: a reader sees
+    the old file or the new one, never a part; the file keeps its mode, and a symlink
+    stays a link (its target is replaced)."""
+    path = Path(os.path.realpath(path))
+    data = text.encode()
     try:
         mode = path.stat().st_mode & 0o777
     except FileNotFoundError:

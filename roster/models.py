@@ -6,6 +6,7 @@ import importlib.util
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -72,6 +73,22 @@ class Member(_Strict):
                 f"unknown placeholder {', '.join(unknown)} (known: {', '.join(PLACEHOLDERS)})"
             )
         return command
+
+    @field_validator("url")
+    @classmethod
+    def _server_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("'url' must be an http:// or https:// server URL with a host")
+        if any(c.isspace() for c in url) or parts.query or parts.fragment or parts.username:
+            raise ValueError("'url' is a server's base URL: no spaces, query, fragment or user")
+        try:
+            parts.port  # noqa: B018  (raises ValueError on a bad port)
+        except ValueError:
+            raise ValueError("'url' has a bad port") from None
+        return url
 
     @model_validator(mode="after")
     def _spawned_or_external(self) -> Member:

@@ -67,6 +67,17 @@ class PositionIndex:
             probe = probe[:-1]
         return Position(1, 1)
 
+    def span(self, path: FieldPath) -> tuple[int, int] | None:
+        """Character offsets `[start, end)` of the value at `path`, or None if it is absent."""
+        where = self.values.get(path)
+        if where is None:
+            return None
+        start = self._line_starts[where.line - 1] + where.column - 1
+        try:
+            return start, self._value(start, path)
+        except (ValueError, IndexError):
+            return None
+
     # -- scanning -------------------------------------------------------------------------
 
     def _pos(self, offset: int) -> Position:

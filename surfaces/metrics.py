@@ -92,6 +92,21 @@ def _slots(out: _Text, daemon: Daemon) -> None:
     out.family("tally_slot_restarts_total", "counter", "Model server restarts, by member.")
     for m in status.members:
         out.sample("tally_slot_restarts_total", m.restarts, member=m.name)
+    out.family("tally_member_healthy", "gauge", "1 if a member can take leases (0: down).")
+    for m in status.members:
+        out.sample("tally_member_healthy", int(m.healthy), member=m.name)
+    name = "tally_member_unhealthy_total"
+    out.family(name, "counter", "Times an external member became unreachable.")
+    for m in status.members:
+        out.sample(name, m.downs, member=m.name)
+    name = "tally_member_recoveries_total"
+    out.family(name, "counter", "Times an unreachable member answered again.")
+    for m in status.members:
+        out.sample(name, m.recoveries, member=m.name)
+    name = "tally_tier_failovers_total"
+    out.family(name, "counter", "Leases a higher tier served because no member here could.")
+    for t in status.tiers:
+        out.sample(name, t.failovers, tier=t.name)
 
 
 def _ledger(out: _Text, daemon: Daemon) -> None:

@@ -2,6 +2,7 @@
 
 from daemon.slots.errors import (
     ModelError,
+    NoHealthyMember,
     NoSuchTarget,
     PoolBusy,
     PoolTimeout,
@@ -26,6 +27,7 @@ __all__ = [
     "Lease",
     "MemberStatus",
     "ModelError",
+    "NoHealthyMember",
     "NoSuchTarget",
     "Pool",
     "PoolBusy",

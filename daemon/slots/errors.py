@@ -13,6 +13,17 @@ class PoolBusy(Busy):
     code = "pool_busy"
 
 
+class NoHealthyMember(PoolBusy):
+    """No member of the target can take a lease: each is cooling down or unreachable.
+
+    The message names every member and why; `details["members"]` maps name → reason.
+    It is a PoolBusy, so callers that retry on busy retry after `retry_after` (the next
+    probe or the end of the cooldown).
+    """
+
+    code = "no_healthy_member"
+
+
 class PoolTimeout(DeadlineExceeded):
     """No slot came free before the caller's deadline."""
 

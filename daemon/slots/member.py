@@ -1,9 +1,11 @@
 """A pool member at run time: its instances (server processes or an external URL), their
 slots, the member's waiting queue, and the fault handling (restart with backoff, cooldown,
-idle unload).
+idle unload; for an external server: unhealthy, probed with backoff, recovered).
 
 Everything here runs on the event loop; the only shared state is plain attributes, so the
-lease fast path (a free slot and nobody waiting) takes no lock and awaits nothing.
+lease fast path (a free slot and nobody waiting) takes no lock and awaits nothing. It is one
+file past 500 lines because slots, instances, members and queues hand each other slots and
+waiters through those attributes: split apart, each would reach into the others' internals.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from pydantic import BaseModel, ConfigDict
 
 from daemon.slots.chat import ChatClient
 from daemon.slots.digest import DigestCache, DigestMismatch
-from daemon.slots.errors import PoolBusy, ServerStartError
+from daemon.slots.discovery import connection_problem, read_props, split_url
+from daemon.slots.errors import NoHealthyMember, PoolBusy, ServerStartError
 from daemon.slots.process import ServerProcess, free_port, render_argv
 from daemon.slots.records import (
     EventKind,
@@ -58,6 +61,10 @@ class PoolOptions(BaseModel):
     health_interval_s: float = 2.0
     health_timeout_s: float = 5.0
     health_failures: int = 3  # consecutive failed health checks that mean "hung"
+    # An unreachable external server is probed again after probe_base_s, doubling up to
+    # probe_max_s, until it answers: the bound on how late a recovery is noticed.
+    probe_base_s: float = 1.0
+    probe_max_s: float = 15.0
     ready_poll_s: float = 0.05
     stop_grace_s: float = 5.0
     log_max_bytes: int = 16 * 2**20  # a running server's log is rotated past this size
@@ -127,7 +134,7 @@ class WaitQueue:
     across a tier, and whichever member frees a slot first serves the tier's head.
     """
 
-    __slots__ = ("ctx", "heap", "members", "name", "queued")
+    __slots__ = ("ctx", "failovers", "heap", "members", "name", "next_rung", "queued")
 
     def __init__(self, ctx: PoolContext, name: str, members: list[MemberRuntime]) -> None:
         self.ctx = ctx
@@ -135,6 +142,9 @@ class WaitQueue:
         self.members = members
         self.heap: list[Waiter] = []
         self.queued = 0
+        # a tier's: the next tier of the ladder, where its leases go when it cannot serve
+        self.next_rung: WaitQueue | None = None
+        self.failovers = 0
 
     def head(self) -> Waiter | None:
         heap = self.heap
@@ -166,7 +176,7 @@ class WaitQueue:
             slot.instance.member.release(slot)
 
     def live(self) -> list[MemberRuntime]:
-        return [m for m in self.members if not m.cooling and not m.retiring]
+        return [m for m in self.members if m.available and not m.retiring]
 
     def grow(self) -> None:
         """Start servers only for demand that the slots on their way do not cover: one
@@ -183,15 +193,34 @@ class WaitQueue:
             member.start_instance()
             need -= member.spec.slots
 
-    def cooldown_error(self) -> PoolBusy:
-        return min(self.members, key=lambda m: m.cooldown_until).cooldown_error()
+    def unavailable_error(self) -> NoHealthyMember:
+        """Every member is cooling down or unreachable: say which and why."""
+        if len(self.members) == 1 and self.members[0].queue is self:
+            return self.members[0].unavailable_error()
+        why = {m.name: m.why() for m in self.members}
+        return NoHealthyMember(
+            f"no member of {self.name!r} can serve: "
+            + "; ".join(f"{name} {reason}" for name, reason in why.items()),
+            retry_after=min(m.retry_after() for m in self.members),
+            details={"target": self.name, "members": why},
+        )
 
     def member_down(self) -> None:
-        """A member cooled down: the others take its share, or, with none left, say so."""
+        """A member cooled down or became unreachable: the others take its share, or, with
+        none left, the waiters hear why (and a tier's lease then climbs the ladder)."""
         if self.live():
             self.grow()
         else:
-            self.fail(self.cooldown_error())
+            self.fail(self.unavailable_error())
+
+    def failover(self) -> dict[str, Any] | None:
+        """Where this tier's leases go now that a member is down (for `slot.failover`)."""
+        live = self.live()
+        if live:
+            return {"tier": self.name, "to": [m.name for m in live]}
+        if self.next_rung is not None:
+            return {"tier": self.name, "to_tier": self.next_rung.name}
+        return None
 
     def fail(self, error: Exception) -> None:
         waiters, self.heap = self.heap, []
@@ -200,14 +229,6 @@ class WaitQueue:
                 waiter.popped = True
                 self.queued -= 1
                 waiter.future.set_exception(error)
-
-
-def _split_url(url: str) -> tuple[str, str]:
-    """(server root, OpenAI base) from a member URL given either way."""
-    url = url.rstrip("/")
-    if url.endswith("/v1"):
-        return url[:-3], url
-    return url, url + "/v1"
 
 
 class Instance:
@@ -234,7 +255,10 @@ class Instance:
         self.last_used = time.monotonic()
         self._fault: str | None = None
         self._pending_lost = 0
+        self._check_now = False
         self._wake = asyncio.Event()
+        self.down_since: float | None = None  # external and unreachable since then
+        self.next_probe: float | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
 
@@ -244,11 +268,18 @@ class Instance:
             self.task = asyncio.get_running_loop().create_task(self._lifecycle())
 
     def report_fault(self, reason: str) -> None:
-        """A lease saw the server hang or vanish: the watcher kills and restarts it."""
+        """A lease saw the server hang or vanish: the watcher kills and restarts it (or, for
+        an external server, marks it unhealthy and probes it until it answers again)."""
         if self.state == "ready" and self._fault is None:
             self._fault = reason
             # no new grants from here on, and the other leases learn at once
             self._pending_lost += self._drop_slots(reason)
+            self._wake.set()
+
+    def check_soon(self) -> None:
+        """A lease saw a sign of trouble (a 5xx, a dropped stream): health-check it now."""
+        if self.state == "ready":
+            self._check_now = True
             self._wake.set()
 
     async def _emit(self, kind: EventKind, **detail: Any) -> None:
@@ -264,41 +295,48 @@ class Instance:
 
     async def _lifecycle(self) -> None:
         try:
-            while True:
-                self.state = "starting"
-                self._fault = None
-                started = time.monotonic()
-                try:
-                    await self._start()
-                except ServerStartError as err:
-                    await self._kill()
-                    tail = str(err.details.get("log_tail", ""))
-                    self.last_error = err.message
-                    log.warning("%s/%d: %s\n%s", self.member.name, self.index, err.message, tail)
-                    await self._emit("slot.failed", reason=err.message, log_tail=tail[-1500:])
-                    if not await self._after_failure(err.message, bool(err.details.get("fatal"))):
-                        return
-                    continue
-                self.state = "ready"
-                self.last_used = time.monotonic()
-                await self._emit(
-                    "slot.ready",
-                    slots=len(self.slots),
-                    n_ctx=self.n_ctx,
-                    pid=self.process.pid if self.process else None,
-                    ready_ms=int((time.monotonic() - started) * 1000),
-                )
-                self.member.add_slots(self)
-                reason = await self._watch()
-                if reason == "idle":
-                    await self._unload()
-                    return
-                await self._fail(reason)
-                if not await self._after_failure(reason, False):
-                    return
+            if self.member.spec.url is not None:
+                await self._serve_external()
+            else:
+                await self._serve_spawned()
         finally:
             if self.task is asyncio.current_task():
                 self.task = None
+
+    async def _serve_spawned(self) -> None:
+        while True:
+            self.state = "starting"
+            self._fault = None
+            started = time.monotonic()
+            try:
+                await self._start()
+            except ServerStartError as err:
+                await self._kill()
+                tail = str(err.details.get("log_tail", ""))
+                self.last_error = err.message
+                log.warning("%s/%d: %s\n%s", self.member.name, self.index, err.message, tail)
+                await self._emit("slot.failed", reason=err.message, log_tail=tail[-1500:])
+                if not await self._after_failure(err.message, bool(err.details.get("fatal"))):
+                    return
+                continue
+            self.state = "ready"
+            self.last_used = time.monotonic()
+            self.member.unready_failures = 0
+            await self._emit(
+                "slot.ready",
+                slots=len(self.slots),
+                n_ctx=self.n_ctx,
+                pid=self.process.pid if self.process else None,
+                ready_ms=int((time.monotonic() - started) * 1000),
+            )
+            self.member.add_slots(self)
+            reason = await self._watch()
+            if reason == "idle":
+                await self._unload()
+                return
+            await self._fail(reason)
+            if not await self._after_failure(reason, False):
+                return
 
     async def _after_failure(self, reason: str, fatal: bool) -> bool:
         """Back off before the next start (True), or cool the member down (False)."""
@@ -319,15 +357,8 @@ class Instance:
         opts = self.ctx.options
         spec = self.member.spec
         self.slots = []
-        if spec.url is not None:
-            self.root_url, v1 = _split_url(spec.url)
-            self.port = None
-            await self._emit("slot.starting", url=spec.url)
-        else:
-            v1 = await self._spawn()
-        self.chat_url = v1 + "/chat/completions"
-        if spec.api_key_env and os.environ.get(spec.api_key_env):
-            self.headers = {"Authorization": f"Bearer {os.environ[spec.api_key_env]}"}
+        self.chat_url = await self._spawn() + "/chat/completions"
+        self.headers = self._auth_headers()
         deadline = time.monotonic() + spec.ready_timeout_s
         while True:
             if self.process is not None and self.process.returncode is not None:
@@ -346,6 +377,12 @@ class Instance:
         self.incarnation += 1
         total = self._total_slots
         self.slots = [Slot(self, i) for i in range(total)]
+
+    def _auth_headers(self) -> dict[str, str]:
+        env = self.member.spec.api_key_env
+        if env and os.environ.get(env):
+            return {"Authorization": f"Bearer {os.environ[env]}"}
+        return {}
 
     async def _spawn(self) -> str:
         spec = self.member.spec
@@ -381,7 +418,7 @@ class Instance:
     _total_slots: int = 1
 
     async def _probe_ready(self) -> bool:
-        """Ready = /health 200 (or, for external servers, /v1/models 200) and /props read."""
+        """A spawned server is ready when /health answers 200 and /props gives its slots."""
         assert self.root_url is not None
         spec = self.member.spec
         client = self.ctx.client
@@ -389,26 +426,13 @@ class Instance:
         try:
             status, _ = await client.get(self.root_url + "/health", timeout, self.headers)
             if status != 200:
-                if spec.url is None or status not in (404, 405):
-                    return False
-                status, _ = await client.get(
-                    self.chat_url[: -len("/chat/completions")] + "/models", timeout, self.headers
-                )
-                if status != 200:
-                    return False
+                return False
             status, props = await client.get(self.root_url + "/props", timeout, self.headers)
         except (aiohttp.ClientError, TimeoutError):
             return False
-        total, n_ctx = _read_props(props)
-        if spec.url is None and (status != 200 or total is None):
+        total, n_ctx = read_props(props)
+        if status != 200 or total is None:
             return False  # a spawned server must answer /props (llama-server does)
-        if spec.url is not None:
-            # external: `slots` bounds concurrency; pin id_slot only on a llama-server that has them
-            self.send_id_slot = total is not None and total >= spec.slots
-            self._total_slots = spec.slots
-            self.n_ctx = n_ctx
-            return True
-        assert total is not None
         if total != spec.slots:
             log.warning(
                 "%s: roster says %d slots, the server reports %d; using %d",
@@ -423,26 +447,155 @@ class Instance:
         self.n_ctx = n_ctx
         return True
 
-    async def _healthy(self) -> bool:
+    # --- an external server: probed, never restarted ----------------------------------------
+
+    async def _serve_external(self) -> None:
+        """Serve while it answers. When it does not (refused, a 5xx, failed health checks),
+        it is unhealthy: its slots go, its waiters fail over, and it is probed again after
+        probe_base_s, doubling up to probe_max_s, until it answers; then it serves again."""
+        spec = self.member.spec
+        assert spec.url is not None
+        opts = self.ctx.options
+        self.root_url, v1 = split_url(spec.url)
+        self.port = None
+        self.chat_url = v1 + "/chat/completions"
+        self.headers = self._auth_headers()
+        await self._emit("slot.starting", url=spec.url)
+        delay = opts.probe_base_s
+        while True:
+            started = time.monotonic()
+            problem = await self._reach()
+            if problem is not None:
+                if self.state != "unhealthy":
+                    await self._went_down(problem, 0, delay)
+                else:
+                    self.last_error = self.member.last_error = problem
+                self.next_probe = time.monotonic() + delay
+                await asyncio.sleep(delay)
+                delay = min(opts.probe_max_s, delay * 2)
+                continue
+            delay = opts.probe_base_s
+            await self._came_up(started)
+            reason = await self._watch()
+            lost = self._pending_lost + self._drop_slots(reason)
+            self._pending_lost = 0
+            await self._went_down(reason, lost, 0.0)
+
+    async def _reach(self) -> str | None:
+        """Probe until ready (None), unreachable (why), or loading past ready_timeout_s."""
+        spec = self.member.spec
+        deadline = time.monotonic() + spec.ready_timeout_s
+        while True:
+            problem, verdict = await self._probe_external()
+            if verdict == "ok":
+                return None
+            if verdict != "loading":
+                return problem
+            if time.monotonic() >= deadline:
+                return f"{problem}, still after {spec.ready_timeout_s:g} s"
+            await asyncio.sleep(self.ctx.options.ready_poll_s)
+
+    async def _probe_external(self, props: bool = True) -> tuple[str, str]:
+        """(problem, verdict): verdict "ok", "loading" (503 on /health), "slow" (a timeout)
+        or "down" (refused, an error status, no /health and no /v1/models)."""
+        assert self.root_url is not None
+        client = self.ctx.client
+        timeout = self.ctx.options.health_timeout_s
+        url = self.root_url + "/health"
+        try:
+            status, _ = await client.get(url, timeout, self.headers)
+            if status in (404, 405):  # not a llama-server: an OpenAI-only endpoint
+                url = self.chat_url[: -len("/chat/completions")] + "/models"
+                status, _ = await client.get(url, timeout, self.headers)
+        except TimeoutError as exc:
+            return connection_problem(exc, url, timeout), "slow"
+        except aiohttp.ClientError as exc:
+            return connection_problem(exc, url, timeout), "down"
+        if status == 503 and url.endswith("/health"):
+            return f"{url} answered 503 (loading)", "loading"
+        if status != 200:
+            hint = " (unauthorized: check api_key_env)" if status in (401, 403) else ""
+            return f"{url} answered {status}{hint}", "down"
+        if props:
+            await self._read_external_props()
+        return "", "ok"
+
+    async def _read_external_props(self) -> None:
+        """/props is optional (llama.cpp has it): it says whether id_slot can be pinned."""
+        assert self.root_url is not None
+        spec = self.member.spec
+        self._total_slots = spec.slots  # an external server's `slots` bounds our concurrency
+        try:
+            status, props = await self.ctx.client.get(
+                self.root_url + "/props", self.ctx.options.health_timeout_s, self.headers
+            )
+        except (aiohttp.ClientError, TimeoutError):
+            status, props = 0, None
+        total, n_ctx = read_props(props) if status == 200 else (None, None)
+        self.send_id_slot = total is not None and total >= spec.slots
+        self.n_ctx = n_ctx
+
+    async def _came_up(self, started: float) -> None:
+        was_down = self.down_since
+        self.down_since = self.next_probe = None
+        self.incarnation += 1
+        self.slots = [Slot(self, i) for i in range(self._total_slots)]
+        self.state = "ready"
+        self._fault = None
+        self.last_used = time.monotonic()
+        if was_down is None:
+            await self._emit(
+                "slot.ready",
+                slots=len(self.slots),
+                n_ctx=self.n_ctx,
+                pid=None,
+                ready_ms=int((time.monotonic() - started) * 1000),
+            )
+        else:
+            self.member.recoveries += 1
+            log.info("%s/%d: recovered: %s answers again", self.member.name, self.index,
+                     self.root_url)  # fmt: skip
+            await self._emit(
+                "slot.recovered",
+                slots=len(self.slots),
+                n_ctx=self.n_ctx,
+                down_ms=int((time.monotonic() - was_down) * 1000),
+                last_error=self.last_error,
+            )
+        self.member.add_slots(self)
+
+    async def _went_down(self, reason: str, lost: int, next_probe_s: float) -> None:
+        self.state = "unhealthy"
+        self.down_since = time.monotonic()
+        self.last_error = reason
+        log.warning("%s/%d: unhealthy: %s", self.member.name, self.index, reason)
+        await self._emit(
+            "slot.unhealthy",
+            reason=reason,
+            url=self.member.spec.url,
+            next_probe_ms=int(next_probe_s * 1000),
+        )
+        if lost:
+            await self._emit("slot.lost", reason=reason, leases=lost)
+        await self.member.went_down(self, reason)
+
+    # --- watching a ready server -------------------------------------------------------------
+
+    async def _health_check(self) -> tuple[bool, str | None]:
+        """(healthy, why it is down at once): an external server that refuses or answers an
+        error status is down at once; a timeout (or a spawned server's failed check) counts
+        towards health_failures."""
+        if self.member.spec.url is not None:
+            problem, verdict = await self._probe_external(props=False)
+            return verdict == "ok", (problem if verdict == "down" else None)
         assert self.root_url is not None
         try:
             status, _ = await self.ctx.client.get(
                 self.root_url + "/health", self.ctx.options.health_timeout_s, self.headers
             )
         except (aiohttp.ClientError, TimeoutError):
-            return False
-        if status == 200:
-            return True
-        if self.member.spec.url is not None and status in (404, 405):
-            try:
-                base = self.chat_url[: -len("/chat/completions")]
-                status, _ = await self.ctx.client.get(
-                    base + "/models", self.ctx.options.health_timeout_s, self.headers
-                )
-            except (aiohttp.ClientError, TimeoutError):
-                return False
-            return status == 200
-        return False
+            return False, None
+        return status == 200, None
 
     async def _watch(self) -> str:
         """Wait until the server exits, hangs, is reported faulty, or idles out; say which."""
@@ -460,9 +613,14 @@ class Instance:
                     return self._fault
                 if exit_task is not None and exit_task.done():
                     return f"exited with code {exit_task.result()}"
+                if self._check_now:
+                    self._check_now = False
+                    next_health = 0.0
                 now = time.monotonic()
                 if now >= next_health:
-                    healthy = await self._healthy()
+                    healthy, down = await self._health_check()
+                    if down is not None:
+                        return down
                     await self._rotate_log()
                     next_health = time.monotonic() + opts.health_interval_s
                     failed_checks = 0 if healthy else failed_checks + 1
@@ -582,18 +740,6 @@ class Instance:
         )
 
 
-def _read_props(props: Any) -> tuple[int | None, int | None]:
-    if not isinstance(props, dict):
-        return None, None
-    total = props.get("total_slots")
-    settings = props.get("default_generation_settings") or {}
-    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
-    return (
-        int(total) if isinstance(total, int) else None,
-        int(n_ctx) if isinstance(n_ctx, int) else None,
-    )
-
-
 class MemberRuntime:
     """A member's instances, free slots, affinity map, waiting queue and failure history."""
 
@@ -614,11 +760,33 @@ class MemberRuntime:
         self.restarts = 0
         self.last_error: str | None = None
         self.retiring = False
+        self.downs = 0
+        self.recoveries = 0
+        self.unready_failures = 0  # failures since one of its servers was last ready
         self._cooled_timer: asyncio.TimerHandle | None = None
 
     @property
     def cooling(self) -> bool:
         return self.cooldown_until > time.monotonic()
+
+    @property
+    def down(self) -> bool:
+        """An external member none of whose servers answers: one was found unreachable and
+        none is ready or still on its first probe."""
+        unhealthy = False
+        for instance in self.instances:  # on the lease fast path: no allocation
+            state = instance.state
+            if state == "ready" or state == "starting":
+                return False
+            unhealthy = unhealthy or state == "unhealthy"
+        return unhealthy
+
+    @property
+    def available(self) -> bool:
+        """It can take a lease now, or once a server starts."""
+        if self.cooldown_until and self.cooling:
+            return False
+        return self.spec.url is None or not self.down
 
     @property
     def waiting(self) -> int:
@@ -723,7 +891,15 @@ class MemberRuntime:
         self.failures.append(now)
         while self.failures and self.failures[0] < now - opts.failure_window_s:
             self.failures.popleft()
-        if fatal or len(self.failures) >= opts.cooldown_after:
+        # Failures in a row without a ready server count too: a start that times out after
+        # ready_timeout_s may be slower than the window, and must not retry forever.
+        self.unready_failures += 1
+        if (
+            fatal
+            or len(self.failures) >= opts.cooldown_after
+            or self.unready_failures >= opts.cooldown_after
+        ):
+            self.unready_failures = 0
             await self.cool_down(instance, reason)
             return None
         return float(min(opts.backoff_max_s, opts.backoff_base_s * 2 ** (len(self.failures) - 1)))
@@ -740,9 +916,8 @@ class MemberRuntime:
             failures=failures,
             cooldown_ms=int(opts.cooldown_s * 1000),
         )
-        self.queue.fail(self.cooldown_error())
-        for queue in self.queues[1:]:
-            queue.member_down()
+        self.queue.fail(self.unavailable_error())
+        await self._fail_over(instance, reason)
         # tier waiters still queued then may need this member again
         if self._cooled_timer is not None:
             self._cooled_timer.cancel()
@@ -766,13 +941,50 @@ class MemberRuntime:
             for queue in self.queues[1:]:
                 queue.grow()
 
-    def cooldown_error(self) -> PoolBusy:
-        remaining = max(0.0, self.cooldown_until - time.monotonic())
-        return PoolBusy(
-            f"member {self.name!r} is cooling down after repeated failures: {self.last_error}",
-            retry_after=max(1.0, remaining),
-            details={"member": self.name, "retry_after_ms": int(remaining * 1000)},
+    def why(self) -> str:
+        """Why it takes no lease (for errors that name every member of a target)."""
+        if self.cooling:
+            return f"is cooling down after repeated failures: {self.last_error}"
+        if self.down:
+            return f"is unreachable: {self.last_error}"
+        return "is available"
+
+    def retry_after(self) -> float:
+        """Seconds until it may take leases again: the cooldown's end or the next probe."""
+        now = time.monotonic()
+        if self.cooling:
+            return max(1.0, self.cooldown_until - now)
+        probes = [i.next_probe for i in self.instances if i.next_probe is not None]
+        return max(1.0, min(probes) - now) if probes else 1.0
+
+    def unavailable_error(self) -> NoHealthyMember:
+        remaining = self.retry_after()
+        return NoHealthyMember(
+            f"member {self.name!r} {self.why()}",
+            retry_after=remaining,
+            details={
+                "member": self.name,
+                "members": {self.name: self.why()},
+                "retry_after_ms": int(remaining * 1000),
+            },
         )
+
+    async def went_down(self, instance: Instance, reason: str) -> None:
+        """An external server became unreachable; with none left, the member is down: its
+        waiters fail, and its tiers' leases go to their other members or the next rung."""
+        self.last_error = reason
+        if not self.down:
+            return  # another of its servers still answers
+        self.downs += 1
+        self.queue.fail(self.unavailable_error())
+        await self._fail_over(instance, reason)
+
+    async def _fail_over(self, instance: Instance, reason: str) -> None:
+        for queue in self.queues[1:]:
+            where = queue.failover()
+            queue.member_down()
+            if where is not None:
+                await instance._emit("slot.failover", reason=reason, **where)
 
     async def stop(self, reason: StopReason, message: str) -> None:
         if self._cooled_timer is not None:
@@ -784,8 +996,13 @@ class MemberRuntime:
 
     def status(self) -> MemberStatus:
         instances = [i.status() for i in self.instances]
+        now = time.monotonic()
+        downs = [i.down_since for i in self.instances if i.down_since is not None]
+        probes = [i.next_probe for i in self.instances if i.next_probe is not None]
         if self.cooling:
             state = "cooldown"
+        elif self.down:
+            state = "unhealthy"
         elif any(i.state == "ready" for i in instances):
             state = "ready"
         elif any(i.state in ("starting", "backoff") for i in instances):
@@ -806,4 +1023,9 @@ class MemberRuntime:
             cooldown_remaining_ms=int(max(0.0, self.cooldown_until - time.monotonic()) * 1000),
             last_error=self.last_error,
             instances=instances,
+            healthy=self.available,
+            unhealthy_ms=int((now - min(downs)) * 1000) if self.down and downs else 0,
+            next_probe_ms=int(max(0.0, min(probes) - now) * 1000) if probes else None,
+            downs=self.downs,
+            recoveries=self.recoveries,
         )

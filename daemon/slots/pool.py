@@ -13,12 +13,19 @@ order by whichever member frees a slot first (and by the others when one cools d
 queue is bounded (`PoolBusy` at once when full) and a caller's absolute `time.monotonic()`
 deadline ends its wait (`PoolTimeout`). Servers start on demand, one instance at a time while
 waiters outnumber the slots on their way, and unload after `idle_unload_s`.
+
+Failover: a member that cools down, or an external member that stops answering, takes no
+leases; its tiers' waiters go to the tier's other members. When no member of a tier can
+serve, a lease aimed at the tier climbs the ladder to the next tier that can; when none can,
+it fails at once with `NoHealthyMember`, naming every member and why. It never waits for a
+server that is not there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -30,7 +37,15 @@ import aiohttp
 
 from daemon.slots.chat import ChatClient, OnDelta, request_body
 from daemon.slots.digest import DigestCache
-from daemon.slots.errors import NoSuchTarget, PoolBusy, PoolTimeout, SlotLost
+from daemon.slots.discovery import connection_problem
+from daemon.slots.errors import (
+    ModelError,
+    NoHealthyMember,
+    NoSuchTarget,
+    PoolBusy,
+    PoolTimeout,
+    SlotLost,
+)
 from daemon.slots.member import MemberRuntime, PoolContext, PoolOptions, Slot, WaitQueue
 from daemon.slots.records import ChatResult, PoolStatus, SlotEvent, TierStatus
 from roster import Roster
@@ -139,10 +154,20 @@ class Lease:
         except aiohttp.ClientError as err:
             self._task = None
             if self._lost is None:
-                self._lost = f"connection failed: {err!r}"
-                if spec.url is None:  # a loopback server we own does not drop connections
+                if isinstance(err, aiohttp.ClientConnectorError):  # nobody there (refused, …)
+                    self._lost = connection_problem(err, instance.chat_url, 0)
                     instance.report_fault(self._lost)
+                else:
+                    self._lost = f"connection failed: {err!r}"
+                    if spec.url is None:  # a loopback server we own does not drop connections
+                        instance.report_fault(self._lost)
+                    else:  # an external one may (a proxy, a restart): is it still there?
+                        instance.check_soon()
             raise self._lost_error() from None
+        except ModelError as err:
+            if err.status_code >= 500 and spec.url is not None:
+                instance.check_soon()  # a bad request or a server going away: a probe tells
+            raise
         finally:
             self._task = None
         return ChatResult(
@@ -233,6 +258,11 @@ class Pool:
             tiers[tier] = targets[tier] = queue
         for gone in self._tiers.values():
             gone.fail(PoolBusy(f"tier {gone.name!r} left the roster; retry"))
+        ladder = [tiers[t] for t in self.roster.tiers.ladder if t in tiers]
+        for queue in tiers.values():
+            queue.next_rung = None
+        for lower, upper in itertools.pairwise(ladder):
+            lower.next_rung = upper
         self._tiers = tiers
         for queue in tiers.values():
             queue.grow()
@@ -259,26 +289,61 @@ class Pool:
         deadline: float | None = None,
         affinity: str | None = None,
     ) -> Lease:
-        """Take a slot (the caller must `release()` the lease); `lease()` is the usual way."""
+        """Take a slot (the caller must `release()` the lease); `lease()` is the usual way.
+
+        A tier none of whose members can serve hands the lease to the ladder's next tier
+        (`failovers` counts it); a member has no such fallback.
+        """
         queue = self._targets.get(target)
         if queue is None:
             raise NoSuchTarget(f"no tier or member named {target!r}", details={"target": target})
         if self._stopping:
             raise PoolBusy("the pool is stopping")
+        tried: list[NoHealthyMember] = []  # the rungs that could not serve, in order
+        rung: WaitQueue | None = queue
+        while rung is not None:
+            try:
+                lease = self._grab(rung, affinity) or await self._wait(
+                    rung, priority, deadline, affinity
+                )
+            except NoHealthyMember as err:
+                tried.append(err)
+                rung = rung.next_rung  # a member's queue has none
+                continue
+            if tried:
+                queue.failovers += 1
+            return lease
+        if len(tried) == 1:
+            raise tried[0]
+        why = {n: r for err in tried for n, r in err.details.get("members", {}).items()}
+        raise NoHealthyMember(
+            f"no member can serve {target!r} or a tier above it: "
+            + "; ".join(f"{name} {reason}" for name, reason in why.items()),
+            retry_after=min(err.retry_after for err in tried),
+            details={"target": target, "members": why},
+        )
+
+    def _grab(self, queue: WaitQueue, affinity: str | None) -> Lease | None:
+        """A free slot at once (the fast path: no await), or None; NoHealthyMember if no
+        member of the queue can serve."""
         members = queue.members
         if len(members) == 1:
             member = members[0]
-            if member.cooling:
-                raise member.cooldown_error()
+            if not member.available:
+                raise (
+                    member.unavailable_error()
+                    if queue is member.queue
+                    else queue.unavailable_error()
+                )
             if queue.queued == 0:
                 slot = member.pick(affinity)
                 if slot is not None:
                     member.take(slot, affinity)
                     return Lease(member, slot)
         else:
-            live = [m for m in members if not m.cooling]
+            live = [m for m in members if m.available]
             if not live:
-                raise queue.cooldown_error()
+                raise queue.unavailable_error()
             if queue.queued == 0:
                 # a member with a free slot has nobody waiting (release dispatches at once)
                 found = _free_slot(live, affinity)
@@ -286,6 +351,14 @@ class Pool:
                     member, slot = found
                     member.take(slot, affinity)
                     return Lease(member, slot)
+        return None
+
+    async def _wait(
+        self, queue: WaitQueue, priority: int, deadline: float | None, affinity: str | None
+    ) -> Lease:
+        """Queue for a slot of `queue`'s members (starting servers for it) until granted."""
+        target = queue.name
+        members = queue.members
         if deadline is not None and deadline <= time.monotonic():
             raise PoolTimeout(f"no slot of {target!r} before the deadline")
         # a tier holds as many waiters as its members' own queues would
@@ -320,6 +393,8 @@ class Pool:
                 members=[m.name for m in q.members],
                 queue=q.queued,
                 max_queue=self.options.max_queue * len(q.members),
+                healthy=[m.name for m in q.live()],
+                failovers=q.failovers,
             )
             for q in self._tiers.values()
         ]

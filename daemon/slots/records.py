@@ -17,6 +17,9 @@ EventKind = Literal[
     "slot.failed",
     "slot.lost",
     "slot.stopped",
+    "slot.unhealthy",
+    "slot.recovered",
+    "slot.failover",
 ]
 
 # Why a `slot.stopped` instance stopped (an idle unload has its own `slot.unloaded`).
@@ -85,7 +88,11 @@ class ChatResult(BaseModel):
     model: str | None = None
 
 
-InstanceState = Literal["stopped", "starting", "ready", "backoff", "cooldown", "stopping"]
+# "unhealthy": an external server that does not answer; it is probed (with backoff), never
+# restarted, and gets no leases until a probe finds it ready again.
+InstanceState = Literal[
+    "stopped", "starting", "ready", "backoff", "cooldown", "stopping", "unhealthy"
+]
 
 
 class InstanceStatus(BaseModel):
@@ -114,6 +121,16 @@ class MemberStatus(BaseModel):
     cooldown_remaining_ms: int
     last_error: str | None
     instances: list[InstanceStatus]
+    healthy: bool = True
+    """False while the member can take no lease: cooling down, or (external) unreachable."""
+    unhealthy_ms: int = 0
+    """How long an external member has been unreachable (0 while it answers)."""
+    next_probe_ms: int | None = None
+    """When an unreachable external member is probed next."""
+    downs: int = 0
+    """Times an external member became unreachable."""
+    recoveries: int = 0
+    """Times it answered again after that."""
 
 
 class TierStatus(BaseModel):
@@ -124,6 +141,10 @@ class TierStatus(BaseModel):
     members: list[str]
     queue: int
     max_queue: int
+    healthy: list[str] = []
+    """Members that can take a lease now (not cooling down, not unreachable)."""
+    failovers: int = 0
+    """Leases aimed at this tier that a higher rung served because no member here could."""
 
 
 class PoolStatus(BaseModel):

@@ -12,9 +12,23 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from surfaces.cli import ledger, mcp, plan, roster, route, runs, serve, slots, version
+from surfaces.cli import (
+    doctor,
+    ledger,
+    mcp,
+    models,
+    plan,
+    roster,
+    route,
+    runs,
+    serve,
+    slots,
+    version,
+)
 
-GROUPS: list[ModuleType] = [version, serve, mcp, runs, ledger, roster, route, plan, slots]
+GROUPS: list[ModuleType] = [
+    version, serve, mcp, runs, ledger, roster, route, plan, slots, models, doctor
+]  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,8 @@
 """`tally slots [--json]`: the running daemon's pool status (`slots_status`).
 
 `tally slots --roster FILE` instead starts that roster's pool in-process, waits until every
-member is ready, prints the status and stops: a smoke check of a roster without a daemon.
+member is ready (or found down: an external server that is not there says so at once), prints
+the status and each member's problem, and stops: a smoke check of a roster without a daemon.
 """
 
 from __future__ import annotations
@@ -40,15 +41,25 @@ def _load(path: Path) -> Roster:
     return load_roster(path)
 
 
-async def _check(roster: Roster, state_dir: Path, timeout_s: float, base: Path) -> PoolStatus:
+async def _check(
+    roster: Roster, state_dir: Path, timeout_s: float, base: Path
+) -> tuple[PoolStatus, dict[str, str]]:
+    """Lease every member at once; the status, and why each member that failed did."""
     pool = Pool(roster, state_dir, options=PoolOptions(roster_dir=base))
     await pool.start()
+    deadline = time.monotonic() + timeout_s
+
+    async def one(name: str) -> str | None:
+        try:
+            async with pool.lease(name, deadline=deadline):
+                return None
+        except TallyError as err:
+            return err.message
+
     try:
-        deadline = time.monotonic() + timeout_s
-        for member in roster.models:
-            async with pool.lease(member.name, deadline=deadline):
-                pass
-        return pool.status()
+        names = [m.name for m in roster.models]
+        found = await asyncio.gather(*(one(name) for name in names))
+        return pool.status(), {n: why for n, why in zip(names, found, strict=True) if why}
     finally:
         await pool.stop()
 
@@ -71,10 +82,20 @@ def _table(status: PoolStatus) -> str:
             )
         if m.restarts:
             lines.append(f"  restarts: {m.restarts}")
+        if not m.healthy and m.state == "unhealthy":
+            probe = f", next probe in {m.next_probe_ms / 1000:.1f} s" if m.next_probe_ms else ""
+            lines.append(f"  unreachable for {m.unhealthy_ms / 1000:.1f} s{probe}")
+        if m.recoveries:
+            lines.append(f"  went down {m.downs}x, recovered {m.recoveries}x")
         if m.last_error:
             lines.append(f"  last error: {m.last_error}")
     for t in status.tiers:
-        lines.append(f"tier {t.name} ({', '.join(t.members)}): {t.queue} waiting")
+        line = f"tier {t.name} ({', '.join(t.members)}): {t.queue} waiting"
+        if len(t.healthy) < len(t.members):
+            line += f", healthy: {', '.join(t.healthy) or 'none'}"
+        if t.failovers:
+            line += f", {t.failovers} leases served by a higher tier"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -106,13 +127,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="tally-slots-") as tmp:
         state = args.state_dir or Path(tmp)
-        try:
-            status = asyncio.run(_check(roster, state, args.timeout, args.roster.parent))
-        except TallyError as err:
-            print(f"tally slots: {err.message}", file=sys.stderr)
-            return 1
+        status, problems = asyncio.run(_check(roster, state, args.timeout, args.roster.parent))
     if args.json:
         print(status.model_dump_json(indent=2))
     else:
         print(_table(status))
-    return 0 if all(m.state == "ready" for m in status.members) else 1
+    for name, why in problems.items():
+        print(f"tally slots: {name}: {why}", file=sys.stderr)
+    if problems:
+        print("tally slots: `tally doctor --roster FILE` says how to fix each", file=sys.stderr)
+    return 0 if not problems and all(m.state == "ready" for m in status.members) else 1

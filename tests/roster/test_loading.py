@@ -267,3 +267,22 @@ def test_the_packaged_default_roster_loads_cleanly() -> None:
 def test_syntax_errors_name_the_field_they_break(old: str, new: str, field: str) -> None:
     [problem] = problems_of(GOOD.replace(old, new, 1))
     assert problem.field == field, problem
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("ftp://host/v1", "http:// or https:// server URL with a host"),
+        ("127.0.0.1:11434", "http:// or https:// server URL with a host"),
+        ("http:///v1", "with a host"),
+        ("http://host:99999/v1", "bad port"),
+        ("http://host/v1?key=secret", "no spaces, query"),
+        ("http://user:pw@host/v1", "no spaces, query"),
+        ("http://host/v 1", "no spaces, query"),
+    ],
+)
+def test_an_external_members_url_must_be_a_server_url(url: str, message: str) -> None:
+    good = next(line for line in GOOD.splitlines() if line.startswith("url = "))
+    [problem] = problems_of(GOOD.replace(good, f'url = "{url}"'))
+    assert problem.field.endswith(".url")
+    assert message in problem.message

@@ -24,6 +24,8 @@ FAST = PoolOptions(
     cooldown_after=3,
     failure_window_s=30,
     cooldown_s=0.6,
+    probe_base_s=0.05,
+    probe_max_s=0.2,
     ready_poll_s=0.02,
     stop_grace_s=2,
 )

@@ -8,7 +8,9 @@ usage with cached_tokens, timings, id_slot queueing). Faults are injected with f
 time through POST /_fault {"mode": "crash" | "hang" | "fail", "count": N}: "crash" exits the
 process (in-process: drops the connection) mid-stream, "truncate" ends the next stream cleanly
 after N tokens (`after`) with neither a finish_reason nor [DONE], "hang" stops answering anything,
-"fail" answers the next N chat requests with 500.
+"fail" answers the next N chat requests with 500. `--ready-file PATH` keeps it "loading" until
+PATH exists (a spawned server a test can fix from outside). `--models a,b` sets what
+/v1/models lists; `--ollama` answers as Ollama does (/api/version; no /health, /props, /slots).
 """
 
 from __future__ import annotations
@@ -34,13 +36,19 @@ class FakeServer:
         load_delay_s: float = 0.0,
         token_delay_s: float = 0.0,
         subprocess_mode: bool = False,
+        ready_file: str | None = None,
+        models: list[str] | None = None,
+        ollama: bool = False,
     ) -> None:
         self.slots = slots
         self.n_ctx = n_ctx
         self.token_delay_s = token_delay_s
         self.subprocess_mode = subprocess_mode
         self.ready_at = time.monotonic() + load_delay_s
+        self.ready_file = ready_file
+        self.model_ids = models or ["fake"]
         self.hang = False
+        self.health_status: int | None = None  # answer /health with this status instead
         self.crash_after: int | None = None  # tokens streamed before the crash
         self.truncate_after: int | None = None  # tokens streamed before a clean, early end
         self.fail_next = 0
@@ -52,10 +60,13 @@ class FakeServer:
         self._runner: web.AppRunner | None = None
         self.port = 0
         self.app = web.Application()
-        self.app.router.add_get("/health", self.health)
-        self.app.router.add_get("/v1/health", self.health)
-        self.app.router.add_get("/props", self.props)
-        self.app.router.add_get("/slots", self.slots_view)
+        if ollama:  # Ollama's shape: the OpenAI API and /api/*, no llama.cpp endpoints
+            self.app.router.add_get("/api/version", self.version)
+        else:
+            self.app.router.add_get("/health", self.health)
+            self.app.router.add_get("/v1/health", self.health)
+            self.app.router.add_get("/props", self.props)
+            self.app.router.add_get("/slots", self.slots_view)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_post("/_fault", self.fault)
@@ -78,13 +89,22 @@ class FakeServer:
         if self._runner is not None:
             await self._runner.cleanup()
 
+    def loading(self) -> bool:
+        if self.ready_file is not None and not os.path.exists(self.ready_file):
+            return True
+        return time.monotonic() < self.ready_at
+
     async def _gate(self) -> None:
         while self.hang:
             await asyncio.sleep(3600)
 
     async def health(self, request: web.Request) -> web.Response:
         await self._gate()
-        if time.monotonic() < self.ready_at:
+        if self.health_status is not None:
+            return web.json_response(
+                {"error": {"code": self.health_status}}, status=self.health_status
+            )
+        if self.loading():
             return web.json_response(
                 {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
                 status=503,
@@ -93,7 +113,7 @@ class FakeServer:
 
     async def props(self, request: web.Request) -> web.Response:
         await self._gate()
-        if time.monotonic() < self.ready_at:
+        if self.loading():
             return web.json_response({"error": {"code": 503}}, status=503)
         return web.json_response(
             {
@@ -114,7 +134,11 @@ class FakeServer:
 
     async def models(self, request: web.Request) -> web.Response:
         await self._gate()
-        return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+        data = [{"id": name, "object": "model"} for name in self.model_ids]
+        return web.json_response({"object": "list", "data": data})
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.0.0-fake"})
 
     async def fault(self, request: web.Request) -> web.Response:
         body = await request.json()
@@ -253,6 +277,9 @@ async def _serve(args: argparse.Namespace) -> None:
         load_delay_s=args.load_delay,
         token_delay_s=args.token_delay,
         subprocess_mode=True,
+        ready_file=args.ready_file,
+        models=args.models.split(",") if args.models else None,
+        ollama=args.ollama,
     )
     if args.hang:
         server.hang = True
@@ -270,6 +297,9 @@ def main() -> None:
     parser.add_argument("--token-delay", type=float, default=0.0)
     parser.add_argument("--hang", action="store_true")
     parser.add_argument("--die-on-start", action="store_true")
+    parser.add_argument("--ready-file", default=None)
+    parser.add_argument("--ollama", action="store_true")
+    parser.add_argument("--models", default=None, help="comma-separated /v1/models ids")
     args = parser.parse_args()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(args))

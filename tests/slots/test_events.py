@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from daemon.slots import PoolBusy, SlotLost
 from roster import Member
-from tests.slots.conftest import FAST, Events, PoolFactory, roster_of
+from tests.slots.conftest import FAST, Events, PoolFactory, roster_of, spawned
 from tests.slots.fake_server import FakeServer
 
 MSG = [{"role": "user", "content": "say hello"}]
@@ -70,57 +71,49 @@ async def test_retired_member_reports_stopped(
 
 
 async def test_cooldown_stops_the_other_instances_and_its_end_is_reported(
-    make_pool: PoolFactory, events: Events
+    make_pool: PoolFactory, events: Events, tmp_path: Path
 ) -> None:
-    fake = FakeServer(slots=1, load_delay_s=3600)  # "loading" until the test says otherwise
-    await fake.start()
-    try:
-        member = ext(fake.url, slots=1, instances=2, ready_timeout_s=0.15)
-        pool = make_pool(member)
-        waits = [asyncio.ensure_future(pool.acquire("ext")) for _ in range(2)]
-        for result in await asyncio.gather(*waits, return_exceptions=True):
-            assert isinstance(result, PoolBusy)
-        await wait_for_kind(events, "slot.stopped", 3)
-        cooled = next(e for e in events if e.kind == "slot.cooldown")
-        stopped = [e for e in events if e.kind == "slot.stopped"]
-        assert [(e.instance, e.detail["reason"]) for e in stopped] == [
-            (1 - cooled.instance, "cooldown")
-        ]
-        await wait_for_kind(events, "slot.cooldown_ended", 3)
-        ended = next(e for e in events if e.kind == "slot.cooldown_ended")
-        assert ended.instance == cooled.instance
-        assert "not ready" in ended.detail["last_error"]
-        status = pool.status().member("ext")
-        assert status is not None
-        assert status.state == "stopped"
-        assert {i.state for i in status.instances} == {"stopped"}
-        fake.ready_at = 0.0  # fixed: the next lease starts it again
-        async with pool.lease("ext", deadline=time.monotonic() + 5) as lease:
-            await lease.chat(MSG, max_tokens=1)
-    finally:
-        await fake.stop()
+    ready = tmp_path / "ready"  # "loading" until the test creates it
+    member = spawned("m", "--ready-file", str(ready), slots=1, instances=2, ready_timeout_s=0.5)
+    pool = make_pool(member)
+    waits = [asyncio.ensure_future(pool.acquire("m")) for _ in range(2)]
+    for result in await asyncio.gather(*waits, return_exceptions=True):
+        assert isinstance(result, PoolBusy)
+    await wait_for_kind(events, "slot.stopped", 5)
+    cooled = next(e for e in events if e.kind == "slot.cooldown")
+    stopped = [e for e in events if e.kind == "slot.stopped"]
+    assert [(e.instance, e.detail["reason"]) for e in stopped] == [
+        (1 - cooled.instance, "cooldown")
+    ]
+    await wait_for_kind(events, "slot.cooldown_ended", 3)
+    ended = next(e for e in events if e.kind == "slot.cooldown_ended")
+    assert ended.instance == cooled.instance
+    assert "not ready" in ended.detail["last_error"]
+    status = pool.status().member("m")
+    assert status is not None
+    assert status.state == "stopped"
+    assert {i.state for i in status.instances} == {"stopped"}
+    ready.touch()  # fixed: the next lease starts it again
+    async with pool.lease("m", deadline=time.monotonic() + 10) as lease:
+        await lease.chat(MSG, max_tokens=1)
 
 
 async def test_pool_stop_during_a_cooldown_reports_stopped_not_ended(
-    make_pool: PoolFactory, events: Events
+    make_pool: PoolFactory, events: Events, tmp_path: Path
 ) -> None:
-    fake = FakeServer(slots=1, load_delay_s=3600)
-    await fake.start()
-    try:
-        pool = make_pool(ext(fake.url, slots=1, ready_timeout_s=0.1))
-        with pytest.raises(PoolBusy):
-            await pool.acquire("ext")
-        await pool.stop()
-        await asyncio.sleep(FAST.cooldown_s + 0.1)
-        assert events.kinds()[-2:] == ["slot.cooldown", "slot.stopped"]
-        assert events[-1].detail == {
-            "reason": "pool_stop",
-            "message": "pool stopped",
-            "previous": "cooldown",
-            "returncode": None,
-        }
-    finally:
-        await fake.stop()
+    member = spawned("m", "--ready-file", str(tmp_path / "never"), slots=1, ready_timeout_s=0.3)
+    pool = make_pool(member)
+    with pytest.raises(PoolBusy):
+        await pool.acquire("m")
+    await pool.stop()
+    await asyncio.sleep(FAST.cooldown_s + 0.1)
+    assert events.kinds()[-2:] == ["slot.cooldown", "slot.stopped"]
+    assert events[-1].detail == {
+        "reason": "pool_stop",
+        "message": "pool stopped",
+        "previous": "cooldown",
+        "returncode": None,
+    }
 
 
 async def test_stream_ending_without_done_or_finish_reason_is_slot_lost(

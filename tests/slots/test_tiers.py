@@ -175,7 +175,10 @@ async def test_tier_waiters_move_to_a_healthy_member_on_cooldown(
         if "slot.cooldown" in events.kinds("bad"):
             break
         await asyncio.sleep(0.02)
-    assert events.kinds("bad") == ["slot.failed", "slot.cooldown"]
+    assert events.kinds("bad") == ["slot.failed", "slot.cooldown", "slot.failover"]
+    failover = events[-1]
+    assert failover.detail["tier"] == "cheap"
+    assert failover.detail["to"] == ["good"]
     await asyncio.sleep(0.01)
     assert not waiter.done()  # handed over to "good", not failed
     held.release()

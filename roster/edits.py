@@ -1,0 +1,223 @@
+"""Adding a member to a roster file (`tally models add`), keeping the file's comments.
+
+The file is edited as text: the new `[[models]]` table (written by tomli-w) goes in before
+`[tiers]` (or at the end), and the tier's member list (and, for a new tier, the ladder) is
+rewritten where it stands. The edited text must then load to exactly the roster the edit
+means; when it does not (tiers written as an inline table, say), the file is regenerated
+from the models with tomli-w instead and its comments are lost. `Added.kept_comments` says
+which happened.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+import tomli_w
+from pydantic import BaseModel
+
+from daemon.errors import Conflict, InvalidInput
+from roster.loading import RosterError, load_roster_text
+from roster.models import Member, Roster, Tiers
+from roster.positions import FieldPath, PositionIndex
+
+_HEADER = re.compile(r"^[ \t]*\[\[?[ \t]*([A-Za-z0-9_.\-\"' ]+?)[ \t]*\]\]?", re.MULTILINE)
+REGENERATED = (
+    "# Written by `tally models add`, which could not keep this file's comments in place:\n"
+    "# the file was regenerated from its contents.\n\n"
+)
+
+TierMode = Literal["only", "first"]
+
+
+class Added(BaseModel):
+    text: str
+    roster: Roster
+    kept_comments: bool
+    tier: str | None
+    tier_before: list[str] | None
+    """The tier's members before the edit (None: the tier is new)."""
+    replaced: bool
+
+
+def member_table(member: Member) -> str:
+    """The member as a `[[models]]` table (never inline), defaults left out except slots and
+    ctx, which say how the member is used."""
+    data: dict[str, Any] = member.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+    sampling = data.pop("sampling", None)
+    data = {"name": member.name, **data, "slots": member.slots, "ctx": member.ctx}
+    text = "[[models]]\n" + tomli_w.dumps(data)
+    if sampling:
+        text += "\n[models.sampling]\n" + tomli_w.dumps(sampling)
+    return text
+
+
+def regenerated(roster: Roster) -> str:
+    """The whole roster as TOML from its models (defaults left out), under a header saying
+    the comments are gone."""
+    data = roster.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
+    data.pop("models", None)  # written table by table below: never as inline tables
+    tiers = data.pop("tiers", None)
+    lanes = data.pop("lanes", [])
+    text = REGENERATED + tomli_w.dumps({"version": roster.version, **data})
+    text += "".join("\n" + member_table(m) for m in roster.models)
+    text += "\n" + tomli_w.dumps({"tiers": tiers}) if tiers else ""
+    text += "\n" + tomli_w.dumps({"lanes": lanes}) if lanes else ""
+    return text
+
+
+def add_member(
+    text: str,
+    name: str,
+    member: Member,
+    *,
+    tier: str | None,
+    mode: TierMode = "only",
+    replace: bool = False,
+) -> Added:
+    """The roster `text` (from file `name`) with `member` added, and put in `tier`: as its
+    only member (`only`) or ahead of the ones it has (`first`). Raises RosterError if the
+    file is not a valid roster now, Conflict if the member exists and `replace` is not set,
+    InvalidInput if the result would not be a valid roster."""
+    roster = load_roster_text(text, name)
+    index = next((i for i, m in enumerate(roster.models) if m.name == member.name), None)
+    if index is not None and not replace:
+        raise Conflict(
+            f"{name} already has a member named {member.name!r}; choose another --name, "
+            "or --replace it",
+            details={"member": member.name},
+        )
+    wanted = _wanted(roster, member, index, tier, mode)
+    before = roster.tiers.members.get(tier) if tier is not None else None
+    edited = _edit_text(text, roster, member, index, tier, wanted)
+    kept = edited is not None and _loads_to(edited, name, wanted)
+    if not kept:
+        edited = regenerated(wanted)
+        if not _loads_to(edited, name, wanted):
+            raise InvalidInput(f"adding {member.name!r} would not give a valid roster")
+    assert edited is not None
+    return Added(
+        text=edited,
+        roster=wanted,
+        kept_comments=kept,
+        tier=tier,
+        tier_before=list(before) if before is not None else None,
+        replaced=index is not None,
+    )
+
+
+def _wanted(
+    roster: Roster, member: Member, index: int | None, tier: str | None, mode: TierMode
+) -> Roster:
+    models = list(roster.models)
+    if index is None:
+        models.append(member)
+    else:
+        models[index] = member
+    members = dict(roster.tiers.members)
+    ladder = list(roster.tiers.ladder)
+    if tier is not None:
+        old = members.get(tier)
+        if old is None:
+            ladder.append(tier)  # a new tier is the top rung
+            members[tier] = [member.name]
+        elif mode == "only":
+            members[tier] = [member.name]
+        else:
+            members[tier] = [member.name, *(m for m in old if m != member.name)]
+    try:
+        return Roster.model_validate(
+            {
+                **roster.model_dump(exclude={"models", "tiers"}),
+                "models": models,
+                "tiers": Tiers(ladder=ladder, members=members),
+            }
+        )
+    except ValueError as err:
+        raise InvalidInput(f"the roster would not be valid: {err}") from None
+
+
+def _loads_to(text: str, name: str, wanted: Roster) -> bool:
+    try:
+        return load_roster_text(text, name) == wanted
+    except RosterError:
+        return False
+
+
+def _edit_text(
+    text: str,
+    roster: Roster,
+    member: Member,
+    index: int | None,
+    tier: str | None,
+    wanted: Roster,
+) -> str | None:
+    """The text edit, or None where it cannot be made (the caller then regenerates)."""
+    positions = PositionIndex(text)
+    edits: list[tuple[int, int, str]] = []  # (start, end, replacement), applied last first
+    table = member_table(member)
+    if index is None:
+        at = _before_tiers(text)
+        edits.append((at, at, ("\n" if at and text[at - 1 : at] != "\n" else "") + table + "\n"))
+    else:
+        span = _member_block(text, index)
+        if span is None:
+            return None
+        edits.append((span[0], span[1], table))
+    if tier is not None:
+        prefix: FieldPath = ("tiers", "members") if ("tiers", "members") in positions.keys else ()
+        prefix = prefix or ("tiers",)
+        names = json.dumps(wanted.tiers.members[tier])
+        span = positions.span((*prefix, tier))
+        if span is not None:
+            edits.append((span[0], span[1], names))
+        else:  # a new tier: after the ladder, which gains it
+            ladder = positions.span(("tiers", "ladder"))
+            if ladder is None:
+                return None
+            line_end = text.find("\n", ladder[1])
+            line_end = len(text) if line_end < 0 else line_end
+            edits.append((ladder[0], ladder[1], json.dumps(wanted.tiers.ladder)))
+            edits.append((line_end, line_end, f"\n{tier} = {names}"))
+    for start, end, replacement in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+        text = text[:start] + replacement + text[end:]
+    return text
+
+
+def _headers(text: str) -> list[tuple[int, int, str]]:
+    """(line start, line end, header name) of every table header, in order."""
+    out = []
+    for match in _HEADER.finditer(text):
+        end = text.find("\n", match.start())
+        out.append((match.start(), len(text) if end < 0 else end + 1, match.group(1).strip()))
+    return out
+
+
+def _before_tiers(text: str) -> int:
+    """Where a new member goes: before `[tiers]` if it follows the last member, else at the end."""
+    headers = _headers(text)
+    last_member = max((i for i, h in enumerate(headers) if h[2] == "models"), default=-1)
+    for start, _, name in headers[last_member + 1 :]:
+        if name == "tiers":
+            return start
+    return len(text)
+
+
+def _member_block(text: str, index: int) -> tuple[int, int] | None:
+    """The lines of the `index`-th `[[models]]` table and its subtables, without the comments
+    and blank lines that lead into whatever follows it."""
+    headers = _headers(text)
+    starts = [i for i, h in enumerate(headers) if h[2] == "models"]
+    if index >= len(starts):
+        return None
+    first = starts[index]
+    end = len(text)
+    for start, _, name in headers[first + 1 :]:
+        if not name.startswith("models."):
+            end = start
+            break
+    lines = text[headers[first][0] : end].splitlines(keepends=True)
+    while lines and (not lines[-1].strip() or lines[-1].lstrip().startswith("#")):
+        lines.pop()
+    return headers[first][0], headers[first][0] + sum(len(line) for line in lines)

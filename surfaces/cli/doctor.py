@@ -1,0 +1,102 @@
+"""`tally doctor [--roster FILE]`: check every pool member before anything needs it.
+
+Reachable, model present, context size, slots, and a one-token completion with its latency.
+Spawned members are started for the check (in-process, then stopped) unless `--no-spawn`.
+Each problem is one line that says how to fix it; the exit code is 1 when any member fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(commands: argparse._SubParsersAction[Any]) -> None:
+    parser = commands.add_parser("doctor", help="check every model member of a roster")
+    parser.add_argument("--roster", type=Path, help="default: $TALLY_ROSTER or packaged")
+    parser.add_argument(
+        "--no-spawn",
+        action="store_true",
+        help="do not start spawned members (check their command and model file only)",
+    )
+    parser.add_argument("--timeout", type=float, default=15.0, help="seconds per request")
+    parser.add_argument("--json", action="store_true", help="print a JSON object")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import tempfile
+
+    from daemon.slots.checkup import check_roster
+    from roster import RosterError, load_roster
+    from surfaces.cli.roster import roster_path
+
+    path = roster_path(str(args.roster) if args.roster else None)
+    try:
+        roster = load_roster(path)
+    except RosterError as err:
+        print(f"tally doctor: the roster does not load:\n{err}", file=sys.stderr)
+        return 1
+    if args.timeout <= 0:
+        print("tally doctor: --timeout must be positive", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="tally-doctor-") as state:
+        checkup = asyncio.run(
+            check_roster(
+                roster,
+                roster_dir=path.parent,
+                state_dir=Path(state),
+                spawn=not args.no_spawn,
+                timeout_s=args.timeout,
+            )
+        )
+    if args.json:
+        members = [{**m.model_dump(mode="json"), "ok": m.ok} for m in checkup.members]
+        print(json.dumps({"ok": checkup.ok, "roster": str(path), "members": members}, indent=2))
+        return 0 if checkup.ok else 1
+    print(f"roster: {path}")
+    print(_table(checkup.members))
+    problems = [line for m in checkup.members for line in m.lines()]
+    if problems:
+        print("\nproblems, each with its fix:")
+        for line in problems:
+            print(f"  {line}")
+    failed = [m.name for m in checkup.members if not m.ok]
+    print(f"\n{'FAILED: ' + ', '.join(failed) if failed else 'all members ok'}")
+    return 1 if failed else 0
+
+
+def _table(members: list[Any]) -> str:
+    rows = [("MEMBER", "KIND", "OK", "REACH", "MODEL", "CTX", "SLOTS", "1 TOKEN", "WHERE")]
+    for m in members:
+        token = "-"
+        if m.latency_ms is not None:
+            token = f"{m.latency_ms} ms"
+            if m.kind == "spawned" and m.ready_ms is not None:
+                token += f" (up in {m.ready_ms / 1000:.1f} s)"
+        rows.append(
+            (
+                m.name,
+                m.kind,
+                "ok" if m.ok else "FAIL",
+                _yes(m.reachable),
+                _yes(m.model_present),
+                str(m.n_ctx or "-"),
+                str(m.slots or "-"),
+                token,
+                m.where if len(m.where) <= 60 else "…" + m.where[-59:],
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join(
+        "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
+        for row in rows
+    )
+
+
+def _yes(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "no")

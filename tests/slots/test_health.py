@@ -1,0 +1,257 @@
+"""External members: never restarted; unreachable means unhealthy at once, leases fail over
+(to the tier's other members, then up the ladder), and a member that answers again is used
+again. Real sockets throughout: a closed port, the fake server started on it later."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemon.slots import NoHealthyMember, PoolBusy, SlotLost
+from daemon.slots.process import free_port
+from roster import Member
+from tests.slots.conftest import FAST, Events, PoolFactory, spawned
+from tests.slots.fake_server import FakeServer
+
+MSG = [{"role": "user", "content": "say hello"}]
+
+
+def ext(url: str, name: str = "ext", **kw: Any) -> Member:
+    kw.setdefault("slots", 1)
+    return Member(name=name, url=url, **kw)
+
+
+def closed_url() -> tuple[int, str]:
+    port = free_port()  # bound and released: nothing listens there now
+    return port, f"http://127.0.0.1:{port}/v1"
+
+
+async def wait_until(check: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+async def test_a_closed_port_is_unhealthy_at_once_never_restarted(
+    make_pool: PoolFactory, events: Events
+) -> None:
+    _, url = closed_url()
+    pool = make_pool(ext(url, "gone"))
+    started = time.monotonic()
+    with pytest.raises(NoHealthyMember) as err:
+        await pool.acquire("gone")
+    assert time.monotonic() - started < 2
+    assert "gone" in err.value.message
+    assert "connection refused" in err.value.message
+    assert err.value.details["members"]["gone"].startswith("is unreachable: cannot connect")
+    assert isinstance(err.value, PoolBusy)  # callers that retry on busy wait retry_after
+    assert events.kinds() == ["slot.starting", "slot.unhealthy"]
+    started = time.monotonic()
+    with pytest.raises(NoHealthyMember):
+        await pool.acquire("gone")  # known down: no wait at all
+    assert time.monotonic() - started < 0.05
+    await asyncio.sleep(0.5)  # several probes later: still no restart, no failure loop
+    kinds = set(events.kinds())
+    assert not kinds & {"slot.restarting", "slot.failed", "slot.cooldown", "slot.exited"}
+    status = pool.status().member("gone")
+    assert status is not None
+    assert (status.state, status.healthy, status.restarts, status.downs) == (
+        "unhealthy",
+        False,
+        0,
+        1,
+    )
+    assert status.unhealthy_ms >= 400
+    assert status.last_error is not None
+    assert "connection refused" in status.last_error
+
+
+async def test_a_tier_fails_over_to_its_healthy_member(
+    fake: FakeServer, make_pool: PoolFactory, events: Events
+) -> None:
+    _, url = closed_url()
+    pool = make_pool(ext(url, "gone"), ext(fake.url, "good"), tiers={"cheap": ["gone", "good"]})
+    async with pool.lease("cheap") as lease:  # "gone" is tried first (roster order), then not
+        assert lease.member == "good"
+        await lease.chat(MSG, max_tokens=1)
+    failover = next(e for e in events if e.kind == "slot.failover")
+    assert (failover.member, failover.detail["tier"], failover.detail["to"]) == (
+        "gone",
+        "cheap",
+        ["good"],
+    )
+    tier = pool.status().tiers[0]
+    assert tier.healthy == ["good"]
+    for _ in range(3):
+        async with pool.lease("cheap") as lease:
+            assert lease.member == "good"
+
+
+async def test_a_tier_with_no_healthy_member_climbs_the_ladder(
+    fake: FakeServer, make_pool: PoolFactory, events: Events
+) -> None:
+    _, url = closed_url()
+    pool = make_pool(
+        ext(url, "gone"),
+        ext(fake.url, "big"),
+        tiers={"cheap": ["gone"], "capable": ["big"]},
+    )
+    async with pool.lease("cheap") as lease:
+        assert lease.member == "big"
+    failover = next(e for e in events if e.kind == "slot.failover")
+    assert failover.detail == {
+        "tier": "cheap",
+        "to_tier": "capable",
+        "reason": failover.detail["reason"],
+    }
+    async with pool.lease("cheap") as lease:  # known down: straight to the next rung
+        assert lease.member == "big"
+    cheap = next(t for t in pool.status().tiers if t.name == "cheap")
+    assert (cheap.failovers, cheap.healthy) == (2, [])
+    with pytest.raises(NoHealthyMember):
+        await pool.acquire("gone")  # a member-targeted lease has no ladder
+
+
+async def test_when_no_member_can_serve_the_error_names_each_and_why(
+    make_pool: PoolFactory, events: Events
+) -> None:
+    _, url_a = closed_url()
+    _, url_b = closed_url()
+    pool = make_pool(ext(url_a, "a"), ext(url_b, "b"), tiers={"cheap": ["a"], "capable": ["b"]})
+    started = time.monotonic()
+    with pytest.raises(NoHealthyMember) as err:
+        await pool.acquire("cheap")
+    assert time.monotonic() - started < 3
+    message = err.value.message
+    assert "'cheap'" in message
+    assert url_a.removesuffix("/v1") in message
+    assert url_b.removesuffix("/v1") in message
+    assert set(err.value.details["members"]) == {"a", "b"}
+
+
+async def test_a_member_that_comes_back_is_used_again(
+    make_pool: PoolFactory, events: Events
+) -> None:
+    port, url = closed_url()
+    pool = make_pool(ext(url, "late"))
+    with pytest.raises(NoHealthyMember):
+        await pool.acquire("late")
+    fake = FakeServer(slots=1)
+    await fake.start(port)  # the same port, later
+    try:
+        await wait_until(lambda: "slot.recovered" in events.kinds(), 3)
+        async with pool.lease("late") as lease:
+            result = await lease.chat(MSG, max_tokens=1)
+        assert result.member == "late"
+        recovered = next(e for e in events if e.kind == "slot.recovered")
+        assert recovered.detail["down_ms"] > 0
+        status = pool.status().member("late")
+        assert status is not None
+        assert (status.state, status.healthy, status.downs, status.recoveries) == (
+            "ready",
+            True,
+            1,
+            1,
+        )
+        assert status.unhealthy_ms == 0
+    finally:
+        await fake.stop()
+
+
+async def test_a_server_that_goes_away_under_a_lease_is_down_at_once_then_recovers(
+    make_pool: PoolFactory, events: Events
+) -> None:
+    fake = FakeServer(slots=1)
+    await fake.start()
+    port = fake.port
+    pool = make_pool(ext(fake.url, "flaky"))
+    async with pool.lease("flaky") as lease:
+        await lease.chat(MSG, max_tokens=1)
+    await fake.stop()
+    lease = await pool.acquire("flaky")
+    with pytest.raises(SlotLost, match="connection refused"):
+        await lease.chat(MSG, max_tokens=1)
+    lease.release()
+    await wait_until(lambda: "slot.unhealthy" in events.kinds(), 2)
+    with pytest.raises(NoHealthyMember):
+        await pool.acquire("flaky")
+    back = FakeServer(slots=1)
+    await back.start(port)
+    try:
+        await wait_until(lambda: "slot.recovered" in events.kinds(), 3)
+        async with pool.lease("flaky") as lease:
+            await lease.chat(MSG, max_tokens=1)
+    finally:
+        await back.stop()
+    assert "slot.restarting" not in events.kinds()
+
+
+async def test_a_5xx_health_check_marks_it_unhealthy_and_a_200_brings_it_back(
+    fake: FakeServer, make_pool: PoolFactory, events: Events
+) -> None:
+    pool = make_pool(ext(fake.url, "ext"))
+    await pool.wait_ready("ext")
+    fake.health_status = 502  # e.g. a proxy whose upstream went away
+    await wait_until(lambda: "slot.unhealthy" in events.kinds(), 2)
+    unhealthy = next(e for e in events if e.kind == "slot.unhealthy")
+    assert "answered 502" in unhealthy.detail["reason"]
+    with pytest.raises(NoHealthyMember):
+        await pool.acquire("ext")
+    fake.health_status = None
+    await wait_until(lambda: "slot.recovered" in events.kinds(), 3)
+    async with pool.lease("ext") as lease:
+        await lease.chat(MSG, max_tokens=1)
+
+
+async def test_a_5xx_reply_alone_does_not_take_a_healthy_member_down(
+    fake: FakeServer, make_pool: PoolFactory, events: Events
+) -> None:
+    pool = make_pool(ext(fake.url, "ext"))
+    fake.fail_next = 1
+    async with pool.lease("ext") as lease:
+        with pytest.raises(Exception, match="answered 500"):
+            await lease.chat(MSG, max_tokens=1)
+    await asyncio.sleep(0.3)  # the probe it triggered found /health fine
+    assert "slot.unhealthy" not in events.kinds()
+    async with pool.lease("ext") as lease:
+        await lease.chat(MSG, max_tokens=1)
+
+
+async def test_waiters_of_a_member_that_goes_down_fail_at_once(
+    make_pool: PoolFactory, events: Events
+) -> None:
+    fake = FakeServer(slots=1)
+    await fake.start()
+    pool = make_pool(ext(fake.url, "ext"))
+    held = await pool.acquire("ext")
+    waiter = asyncio.ensure_future(pool.acquire("ext"))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    await fake.stop()
+    started = time.monotonic()
+    with pytest.raises(NoHealthyMember):
+        await asyncio.wait_for(waiter, 3)  # found by the health check, not by a timeout
+    assert time.monotonic() - started < 1.5
+    assert held.lost is not None
+    held.release()
+
+
+async def test_a_spawned_server_that_never_gets_ready_cools_down_instead_of_retrying_forever(
+    make_pool: PoolFactory, events: Events, tmp_path: Path
+) -> None:
+    # each start times out after longer than the failure window: three in a row still count
+    options = FAST.model_copy(update={"failure_window_s": 0.05})
+    never = spawned("slow", "--ready-file", str(tmp_path / "never"), ready_timeout_s=0.3)
+    pool = make_pool(never, options=options)
+    started = time.monotonic()
+    with pytest.raises(NoHealthyMember, match="cooling down"):
+        await asyncio.wait_for(pool.acquire("slow"), 10)
+    assert time.monotonic() - started < 5
+    assert events.kinds().count("slot.failed") == 3
+    assert events.kinds()[-1] == "slot.cooldown"

@@ -98,7 +98,9 @@ class Task(_Model):
     assertions: list[Assertion] = []
     executor: Literal["chat", "command", "stub"] = "chat"
     argv: list[str] | None = None
-    timeout_s: float | None = Field(default=None, gt=0)
+    timeout_s: float | None = Field(default=None, gt=0, le=86400, allow_inf_nan=False)
+    network: bool = False
+    """A command task that needs the network; refused unless the roster's policy allows it."""
 
     @field_validator("argv")
     @classmethod

@@ -545,6 +545,9 @@ def app_runner(app: web.Application, options: HttpOptions) -> web.AppRunner:
         shutdown_timeout=5.0,
         access_log=None,
         keepalive_timeout=options.idle_timeout_s,
+        # After an early answer (413, 408) the unread rest of a body is drained this long at
+        # most, so the client can read the answer, then the connection is closed.
+        lingering_time=2.0,
         logger=ServerLog(logging.getLogger("aiohttp.server")),
     )
 

@@ -11,7 +11,7 @@ import jsonschema
 from aiohttp.test_utils import TestClient
 
 from daemon.service import Daemon
-from daemon.tools import TOOLS
+from daemon.tools import ERRORS, TOOLS
 from surfaces.http import openapi_document
 
 Client = TestClient[Any, Any]
@@ -85,3 +85,4 @@ def test_every_tool_operation_documents_the_common_statuses() -> None:
         needs = bool(tool.input.model_json_schema().get("required"))
         assert op["requestBody"]["required"] is needs, name
     assert "discriminator" not in json.dumps(DOC)
+    assert set(ERRORS) <= set(TOOLS)

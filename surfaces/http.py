@@ -4,6 +4,10 @@ Routes: GET /v1/tools, POST /v1/tools/{name}, GET /v1/runs/{id}/events (SSE), GE
 GET /openapi.json, GET /healthz. Default transport is a unix socket (0600, peers trusted);
 TCP on loopback is opt-in and needs the bearer token. Host and Origin are checked against DNS
 rebinding; every error is `{"error": {"code", "message", "details"}}` without a traceback.
+
+One piece past 500 lines: the guard, the routes, the OpenAPI document that describes exactly
+those routes and their statuses, and the server's limits change together. The document is the
+part to move into its own module once the surface stops changing under parallel work.
 """
 
 from __future__ import annotations

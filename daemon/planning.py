@@ -11,21 +11,60 @@ the tasks it cannot order (cycles and what hangs below them) go through Tarjan's
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Collection, Sequence
 from typing import Annotated, Any, Literal
 
 from jsonschema import SchemaError
 from jsonschema.validators import validator_for
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    ValidationError,
+    field_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from daemon.errors import InvalidInput
+from daemon.ledger.canonical import MAX_SAFE_INT
+from roster.models import Whole
 
 ProblemCode = Literal["schema", "duplicate_id", "unknown_need", "unknown_lane", "cycle"]
 
+MAX_TASK_TIMEOUT_S = 86_400.0
+
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict (no coercion: `"1"` is not 1, `0` is not false) and finite: plans come from
+    # clients and from models' structured output, and their numbers reach timers and the
+    # ledger, so what the published schema says is exactly what is accepted.
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def _unstorable(value: Any, path: str) -> str | None:
+    """Why the ledger cannot hold a free-form value (None if it can): a non-finite number, an
+    integer beyond ±(2**53 - 1) or an object key outside the Basic Multilingual Plane."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{path}: numbers must be finite"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_SAFE_INT:
+        return f"{path}: integer outside ±(2**53 - 1)"
+    items: list[tuple[str, Any]] = []
+    if isinstance(value, list):
+        items = [(f"{path}[{i}]", item) for i, item in enumerate(value)]
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if any(ord(c) > 0xFFFF for c in key):
+                return f"{path}: object key {key!r} is outside the Basic Multilingual Plane"
+            items.append((f"{path}.{key}", item))
+    for where, item in items:
+        why = _unstorable(item, where)
+        if why is not None:
+            return why
+    return None
 
 
 class JsonSchemaAssertion(_Model):
@@ -33,7 +72,7 @@ class JsonSchemaAssertion(_Model):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
 
-    type: Literal["json_schema"] = "json_schema"
+    type: Literal["json_schema"]
     # Not named `schema`: that would shadow a (deprecated) BaseModel attribute.
     json_schema: dict[str, Any] = Field(alias="schema")
 
@@ -48,15 +87,15 @@ class JsonSchemaAssertion(_Model):
 
 
 class ContainsAssertion(_Model):
-    type: Literal["contains"] = "contains"
+    type: Literal["contains"]
     text: str = Field(min_length=1)
 
 
 class RegexAssertion(_Model):
     """`re.search(pattern, output)` finds a match."""
 
-    type: Literal["regex"] = "regex"
-    pattern: str
+    type: Literal["regex"]
+    pattern: str = Field(json_schema_extra={"format": "regex"})
 
     @field_validator("pattern")
     @classmethod
@@ -69,15 +108,31 @@ class RegexAssertion(_Model):
 
 
 class MaxLengthAssertion(_Model):
-    type: Literal["max_length"] = "max_length"
-    chars: int = Field(ge=0)
+    type: Literal["max_length"]
+    chars: Annotated[int, Field(ge=0, le=MAX_SAFE_INT), Whole]
 
 
 class ExitCodeAssertion(_Model):
     """For the command executor: the process exited with `code`."""
 
-    type: Literal["exit_code"] = "exit_code"
-    code: int
+    type: Literal["exit_code"]
+    code: Annotated[int, Field(ge=-255, le=255), Whole] = Field(
+        description="Negative: killed by that signal."
+    )
+
+
+class _PlainOneOf:
+    """Publish a tagged union as plain JSON Schema 2020-12 `oneOf`, without OpenAPI's
+    `discriminator` keyword (strict validators such as Ajv refuse unknown keywords). Each
+    branch's `type` is a required `const`, so the branches still exclude each other."""
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        schema = handler(core_schema)
+        schema.pop("discriminator", None)
+        return schema
 
 
 Assertion = Annotated[
@@ -87,6 +142,7 @@ Assertion = Annotated[
     | MaxLengthAssertion
     | ExitCodeAssertion,
     Field(discriminator="type"),
+    _PlainOneOf,
 ]
 
 
@@ -97,17 +153,10 @@ class Task(_Model):
     needs: list[str] = []
     assertions: list[Assertion] = []
     executor: Literal["chat", "command", "stub"] = "chat"
-    argv: list[str] | None = None
-    timeout_s: float | None = Field(default=None, gt=0, le=86400, allow_inf_nan=False)
+    argv: list[str] | None = Field(default=None, min_length=1)
+    timeout_s: float | None = Field(default=None, gt=0, le=MAX_TASK_TIMEOUT_S)
     network: bool = False
     """A command task that needs the network; refused unless the roster's policy allows it."""
-
-    @field_validator("argv")
-    @classmethod
-    def _argv_not_empty(cls, argv: list[str] | None) -> list[str] | None:
-        if argv is not None and not argv:
-            raise ValueError("'argv' must not be empty")
-        return argv
 
 
 class Plan(_Model):
@@ -178,10 +227,26 @@ def problems(plan: Plan, lanes: Collection[str] | None = None) -> list[PlanProbl
         )
         if not sound:  # the common case skips building anything
             found.extend(_task_problems(task, positions, known))
+    found.extend(_unstorable_assertions(plan.tasks))
     ids, deps = _graph(plan.tasks)
     order, _ = _topological(deps)
     if len(order) < len(ids):
         found.extend(_cycles(ids, deps, order))
+    return found
+
+
+def _unstorable_assertions(tasks: Sequence[Task]) -> list[PlanProblem]:
+    # A plan goes into the ledger with the run, so a JSON schema in it must be ledger data.
+    # Reported as a problem rather than refused by the model: the `plan` tool lists it with
+    # the others, and a schema-valid plan is never a 422 of `plan` itself.
+    found = []
+    for task in tasks:
+        for i, a in enumerate(task.assertions):
+            if isinstance(a, JsonSchemaAssertion):
+                why = _unstorable(a.json_schema, f"assertions[{i}].schema")
+                if why is not None:
+                    message = f"task {task.id!r}: {why}"
+                    found.append(PlanProblem(code="schema", tasks=[task.id], message=message))
     return found
 
 

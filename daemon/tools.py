@@ -20,13 +20,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic.config import JsonDict
 
-from daemon.errors import DeadlineExceeded, InvalidInput
+from daemon.errors import (
+    Busy,
+    Conflict,
+    DeadlineExceeded,
+    InvalidInput,
+    NotFound,
+    TallyError,
+    Unavailable,
+)
+from daemon.ledger.canonical import MAX_SAFE_INT
 from daemon.planning import Plan, problems, waves
 from daemon.runs import entries as k
 from daemon.runs.state import STOPPED as TERMINAL
 from daemon.runs.state import TASK_ENDED, RunState
-from roster.models import Budget
+from roster.models import NAME, Budget, Whole
 
 if TYPE_CHECKING:
     from daemon.ledger import ConsistencyProof, Entry, InclusionProof
@@ -40,6 +50,9 @@ Out = TypeVar("Out", bound=BaseModel)
 Progress = Callable[[float, float | None, str], Awaitable[None]]
 
 HEX64 = r"^[0-9a-f]{64}$"
+# A request must hold something besides spaces, tabs and line breaks. Spelled out (not `\S`)
+# because JSON Schema's regex dialect, Python's and pydantic's disagree on what `\s` covers.
+NOT_BLANK = r"[^ \t\n\r\f\v]"
 STARTED = time.monotonic()
 
 
@@ -65,7 +78,13 @@ class Tool(Generic[In, Out]):
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # The published schema is the contract: no coercion (`"1"` is not 1, `0` is not false),
+    # no unknown fields, every number finite and bounded (NaN, Infinity, 1e308 are a 422).
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+Seq = Annotated[int, Field(ge=0, le=MAX_SAFE_INT), Whole]
+Size = Annotated[int, Field(ge=1, le=MAX_SAFE_INT), Whole]
 
 
 class _Out(BaseModel):
@@ -283,7 +302,7 @@ class PlanIn(_In):
             '"needs": [], "assertions": [{"type": "contains", "text": "..."}]}]}'
         )
     )
-    max_parallel: int | None = Field(default=None, ge=1, le=1024)
+    max_parallel: Annotated[int, Field(ge=1, le=1024), Whole] | None = None
 
 
 class PlanProblemOut(_Out):
@@ -323,7 +342,12 @@ async def plan(daemon: Daemon, data: PlanIn, ctx: ToolContext) -> PlanOut:
 
 
 class SubmitIn(_In):
-    request: str = Field(min_length=1, max_length=100_000, description="What you want done.")
+    request: str = Field(
+        min_length=1,
+        max_length=100_000,
+        pattern=NOT_BLANK,
+        description="What you want done (not only spaces, tabs and line breaks).",
+    )
     plan: Plan | None = Field(
         default=None,
         description=(
@@ -332,12 +356,14 @@ class SubmitIn(_In):
             "runs as one task in its routed lane."
         ),
     )
-    lane: str | None = Field(default=None, description="Force a lane instead of routing.")
+    lane: str | None = Field(
+        default=None, pattern=NAME, description="Force a lane (by name) instead of routing."
+    )
     budget: Budget | None = Field(default=None, description="Per-run limits (default: roster).")
     idempotency_key: str | None = Field(
         default=None, max_length=200, description="Same key again returns the existing run."
     )
-    max_parallel: int | None = Field(default=None, ge=1, le=1024)
+    max_parallel: Annotated[int, Field(ge=1, le=1024), Whole] | None = None
     barrier: bool = Field(
         default=False,
         description="Run the plan strictly wave by wave instead of as soon as needs are done.",
@@ -410,7 +436,7 @@ async def run_get(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
 
 class RunsIn(_In):
     state: RunState | None = Field(default=None, description="Only runs in this state.")
-    limit: int = Field(default=50, ge=1, le=1000)
+    limit: Annotated[int, Field(ge=1, le=1000), Whole] = 50
 
 
 class RunsOut(_Out):
@@ -445,8 +471,8 @@ async def ledger_verify(daemon: Daemon, data: VerifyIn, ctx: ToolContext) -> Ver
 
 
 class EntriesIn(_In):
-    start: int = Field(default=0, ge=0, description="First seq to return.")
-    limit: int = Field(default=100, ge=1, le=1000)
+    start: Seq = Field(default=0, description="First seq to return.")
+    limit: Annotated[int, Field(ge=1, le=1000), Whole] = 100
     kind: str | None = Field(default=None, description="Only entries of this kind.")
     run: str | None = Field(default=None, description="Only entries of this run.")
     actor: str | None = None
@@ -463,7 +489,7 @@ async def ledger_entries(daemon: Daemon, data: EntriesIn, ctx: ToolContext) -> E
 
 
 class SeqIn(_In):
-    seq: int = Field(ge=0, description="The entry's sequence number.")
+    seq: Seq = Field(description="The entry's sequence number.")
     bodies: bool = Field(default=True, description="Include body content.")
 
 
@@ -472,21 +498,55 @@ async def ledger_get(daemon: Daemon, data: SeqIn, ctx: ToolContext) -> EntryOut:
     return (await _with_bodies(daemon, [entry], data.bodies))[0]
 
 
+_PROOF_SHAPES: JsonDict = {
+    # The rule the validator below enforces, stated in the published schema: an inclusion
+    # proof names `seq` (and maybe `size`), a consistency proof `old` (and maybe `new`).
+    "oneOf": [
+        {
+            "properties": {
+                "kind": {"const": "inclusion"},
+                "seq": {"type": "integer"},
+                "old": {"type": "null"},
+                "new": {"type": "null"},
+            },
+            "required": ["seq"],
+        },
+        {
+            "properties": {
+                "kind": {"const": "consistency"},
+                "old": {"type": "integer"},
+                "seq": {"type": "null"},
+                "size": {"type": "null"},
+            },
+            "required": ["old"],
+        },
+    ]
+}
+
+
 class ProofIn(_In):
+    model_config = ConfigDict(json_schema_extra=_PROOF_SHAPES)
+
     kind: Literal["inclusion", "consistency"] = Field(
         description="inclusion: seq is in the tree of `size`; consistency: `old` extends to `new`."
     )
-    seq: int | None = Field(default=None, ge=0, description="inclusion: the entry.")
-    size: int | None = Field(default=None, ge=1, description="inclusion: tree size (default now).")
-    old: int | None = Field(default=None, ge=1, description="consistency: the old tree size.")
-    new: int | None = Field(default=None, ge=1, description="consistency: new size (default now).")
+    seq: Seq | None = Field(default=None, description="inclusion: the entry.")
+    size: Size | None = Field(default=None, description="inclusion: tree size (default now).")
+    old: Size | None = Field(default=None, description="consistency: the old tree size.")
+    new: Size | None = Field(default=None, description="consistency: new size (default now).")
 
     @model_validator(mode="after")
     def _needs(self) -> ProofIn:
-        if self.kind == "inclusion" and self.seq is None:
-            raise ValueError("an inclusion proof needs 'seq'")
-        if self.kind == "consistency" and self.old is None:
-            raise ValueError("a consistency proof needs 'old'")
+        if self.kind == "inclusion":
+            if self.seq is None:
+                raise ValueError("an inclusion proof needs 'seq'")
+            if self.old is not None or self.new is not None:
+                raise ValueError("'old' and 'new' belong to a consistency proof")
+        else:
+            if self.old is None:
+                raise ValueError("a consistency proof needs 'old'")
+            if self.seq is not None or self.size is not None:
+                raise ValueError("'seq' and 'size' belong to an inclusion proof")
         return self
 
 
@@ -529,7 +589,7 @@ async def ledger_checkpoint(daemon: Daemon, data: CheckpointIn, ctx: ToolContext
 
 
 class ChainIn(_In):
-    seq: int = Field(ge=0, description="The entry whose causes you want.")
+    seq: Seq = Field(description="The entry whose causes you want.")
     bodies: bool = False
 
 
@@ -682,6 +742,8 @@ class ReloadOut(_Out):
 
 
 async def roster_reload(daemon: Daemon, data: ReloadIn, ctx: ToolContext) -> ReloadOut:
+    if data.path and not await asyncio.to_thread(Path(data.path).exists):
+        raise NotFound(f"no roster file at {data.path!r}")
     try:
         roster = await daemon.reload_roster(Path(data.path) if data.path else None)
     except OSError as exc:
@@ -936,3 +998,21 @@ def _tools() -> list[Tool[Any, Any]]:
 
 
 TOOLS: dict[str, Tool[Any, Any]] = {t.name: t for t in _tools()}
+
+# The errors a tool's handler can answer with, beyond those of any call (bad JSON, auth, body
+# size, arguments that do not match the input schema, an internal error). The OpenAPI
+# document lists each operation's statuses from this; the schemathesis test checks that no
+# other status comes back.
+ERRORS: dict[str, tuple[type[TallyError], ...]] = {
+    "route": (Unavailable,),  # the preview is witnessed: the ledger may be unwritable
+    "submit": (NotFound, Conflict, Busy, Unavailable),
+    "run_get": (NotFound,),
+    "run_cancel": (NotFound, Unavailable),
+    "run_resume": (NotFound, Conflict, Unavailable),
+    "ledger_get": (NotFound,),
+    "ledger_proof": (NotFound,),
+    "ledger_checkpoint": (Unavailable,),
+    "causal_chain": (NotFound,),
+    "ledger_redact": (NotFound, Unavailable),
+    "roster_reload": (NotFound,),
+}

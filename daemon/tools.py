@@ -219,6 +219,15 @@ class VerifyOut(_Out):
 # ---------------------------------------------------------------- health
 
 
+CommandSandbox = Annotated[
+    Literal["bwrap", "none", "off"],
+    Field(
+        description="How command tasks run: in bubblewrap, unsandboxed (an explicit roster "
+        "opt-in), or not at all."
+    ),
+]
+
+
 class HealthOut(_Out):
     status: Literal["ok"] = "ok"
     version: str
@@ -227,6 +236,12 @@ class HealthOut(_Out):
     runs_active: int
     lanes: int
     members: int
+    command_sandbox: CommandSandbox
+
+
+def command_sandbox(daemon: Daemon) -> Literal["bwrap", "none", "off"]:
+    policy = daemon.roster.policy.command
+    return policy.sandbox if policy.enabled else "off"
 
 
 @functools.cache
@@ -246,6 +261,7 @@ async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
         runs_active=daemon.engine.census.active(),
         lanes=len(daemon.roster.lanes),
         members=len(daemon.roster.models),
+        command_sandbox=command_sandbox(daemon),
     )
 
 
@@ -808,6 +824,7 @@ class SlotsOut(_Out):
     busy: int = Field(description="Busy slots across all members.")
     idle: int = Field(description="Idle slots of running instances.")
     queue: int = Field(description="Callers waiting for a slot, tier and member queues together.")
+    command_sandbox: CommandSandbox = "bwrap"
 
 
 def slots_out(status: PoolStatus) -> SlotsOut:
@@ -823,7 +840,9 @@ def slots_out(status: PoolStatus) -> SlotsOut:
 
 
 async def slots_status(daemon: Daemon, _: Empty, ctx: ToolContext) -> SlotsOut:
-    return slots_out(daemon.pool.status())
+    return slots_out(daemon.pool.status()).model_copy(
+        update={"command_sandbox": command_sandbox(daemon)}
+    )
 
 
 # ---------------------------------------------------------------- the registry

@@ -172,6 +172,45 @@ class Budget(_Strict):
     wall_s: float | None = Field(default=None, gt=0, le=30 * DAY_S)
 
 
+def _absolute(paths: list[str]) -> list[str]:
+    for path in paths:
+        if not path.startswith("/") or "\x00" in path or "/../" in path + "/":
+            raise ValueError(f"{path!r}: a bind must be an absolute path without '..'")
+    return paths
+
+
+class CommandPolicy(_Strict):
+    """The command executor: on or off, for which lanes, and how it is confined.
+
+    `sandbox = "bwrap"` runs every command task in bubblewrap (read-only system dirs, its own
+    temporary dir as the only writable path, its own PID namespace, no network unless
+    `network`); `"none"` is an explicit, witnessed opt-out.
+    """
+
+    enabled: bool = True
+    lanes: list[str] | None = None
+    """Lanes whose tasks may run commands; None = every lane."""
+    sandbox: Literal["bwrap", "none"] = "bwrap"
+    network: bool = False
+    """Whether a task that asks for the network (`network = true` on the task) may have it."""
+    ro_binds: list[str] = Field(default=[], max_length=64)
+    """Extra paths a task sees read-only (e.g. a toolchain under the home directory)."""
+    rw_binds: list[str] = Field(default=[], max_length=64)
+    """Extra paths a task may write (use sparingly: it is a way out of the sandbox)."""
+    memory_mb: int = Field(default=2048, ge=16, le=1 << 20)
+    """Address-space limit of each process in the task."""
+    processes: int = Field(default=512, ge=1, le=1 << 16)
+    """RLIMIT_NPROC: counted per user by the kernel, so it caps fork bombs, not exact counts."""
+    file_size_mb: int = Field(default=256, ge=1, le=1 << 20)
+    max_timeout_s: int = Field(default=600, ge=1, le=86400)
+    """A task's `timeout_s` is capped at this."""
+
+    @field_validator("ro_binds", "rw_binds")
+    @classmethod
+    def _binds_absolute(cls, paths: list[str]) -> list[str]:
+        return _absolute(paths)
+
+
 class Policy(_Strict):
     max_parallel: Annotated[int, Field(ge=1, le=1024), Whole] = 4
     max_runs: Annotated[int, Field(ge=1, le=65_536), Whole] = 64
@@ -183,6 +222,7 @@ class Policy(_Strict):
     """Tier or member that plans a request the client gave no plan for; None = one task."""
     judge: str | None = None
     """Tier or member that judges chat output once its assertions pass; None = no judge."""
+    command: CommandPolicy = CommandPolicy()
 
 
 class Roster(_Strict):

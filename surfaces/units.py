@@ -35,12 +35,19 @@ NoNewPrivileges=yes
 LockPersonality=yes
 RestrictRealtime=yes
 RestrictSUIDSGID=yes
-RestrictNamespaces=yes
+# bubblewrap (the command-task sandbox) creates user, mount, PID, network, IPC, UTS and cgroup
+# namespaces and mounts inside them: allow those, nothing else (no time namespaces).
+RestrictNamespaces=user mnt pid net ipc uts cgroup
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
 SystemCallArchitectures=native
-SystemCallFilter=@system-service
+SystemCallFilter=@system-service @mount
 SystemCallErrorNumber=EPERM
 Environment=PYTHONUNBUFFERED=1
+# The checkpoint signing key, kept out of the state dir: put it at the path below (0600) and
+# systemd hands it to the daemon alone in $CREDENTIALS_DIRECTORY. Without that file the
+# SetCredential= default ("unset") applies and the daemon uses the state dir's key.
+LoadCredential=tally-checkpoint.key:%E/tally/checkpoint.key
+SetCredential=tally-checkpoint.key:unset
 
 [Install]
 WantedBy=default.target
@@ -84,7 +91,9 @@ ProtectControlGroups=yes
 ProtectProc=invisible
 ProcSubset=pid
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
-RestrictNamespaces=yes
+# bubblewrap (the command-task sandbox) creates user, mount, PID, network, IPC, UTS and cgroup
+# namespaces and mounts inside them: allow those, nothing else (no time namespaces).
+RestrictNamespaces=user mnt pid net ipc uts cgroup
 RestrictRealtime=yes
 RestrictSUIDSGID=yes
 LockPersonality=yes
@@ -93,6 +102,7 @@ RemoveIPC=yes
 SystemCallArchitectures=native
 SystemCallFilter=@system-service
 SystemCallFilter=~@privileged @resources
+SystemCallFilter=@mount
 SystemCallErrorNumber=EPERM
 CapabilityBoundingSet=
 AmbientCapabilities=
@@ -100,6 +110,11 @@ DevicePolicy=closed
 IPAddressDeny=any
 IPAddressAllow=localhost
 Environment=PYTHONUNBUFFERED=1
+# The checkpoint signing key, kept out of the state dir: put it at the path below (0600) and
+# systemd hands it to the daemon alone in $CREDENTIALS_DIRECTORY. Without that file the
+# SetCredential= default ("unset") applies and the daemon uses the state dir's key.
+LoadCredential=tally-checkpoint.key:%E/tally/checkpoint.key
+SetCredential=tally-checkpoint.key:unset
 
 [Install]
 WantedBy=multi-user.target

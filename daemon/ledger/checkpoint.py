@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -69,6 +70,27 @@ def parse_vkey(vkey: str) -> tuple[str, bytes]:
     return name, raw[1:]
 
 
+CREDENTIAL = "tally-checkpoint.key"
+"""The systemd credential name (`LoadCredential=tally-checkpoint.key:PATH`) of the signing key."""
+
+
+def credential_key() -> Path | None:
+    """The key systemd passed in $CREDENTIALS_DIRECTORY, if any.
+
+    The units pair `LoadCredential=` with a `SetCredential=…:unset` default, so a credential
+    that holds no PEM key means "none passed": the state dir's key is used.
+    """
+    directory = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not directory:
+        return None
+    path = Path(directory) / CREDENTIAL
+    try:
+        with path.open("rb") as f:
+            return path if f.read(11) == b"-----BEGIN " else None
+    except OSError:
+        return None
+
+
 class Signer:
     """The state dir's ed25519 checkpoint key (created 0600 on first use)."""
 
@@ -82,7 +104,8 @@ class Signer:
 
     @classmethod
     def load_or_create(cls, ledger_dir: Path, writable: bool) -> Signer | None:
-        key_path = ledger_dir / "checkpoint.key"
+        """The credential's key if systemd passed one, else the state dir's (made if missing)."""
+        key_path = credential_key() or ledger_dir / "checkpoint.key"
         if key_path.exists():
             private = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
             if not isinstance(private, Ed25519PrivateKey):

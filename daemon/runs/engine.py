@@ -28,6 +28,7 @@ from daemon.runs.dispatch import Capacity, Node, dispatch, levels
 from daemon.runs.executors import Stub, chat_messages, clip, echo_stub, run_command, upstream_block
 from daemon.runs.ports import LedgerPort, PoolPort, RouterPort
 from daemon.runs.replay import RedactedAfterSnapshot, apply, replay
+from daemon.runs.sandbox import Confinement, admit_commands
 from daemon.runs.snapshot import Snapshot
 from daemon.runs.state import FINAL, STOPPED, Census, Limits, RunEvent, RunView
 from roster.models import Budget, Lane, Roster
@@ -67,6 +68,8 @@ class EngineOptions:
     keep_full: int = 256
     """Finished runs kept in full in memory; older ones keep a summary."""
     command_timeout_s: float = 60.0
+    confinement: Confinement = field(default_factory=Confinement)
+    """Paths no command task may see and where task dirs go (the daemon's own dirs)."""
     max_tokens: int = 512
     guard_attempts: int = 3
 
@@ -218,6 +221,7 @@ class Engine:
         if plan is not None:
             checked = plan if isinstance(plan, Plan) else Plan.model_validate(plan)
             check_plan(checked, self._lanes)
+            admit_commands(checked, self.roster.policy.command, self.options.confinement.hidden)
         budget_limits = limits(budget, self.roster.policy.budget)
         run_id = "r" + uuid.uuid4().hex[:15]
         claim: asyncio.Future[str] | None = None
@@ -967,8 +971,18 @@ class Engine:
         if task.executor == "command":
             if not task.argv:
                 raise InvalidInput(f"task {task.id}: a command task needs argv")
+            policy = self.roster.policy.command
+            admit_commands(
+                Plan(tasks=[task]), policy, self.options.confinement.hidden
+            )  # the roster may have changed since
             outcome = await run_command(
-                task.argv, timeout_s=task.timeout_s or self.options.command_timeout_s
+                task.argv,
+                policy=policy,
+                confinement=self.options.confinement,
+                network=task.network,
+                timeout_s=min(
+                    task.timeout_s or self.options.command_timeout_s, policy.max_timeout_s
+                ),
             )
             seq = await self._witness(ctx.id, k.COMMAND_RUN, outcome.body(task.id), start_seq)
             if outcome.timed_out:

@@ -9,12 +9,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from daemon.runs import sandbox
+from daemon.runs.sandbox import Confinement
+from roster.models import CommandPolicy
 
 UPSTREAM_CHARS = 4000
 """Each upstream result passed to a dependant is cut to this many characters…"""
@@ -106,6 +112,9 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
 async def run_command(
     argv: Sequence[str],
     *,
+    policy: CommandPolicy | None = None,
+    confinement: Confinement | None = None,
+    network: bool = False,
     timeout_s: float = 60.0,
     output_cap: int = OUTPUT_CAP,
     env_allow: Sequence[str] = ENV_ALLOW,
@@ -113,60 +122,85 @@ async def run_command(
 ) -> CommandOutcome:
     """Run `argv` (no shell: metacharacters are literal arguments) in a fresh temporary dir.
 
-    The child gets only the allow-listed environment, its own process group (so a timeout or
-    a cancellation kills everything it started), and at most `output_cap` bytes of each
-    stream are kept.
+    The child runs confined as `daemon.runs.sandbox` says (bubblewrap unless the roster opted
+    out), gets only the allow-listed environment and its own process group (so a timeout or a
+    cancellation kills everything it started), and at most `output_cap` bytes of each stream
+    are kept. The temporary dir is removed afterwards, off the event loop.
     """
     if not argv:
         raise ValueError("a command task needs a non-empty argv")
+    policy = policy or CommandPolicy()
+    confinement = confinement or Confinement()
     env = {key: os.environ[key] for key in env_allow if key in os.environ}
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="tally-task-") as workdir:
-        env["HOME"] = workdir
-        env["TMPDIR"] = workdir
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=workdir,
+    if confinement.tasks_root is not None:
+        confinement.tasks_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    workdir = Path(tempfile.mkdtemp(prefix="tally-task-", dir=confinement.tasks_root))
+    try:
+        env["HOME"] = env["TMPDIR"] = str(workdir)
+        wrapped = sandbox.wrap(
+            argv,
+            policy=policy,
+            workdir=workdir,
             env=env,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
+            network=network,
+            hidden=confinement.hidden,
         )
-        assert proc.stdout is not None
-        assert proc.stderr is not None
-        if stdin is not None and proc.stdin is not None:
-            proc.stdin.write(stdin.encode())
-            proc.stdin.close()
-        readers = asyncio.ensure_future(
-            asyncio.gather(
-                _read_capped(proc.stdout, output_cap), _read_capped(proc.stderr, output_cap)
-            )
-        )
-        timed_out = False
-        try:
-            async with asyncio.timeout(timeout_s):
-                (out, out_cut), (err, err_cut) = await asyncio.shield(readers)
-                await proc.wait()
-        except TimeoutError:
-            timed_out = True
-            _kill_group(proc)
+        return await _supervise(list(argv), wrapped, workdir, env, timeout_s, output_cap, stdin)
+    finally:
+        await asyncio.to_thread(shutil.rmtree, workdir, True)
+
+
+async def _supervise(
+    argv: list[str],
+    wrapped: list[str],
+    workdir: Path,
+    env: dict[str, str],
+    timeout_s: float,
+    output_cap: int,
+    stdin: str | None,
+) -> CommandOutcome:
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *wrapped,
+        cwd=workdir,
+        env=env,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    if stdin is not None and proc.stdin is not None:
+        proc.stdin.write(stdin.encode())
+        proc.stdin.close()
+    readers = asyncio.ensure_future(
+        asyncio.gather(_read_capped(proc.stdout, output_cap), _read_capped(proc.stderr, output_cap))
+    )
+    timed_out = False
+    try:
+        async with asyncio.timeout(timeout_s):
+            (out, out_cut), (err, err_cut) = await asyncio.shield(readers)
             await proc.wait()
-            out, out_cut, err, err_cut = b"", False, b"", False
-            with contextlib.suppress(Exception):
-                (out, out_cut), (err, err_cut) = await asyncio.wait_for(readers, 1.0)
-        except BaseException:
-            _kill_group(proc)
-            readers.cancel()
-            # Retrieve the gather's outcome, or asyncio logs "exception was never retrieved".
-            with contextlib.suppress(BaseException):
-                await readers
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(proc.wait(), 2.0)
-            raise
-        _kill_group(proc)  # anything it left running in its group
+    except TimeoutError:
+        timed_out = True
+        _kill_group(proc)
+        await proc.wait()
+        out, out_cut, err, err_cut = b"", False, b"", False
+        with contextlib.suppress(Exception):
+            (out, out_cut), (err, err_cut) = await asyncio.wait_for(readers, 1.0)
+    except BaseException:
+        _kill_group(proc)
+        readers.cancel()
+        # Retrieve the gather's outcome, or asyncio logs "exception was never retrieved".
+        with contextlib.suppress(BaseException):
+            await readers
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(proc.wait(), 2.0)
+        raise
+    _kill_group(proc)  # anything it left running in its group
     return CommandOutcome(
-        argv=list(argv),
+        argv=argv,
         exit_code=None if timed_out else proc.returncode,
         stdout=out.decode(errors="replace"),
         stderr=err.decode(errors="replace"),

@@ -111,6 +111,7 @@ async def _ask(args: argparse.Namespace) -> int:
         print(_table(PoolStatus.model_validate(shown)))
         print(
             f"busy {body.get('busy', 0)}  idle {body.get('idle', 0)}  queue {body.get('queue', 0)}"
+            f"  command tasks: {body.get('command_sandbox', '?')}"
         )
     return 0
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import subprocess
 import sys
-from pathlib import Path
+import uuid
 
 import pytest
 
@@ -137,6 +138,12 @@ async def test_max_runs_keeps_a_second_run_queued_until_the_first_ends(fleet: Fa
     assert second_route > first_end
 
 
+def _marked(marker: str) -> bool:
+    """A live (not zombie) process whose command line holds `marker`."""
+    found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True, check=False)
+    return any(not _gone(int(pid)) for pid in found.stdout.split())
+
+
 def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -146,12 +153,15 @@ def _gone(pid: int) -> bool:
 
 
 async def test_cancel_kills_a_command_and_what_it_started(
-    fleet: Factory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    fleet: Factory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    pid_file = tmp_path / "grandchild.pid"
+    # The task runs sandboxed (its own PID namespace, no view of tmp_path): find the grandchild
+    # on the host by a marker in its argv.
+    marker = f"tally-grandchild-{uuid.uuid4().hex}"
     script = (
-        "import subprocess, sys, time; p = subprocess.Popen(['sleep', '300']); "
-        "open(sys.argv[1], 'w').write(str(p.pid)); print(p.pid, flush=True); time.sleep(300)"
+        "import subprocess, sys, time; "
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300) # {marker}']); "
+        "time.sleep(300)"
     )
     plan = {
         "tasks": [
@@ -160,7 +170,7 @@ async def test_cancel_kills_a_command_and_what_it_started(
                 "lane": "testing",
                 "instruction": "run",
                 "executor": "command",
-                "argv": [sys.executable, "-c", script, str(pid_file)],
+                "argv": [sys.executable, "-c", script],
             }
         ]
     }
@@ -168,20 +178,18 @@ async def test_cancel_kills_a_command_and_what_it_started(
     caplog.set_level(logging.ERROR, logger="asyncio")
     view = await daemon.engine.submit("run it", plan=plan)
     for _ in range(1000):
-        if pid_file.exists() and pid_file.read_text():
+        if _marked(marker):
             break
         await asyncio.sleep(0.01)
     else:
         pytest.fail("the command never started its grandchild")
-    grandchild = int(pid_file.read_text())
-    assert not _gone(grandchild)
     cancelled = await daemon.engine.cancel(view.id)
     assert cancelled.state == "cancelled"
     for _ in range(200):
-        if _gone(grandchild):
+        if not _marked(marker):
             break
         await asyncio.sleep(0.01)
-    assert _gone(grandchild)
+    assert not _marked(marker)
     gc.collect()  # an unretrieved future's exception is logged when it is collected
     await asyncio.sleep(0.05)
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]

@@ -56,6 +56,8 @@ class Settings(BaseModel):
     """Opt-in TCP bind ("127.0.0.1:PORT"); None = unix socket only."""
     roster_path: Path | None = None
     """None = the packaged default roster."""
+    roster_dirs: tuple[Path, ...] = ()
+    """Besides the roster's own directory, where `roster_reload` may read another roster."""
     body_limit: int = 1024 * 1024
     checkpoint_interval_s: float = 60.0
     snapshot_interval_s: float = 60.0
@@ -80,6 +82,10 @@ class Settings(BaseModel):
         )
         if "TALLY_TCP" in os.environ and "tcp" not in overrides:
             overrides["tcp"] = os.environ["TALLY_TCP"] or None
+        if os.environ.get("TALLY_ROSTER_DIRS") and "roster_dirs" not in overrides:
+            overrides["roster_dirs"] = tuple(
+                Path(p) for p in os.environ["TALLY_ROSTER_DIRS"].split(":") if p
+            )
         if "TALLY_ROSTER" in os.environ and "roster_path" not in overrides:
             overrides["roster_path"] = Path(os.environ["TALLY_ROSTER"])
         return cls(

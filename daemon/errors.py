@@ -27,6 +27,13 @@ class InvalidInput(TallyError):
     status = 422
 
 
+class Forbidden(TallyError):
+    """The caller may not do this (a path outside what the daemon allows, a missing scope)."""
+
+    code = "forbidden"
+    status = 403
+
+
 class NotFound(TallyError):
     code = "not_found"
     status = 404

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Collection, Sequence
 from typing import Annotated, Any, Literal
 
@@ -31,6 +30,7 @@ from pydantic_core import CoreSchema
 
 from daemon.errors import InvalidInput
 from daemon.ledger.canonical import MAX_SAFE_INT
+from daemon.patterns import MAX_PATTERN, compile_pattern
 from roster.models import Whole
 
 ProblemCode = Literal["schema", "duplicate_id", "unknown_need", "unknown_lane", "cycle"]
@@ -92,18 +92,16 @@ class ContainsAssertion(_Model):
 
 
 class RegexAssertion(_Model):
-    """`re.search(pattern, output)` finds a match."""
+    """The RE2 `pattern` finds a match in the output (linear time: no backreferences or
+    lookaround; see daemon.patterns)."""
 
     type: Literal["regex"]
-    pattern: str = Field(json_schema_extra={"format": "regex"})
+    pattern: str = Field(max_length=MAX_PATTERN, json_schema_extra={"format": "regex"})
 
     @field_validator("pattern")
     @classmethod
     def _compiles(cls, pattern: str) -> str:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from None
+        compile_pattern(pattern)  # PatternError is a ValueError: a located 422
         return pattern
 
 

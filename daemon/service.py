@@ -168,6 +168,15 @@ class Daemon:
         self._snapshot_size = size
         return True
 
+    def roster_allowed(self, path: Path) -> bool:
+        """A client may load only the configured roster or a file in a roster directory (the
+        configured roster's own, and `settings.roster_dirs`), symlinks resolved."""
+        real = Path(os.path.realpath(path))
+        if real == Path(os.path.realpath(self.roster_path)):
+            return True
+        dirs = (self.roster_path.parent, *self.settings.roster_dirs)
+        return any(real.parent == Path(os.path.realpath(d)) for d in dirs)
+
     async def reload_roster(self, path: Path | None = None) -> Roster:
         """Load the roster again; on any problem raise RosterError and keep the last good one."""
         # Off the loop: the path may come from a client, and a large or slow file would stall it.

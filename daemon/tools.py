@@ -26,6 +26,7 @@ from daemon.errors import (
     Busy,
     Conflict,
     DeadlineExceeded,
+    Forbidden,
     InvalidInput,
     NotFound,
     TallyError,
@@ -758,6 +759,13 @@ class ReloadOut(_Out):
 
 
 async def roster_reload(daemon: Daemon, data: ReloadIn, ctx: ToolContext) -> ReloadOut:
+    if data.path and not daemon.roster_allowed(Path(data.path)):
+        # Checked before existence: a refused path must not become a file-existence oracle.
+        raise Forbidden(
+            f"roster_reload reads only {str(daemon.roster_path)!r} or a file in its directory "
+            "(or in the daemon's roster directories); this path is outside them",
+            details={"path": data.path},
+        )
     if data.path and not await asyncio.to_thread(Path(data.path).exists):
         raise NotFound(f"no roster file at {data.path!r}")
     try:
@@ -1033,5 +1041,5 @@ ERRORS: dict[str, tuple[type[TallyError], ...]] = {
     "ledger_checkpoint": (Unavailable,),
     "causal_chain": (NotFound,),
     "ledger_redact": (NotFound, Unavailable),
-    "roster_reload": (NotFound,),
+    "roster_reload": (NotFound,),  # 403 (Forbidden) is documented on every operation
 }

@@ -8,8 +8,10 @@ on the raw document even when pydantic already failed, so a user sees all proble
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
+import stat
 import tempfile
 import tomllib
 from collections.abc import Iterator
@@ -64,10 +66,36 @@ def default_roster_path() -> Path:
     return Path(str(resources.files("roster").joinpath("default.toml")))
 
 
+MAX_ROSTER_BYTES = 1024 * 1024
+"""A roster is a few KiB; anything past this is refused before it is read into memory."""
+
+
+def read_roster_bytes(path: Path) -> bytes:
+    """The file's bytes, if it is a regular file of at most MAX_ROSTER_BYTES.
+
+    Opened non-blocking (a FIFO must not hang the reader) and checked with fstat on the open
+    descriptor (no race with a swap), read with a bound (/dev/zero must not fill memory).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if info.st_size > MAX_ROSTER_BYTES:
+            raise OSError(errno.EFBIG, f"larger than {MAX_ROSTER_BYTES} bytes")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(MAX_ROSTER_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_ROSTER_BYTES:  # it grew while we read
+        raise OSError(errno.EFBIG, f"larger than {MAX_ROSTER_BYTES} bytes")
+    return raw
+
+
 def load_roster(path: Path) -> Roster:
     name = str(path)
     try:
-        raw = Path(path).read_bytes()
+        raw = read_roster_bytes(Path(path))
     except OSError as exc:
         problem = RosterProblem(file=name, line=0, column=0, field="", message=_os(exc))
         raise RosterError([problem]) from None

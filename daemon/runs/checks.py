@@ -13,6 +13,7 @@ from typing import Any
 
 import jsonschema
 
+from daemon import patterns
 from daemon.runs.guard import parse_json
 
 _WORD = re.compile(r"[a-z0-9][a-z0-9+#_-]*")
@@ -174,9 +175,9 @@ def check(assertions: Sequence[Any], output: str, exit_code: int | None = None) 
                 failures.append(f"the output must contain {a['text']!r}")
         elif kind == "regex":
             try:
-                if re.search(a["pattern"], output) is None:
+                if not patterns.search(a["pattern"], output):
                     failures.append(f"the output must match the pattern {a['pattern']!r}")
-            except re.error as exc:
+            except patterns.PatternError as exc:
                 failures.append(f"the pattern {a['pattern']!r} is invalid: {exc}")
         elif kind == "max_length":
             if len(output) > a["chars"]:

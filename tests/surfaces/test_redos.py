@@ -1,0 +1,67 @@
+"""A catastrophic-backtracking pattern costs the daemon nothing: RE2 matches in linear time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from daemon import patterns
+from daemon.planning import PlanInvalid
+from daemon.runs.state import FINAL
+from daemon.service import Daemon
+
+EVIL = r"^(a+)+$"
+
+
+def test_the_classic_redos_pattern_is_linear() -> None:
+    for n in (27, 1000, 100_000):
+        assert not patterns.search(EVIL, "a" * n + "!")
+    assert patterns.search(EVIL, "a" * 100_000)
+
+
+@pytest.mark.parametrize("pattern", [r"(a)\1", r"a(?=b)", r"(?<!x)y", "a" * 1001, "a{1000}{1000}"])
+async def test_patterns_re2_cannot_run_are_refused_at_submit(daemon: Daemon, pattern: str) -> None:
+    plan = {
+        "tasks": [
+            {
+                "id": "t",
+                "lane": "backend",
+                "instruction": "x",
+                "executor": "stub",
+                "assertions": [{"type": "regex", "pattern": pattern}],
+            }
+        ]
+    }
+    with pytest.raises((PlanInvalid, ValueError)):
+        await daemon.engine.submit("x", plan=plan)
+
+
+async def test_healthz_answers_while_evil_assertions_are_checked(
+    daemon: Daemon, unix_session: aiohttp.ClientSession
+) -> None:
+    subject = "a" * 200_000 + "!"  # with `re`, 27 characters already took 4.7 s
+    tasks: list[dict[str, Any]] = [
+        {
+            "id": f"t{i}",
+            "lane": "backend",
+            "instruction": subject,
+            "executor": "stub",
+            "assertions": [{"type": "regex", "pattern": EVIL}],
+        }
+        for i in range(8)
+    ]
+    view = await daemon.engine.submit("evil", plan={"tasks": tasks})
+    worst = 0.0
+    while daemon.engine.get(view.id).state not in FINAL:
+        started = time.perf_counter()
+        async with unix_session.get("http://tally/healthz") as resp:
+            assert resp.status == 200
+        worst = max(worst, time.perf_counter() - started)
+        await asyncio.sleep(0.005)
+    done = await daemon.engine.wait(view.id, timeout=30)
+    assert done.state == "failed"  # the pattern never matches: every rung fails its check
+    assert worst < 0.1, f"/healthz took {worst * 1000:.0f} ms while the assertions ran"

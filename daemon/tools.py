@@ -235,6 +235,7 @@ class HealthOut(_Out):
     uptime_s: float
     ledger_size: int
     runs_active: int
+    runs_queued: int = Field(description="Runs waiting for a run slot (bounded by policy).")
     lanes: int
     members: int
     command_sandbox: CommandSandbox
@@ -260,6 +261,7 @@ async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
         uptime_s=round(time.monotonic() - STARTED, 3),
         ledger_size=daemon.ledger.size,
         runs_active=daemon.engine.census.active(),
+        runs_queued=daemon.engine.queued(),
         lanes=len(daemon.roster.lanes),
         members=len(daemon.roster.models),
         command_sandbox=command_sandbox(daemon),

@@ -214,6 +214,9 @@ class CommandPolicy(_Strict):
 class Policy(_Strict):
     max_parallel: Annotated[int, Field(ge=1, le=1024), Whole] = 4
     max_runs: Annotated[int, Field(ge=1, le=65_536), Whole] = 64
+    max_queued_runs: Annotated[int, Field(ge=0, le=65_536), Whole] = 256
+    """Runs admitted beyond `max_runs`, waiting (state `queued`) for one to finish; past this,
+    submit answers busy (HTTP 503 with Retry-After) and nothing is witnessed."""
     threshold: float = Field(default=0.35, ge=0, le=1)
     margin: float = Field(default=0.1, ge=0, le=1)
     budget: Budget = Budget(model_calls=64, tokens=200_000, wall_s=600)

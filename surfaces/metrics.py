@@ -60,6 +60,13 @@ def _runs(out: _Text, daemon: Daemon) -> None:
     out.family("tally_runs", "gauge", "Runs known to the daemon, by state.")
     for state, n in by_state.items():
         out.sample("tally_runs", n, state=state)
+    policy = daemon.roster.policy
+    out.family("tally_run_queue_depth", "gauge", "Runs admitted and waiting for a run slot.")
+    out.sample("tally_run_queue_depth", daemon.engine.queued())
+    out.family(
+        "tally_run_queue_limit", "gauge", "Runs that may wait beyond max_runs before 503 (busy)."
+    )
+    out.sample("tally_run_queue_limit", policy.max_queued_runs)
     out.family("tally_tasks", "gauge", "Tasks of known runs, by state.")
     for state, n in sorted(tasks.items()):
         out.sample("tally_tasks", n, state=state)

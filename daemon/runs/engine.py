@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from daemon.errors import Conflict, InvalidInput, NotFound, TallyError
+from daemon.errors import Busy, Conflict, InvalidInput, NotFound, TallyError
 from daemon.planning import Plan, Task, check_plan
 from daemon.runs import checks, guard
 from daemon.runs import entries as k
@@ -98,6 +98,8 @@ class Engine:
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._closing = False
         self._appending = 0
+        self._appending_requests = 0
+        """Submits admitted whose request entry is not applied yet (not in the census)."""
         """Run entries being appended and not yet applied: a snapshot needs none in between."""
         self.restored_from: int | None = None
         """The ledger size of the snapshot the last restore() continued from (None: full)."""
@@ -224,10 +226,6 @@ class Engine:
             admit_commands(checked, self.roster.policy.command, self.options.confinement.hidden)
         budget_limits = limits(budget, self.roster.policy.budget)
         run_id = "r" + uuid.uuid4().hex[:15]
-        claim: asyncio.Future[str] | None = None
-        if idempotency_key is not None:
-            claim = asyncio.get_running_loop().create_future()
-            self._keys[idempotency_key] = claim
         body = {
             "request": request,
             "lane": lane,
@@ -237,6 +235,12 @@ class Engine:
             "barrier": barrier,
             "idempotency_key": idempotency_key,
         }
+        self._admit()  # no await from here to the witness: the check and the counts agree
+        self._appending_requests += 1
+        claim: asyncio.Future[str] | None = None
+        if idempotency_key is not None:
+            claim = asyncio.get_running_loop().create_future()
+            self._keys[idempotency_key] = claim
         try:
             await self._witness(run_id, k.REQUEST, body, None)
         except BaseException as exc:
@@ -245,10 +249,28 @@ class Engine:
                 claim.set_exception(exc)
                 claim.exception()  # retrieved: no "never retrieved" warning
             raise
+        finally:
+            self._appending_requests -= 1
         if claim is not None:
             claim.set_result(run_id)
         self._start(run_id, fresh=checked)
         return self.get(run_id)
+
+    def _admit(self) -> None:
+        """Bound the runs in memory: `max_runs` execute, `max_queued_runs` more wait queued."""
+        policy = self.roster.policy
+        admitted = self.census.active() + self._appending_requests
+        if admitted >= policy.max_runs + policy.max_queued_runs:
+            raise Busy(
+                f"tally is at capacity: {policy.max_runs} runs executing and "
+                f"{policy.max_queued_runs} queued; retry later",
+                retry_after=5.0,
+                details={"max_runs": policy.max_runs, "max_queued_runs": policy.max_queued_runs},
+            )
+
+    def queued(self) -> int:
+        """Runs admitted and waiting for a run slot (state `queued`)."""
+        return self.census.runs["queued"]
 
     async def cancel(self, run_id: str, reason: str = "cancelled by request") -> RunView:
         view = self.get(run_id)
@@ -279,6 +301,7 @@ class Engine:
             "stage": "dispatch" if view.plan_seq is not None else "route",
             "spent": view.spent.model_dump(),
         }
+        self._admit()
         await self._witness(run_id, k.RESUME, body, view.answer_seq or view.request_seq)
         self._start(run_id, fresh=None)
         return self.get(run_id)

@@ -44,7 +44,7 @@ async def test_provoked_statuses_are_documented(client: Client, daemon: Daemon) 
         ("ledger_proof", b'{"kind": "consistency", "old": 5}', {}, 404),
         ("causal_chain", b'{"seq": 99}', {}, 404),
         ("ledger_redact", json.dumps({"body_hash": "0" * 64, "reason": "x"}).encode(), {}, 404),
-        ("roster_reload", b'{"path": "/nonexistent/roster.toml"}', {}, 404),
+        ("roster_reload", b'{"path": "/nonexistent/roster.toml"}', {}, 403),  # outside
         ("submit", b'{"request": "x", "lane": "nope"}', {}, 404),
         ("run_resume", b'{"run_id": "nope"}', {}, 404),
     ]

@@ -26,6 +26,7 @@ import os
 import time
 from pathlib import Path
 
+from daemon.clients import ClientStore
 from daemon.config import Settings
 from daemon.ledger import Ledger
 from daemon.routing import Router
@@ -55,6 +56,7 @@ class Daemon:
         self.restored_from: int | None = None
         """The ledger size the start-up snapshot covered (None: the whole ledger was replayed)."""
         self.start_seconds = 0.0
+        self.clients = ClientStore(settings.state_dir)
 
     # The parts exist only between start() and stop(); asking earlier is a programming error.
     @property
@@ -177,7 +179,7 @@ class Daemon:
         dirs = (self.roster_path.parent, *self.settings.roster_dirs)
         return any(real.parent == Path(os.path.realpath(d)) for d in dirs)
 
-    async def reload_roster(self, path: Path | None = None) -> Roster:
+    async def reload_roster(self, path: Path | None = None, client: str = "owner") -> Roster:
         """Load the roster again; on any problem raise RosterError and keep the last good one."""
         # Off the loop: the path may come from a client, and a large or slow file would stall it.
         roster = await asyncio.to_thread(load_roster, path or self.roster_path)
@@ -188,9 +190,13 @@ class Daemon:
         await self.pool.reload(roster)
         await self._witness_command_policy(roster)
         await self.ledger.append(
-            actor="daemon",
+            actor=client,
             kind="roster.reload",
-            body={"lanes": len(roster.lanes), "models": [m.name for m in roster.models]},
+            body={
+                "lanes": len(roster.lanes),
+                "models": [m.name for m in roster.models],
+                "client": client,
+            },
         )
         return roster
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.config import JsonDict
 
+from daemon.clients import CLIENT_NAME, OWNER, Client, Scope
 from daemon.errors import (
     Busy,
     Conflict,
@@ -33,7 +34,7 @@ from daemon.errors import (
     Unavailable,
 )
 from daemon.ledger.canonical import MAX_SAFE_INT
-from daemon.planning import Plan, problems, waves
+from daemon.planning import Plan, Task, problems, waves
 from daemon.runs import entries as k
 from daemon.runs.state import STOPPED as TERMINAL
 from daemon.runs.state import TASK_ENDED, RunState
@@ -59,9 +60,11 @@ STARTED = time.monotonic()
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a surface lends a handler: a progress sink (None when the caller cannot show it)."""
+    """What a surface lends a handler: who is calling (resolved from the transport) and a
+    progress sink (None when the caller cannot show it)."""
 
     progress: Progress | None = None
+    client: Client = OWNER
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,9 @@ class Tool(Generic[In, Out]):
     input: type[In]
     output: type[Out]
     handler: Callable[[Daemon, In, ToolContext], Awaitable[Out]]
+    scope: Scope = "read"
+    """The least scope a client needs to call it (see daemon.clients); surfaces enforce it
+    before validating the arguments, so a refused client learns nothing from validation."""
 
     async def call(self, daemon: Daemon, arguments: Any, ctx: ToolContext | None = None) -> Out:
         """Validate raw arguments, run the handler; pydantic's ValidationError escapes as is."""
@@ -391,7 +397,27 @@ class SubmitIn(_In):
     timeout_s: float = Field(default=120.0, gt=0, le=3600, description="How long to wait.")
 
 
+def require(ctx: ToolContext, scope: Scope, why: str) -> None:
+    if not ctx.client.allows(scope):
+        raise Forbidden(
+            f"client {ctx.client.name!r} has scope {ctx.client.scope!r}; {why} needs {scope!r}",
+            details={"needed": scope, "client": ctx.client.name},
+        )
+
+
+def _commands(plan: Plan | dict[str, Any] | None) -> bool:
+    """Whether a plan (a model, or the dict a run view keeps) has a command task."""
+    if plan is None:
+        return False
+    tasks = plan.tasks if isinstance(plan, Plan) else plan.get("tasks") or []
+    return any(
+        (t.executor if isinstance(t, Task) else t.get("executor")) == "command" for t in tasks
+    )
+
+
 async def submit(daemon: Daemon, data: SubmitIn, ctx: ToolContext) -> RunOut:
+    if _commands(data.plan):
+        require(ctx, "command", "a plan with command tasks")
     view = await daemon.engine.submit(
         data.request,
         plan=data.plan,
@@ -400,6 +426,7 @@ async def submit(daemon: Daemon, data: SubmitIn, ctx: ToolContext) -> RunOut:
         idempotency_key=data.idempotency_key,
         max_parallel=data.max_parallel,
         barrier=data.barrier,
+        client=ctx.client.name,
     )
     if not data.wait:
         return run_out(view)
@@ -473,6 +500,8 @@ async def run_cancel(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
 
 
 async def run_resume(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
+    if _commands(daemon.engine.get(data.run_id).plan):
+        require(ctx, "command", "resuming a run with command tasks")
     return run_out(await daemon.engine.resume(data.run_id))
 
 
@@ -603,6 +632,8 @@ class CheckpointOut(_Out):
 
 
 async def ledger_checkpoint(daemon: Daemon, data: CheckpointIn, ctx: ToolContext) -> CheckpointOut:
+    if data.create:
+        require(ctx, "admin", "signing a checkpoint (create=true)")
     cp = await daemon.ledger.checkpoint() if data.create else daemon.ledger.latest_checkpoint()
     return CheckpointOut(checkpoint=None if cp is None else cp.model_dump(mode="json"))
 
@@ -626,7 +657,9 @@ class RedactIn(_In):
 
 
 async def ledger_redact(daemon: Daemon, data: RedactIn, ctx: ToolContext) -> EntryOut:
-    entry = await daemon.ledger.redact(data.body_hash, actor=data.actor, reason=data.reason)
+    # The witnessed actor is the authenticated client; `actor` is only a label beside it.
+    actor = ctx.client.name if data.actor == "user" else f"{ctx.client.name}/{data.actor}"
+    entry = await daemon.ledger.redact(data.body_hash, actor=actor, reason=data.reason)
     return entry_out(entry)
 
 
@@ -639,8 +672,16 @@ class MemberUsage(_Out):
     ms: int = Field(default=0, description="Time from each model.call to its model.reply.")
 
 
+class ClientUsage(_Out):
+    runs: int = Field(default=0, description="Runs the client submitted.")
+    entries: int = Field(default=0, description="Entries of its runs and of its own requests.")
+
+
 class SummaryIn(_In):
     run: str | None = Field(default=None, description="One run's summary; default: all.")
+    client: str | None = Field(
+        default=None, pattern=CLIENT_NAME, description="Only what this named client caused."
+    )
     verify: bool = Field(default=True, description="Include a (shallow) verify result.")
 
 
@@ -655,6 +696,9 @@ class SummaryOut(_Out):
     escalations: int = Field(description="task.escalate entries: a task moved up a tier.")
     route_escalations: int = Field(description="Routes that asked for a classifier.")
     runs_by_state: dict[str, int] = Field(description="Final states witnessed by run.state.")
+    by_client: dict[str, ClientUsage] = Field(
+        default={}, description="Runs submitted and entries caused, by named client."
+    )
     verify: VerifyOut | None = None
     checkpoint: dict[str, Any] | None = None
 
@@ -666,9 +710,13 @@ def _int(value: Any) -> int:
 class _Tally:
     """Accumulates a summary from entries in seq order; bodies only of the kinds it reads."""
 
-    READS = frozenset({k.MODEL_CALL, k.MODEL_REPLY, k.ROUTE, k.STATE})
+    READS = frozenset({k.MODEL_CALL, k.MODEL_REPLY, k.ROUTE, k.STATE, k.REQUEST})
+    SYSTEM = frozenset({"daemon", "pool", k.ACTOR})
+    """Actors that are tally itself: their entries belong to no client unless in a run."""
 
     def __init__(self) -> None:
+        self.by_client: dict[str, ClientUsage] = {}
+        self.run_client: dict[str, str] = {}
         self.count = 0
         self.by_kind: dict[str, int] = {}
         self.members: dict[str, MemberUsage] = {}
@@ -679,6 +727,22 @@ class _Tally:
 
     def member(self, name: Any) -> MemberUsage:
         return self.members.setdefault(str(name or "unknown"), MemberUsage())
+
+    def client_of(self, entry: Any, body: Any) -> str | None:
+        """Whose doing an entry is: its run's submitter, or the client that is its actor."""
+        if entry.kind == k.REQUEST and entry.run is not None:
+            who = body.get("client") if isinstance(body, dict) else None
+            self.run_client[entry.run] = str(who or "unknown")  # runs from before clients
+        if entry.run is not None:
+            return self.run_client.get(entry.run)
+        return None if entry.actor in self.SYSTEM else str(entry.actor)
+
+    def attribute(self, client: str | None, entry: Any) -> None:
+        if client is None:
+            return
+        usage = self.by_client.setdefault(client, ClientUsage())
+        usage.entries += 1
+        usage.runs += entry.kind == k.REQUEST
 
     def add(self, entry: Any, body: Any) -> None:
         self.count += 1
@@ -715,7 +779,12 @@ async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> S
         batch = await daemon.ledger.entries(start=start, limit=1000, run=data.run)
         for e in batch:
             wanted = e.body if e.kind in _Tally.READS else None
-            acc.add(e, await daemon.ledger.body(wanted) if wanted is not None else None)
+            body = await daemon.ledger.body(wanted) if wanted is not None else None
+            client = acc.client_of(e, body)
+            if data.client is not None and client != data.client:
+                continue
+            acc.attribute(client, e)
+            acc.add(e, body)
         if len(batch) < 1000:
             break
         start = batch[-1].seq + 1
@@ -735,6 +804,7 @@ async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> S
         escalations=acc.by_kind.get(k.TASK_ESCALATE, 0),
         route_escalations=acc.route_escalations,
         runs_by_state=acc.states,
+        by_client=acc.by_client,
         verify=report,
         checkpoint=None if cp is None else cp.model_dump(mode="json"),
     )
@@ -749,6 +819,52 @@ class RosterOut(_Out):
 
 async def roster_get(daemon: Daemon, _: Empty, ctx: ToolContext) -> RosterOut:
     return RosterOut(roster=daemon.roster.model_dump(mode="json"))
+
+
+class ClientNameIn(_In):
+    name: str = Field(pattern=CLIENT_NAME, description="The client's name.")
+
+
+class ClientAddIn(ClientNameIn):
+    scope: Scope = Field(description="read, submit, command or admin (each includes the former).")
+
+
+class ClientOut(_Out):
+    name: str
+    scope: Scope
+    created_at_us: int
+
+
+class ClientAddOut(ClientOut):
+    token: str = Field(description="The bearer token: store it now, it is not kept.")
+
+
+class ClientListOut(_Out):
+    clients: list[ClientOut]
+
+
+async def client_add(daemon: Daemon, data: ClientAddIn, ctx: ToolContext) -> ClientAddOut:
+    token = await asyncio.to_thread(daemon.clients.add, data.name, data.scope)
+    await daemon.ledger.append(
+        actor=ctx.client.name, kind="client.add", body={"name": data.name, "scope": data.scope}
+    )
+    record = next(r for r in daemon.clients.records() if r.name == data.name)
+    return ClientAddOut(**record.model_dump(exclude={"token_sha256"}), token=token)
+
+
+async def client_list(daemon: Daemon, _: Empty, ctx: ToolContext) -> ClientListOut:
+    records = daemon.clients.records()
+    return ClientListOut(
+        clients=[ClientOut(**r.model_dump(exclude={"token_sha256"})) for r in records]
+    )
+
+
+async def client_revoke(daemon: Daemon, data: ClientNameIn, ctx: ToolContext) -> ClientOut:
+    record = await asyncio.to_thread(daemon.clients.revoke, data.name)
+    await daemon.ledger.append(
+        actor=ctx.client.name, kind="client.revoke", body={"name": data.name}
+    )
+    return ClientOut(**record.model_dump(exclude={"token_sha256"}))
 
 
 class ReloadIn(_In):
@@ -771,7 +887,9 @@ async def roster_reload(daemon: Daemon, data: ReloadIn, ctx: ToolContext) -> Rel
     if data.path and not await asyncio.to_thread(Path(data.path).exists):
         raise NotFound(f"no roster file at {data.path!r}")
     try:
-        roster = await daemon.reload_roster(Path(data.path) if data.path else None)
+        roster = await daemon.reload_roster(
+            Path(data.path) if data.path else None, client=ctx.client.name
+        )
     except OSError as exc:
         raise InvalidInput(f"cannot read the roster: {exc.strerror or exc}") from None
     return ReloadOut(lanes=len(roster.lanes), members=len(roster.models))
@@ -896,6 +1014,7 @@ def _tools() -> list[Tool[Any, Any]]:
             SubmitIn,
             RunOut,
             submit,
+            scope="submit",
         ),
         Tool(
             "run_get",
@@ -920,6 +1039,7 @@ def _tools() -> list[Tool[Any, Any]]:
             RunIdIn,
             RunOut,
             run_cancel,
+            scope="submit",
         ),
         Tool(
             "run_resume",
@@ -928,6 +1048,7 @@ def _tools() -> list[Tool[Any, Any]]:
             RunIdIn,
             RunOut,
             run_resume,
+            scope="submit",
         ),
         Tool(
             "ledger_verify",
@@ -989,6 +1110,7 @@ def _tools() -> list[Tool[Any, Any]]:
             RedactIn,
             EntryOut,
             ledger_redact,
+            scope="admin",
         ),
         Tool(
             "roster_get",
@@ -1005,6 +1127,7 @@ def _tools() -> list[Tool[Any, Any]]:
             ReloadIn,
             ReloadOut,
             roster_reload,
+            scope="admin",
         ),
         Tool(
             "slots_status",
@@ -1022,6 +1145,31 @@ def _tools() -> list[Tool[Any, Any]]:
             SummaryIn,
             SummaryOut,
             ledger_summary,
+        ),
+        Tool(
+            "client_add",
+            "Create a named client with one scope (read < submit < command < admin, each "
+            "including the ones before) and return its bearer token, shown only this once.",
+            ClientAddIn,
+            ClientAddOut,
+            client_add,
+            scope="admin",
+        ),
+        Tool(
+            "client_list",
+            "List the named clients: name, scope and when each was made (never tokens).",
+            Empty,
+            ClientListOut,
+            client_list,
+            scope="admin",
+        ),
+        Tool(
+            "client_revoke",
+            "Revoke a named client: its token stops working at once.",
+            ClientNameIn,
+            ClientOut,
+            client_revoke,
+            scope="admin",
         ),
     ]
 
@@ -1043,5 +1191,7 @@ ERRORS: dict[str, tuple[type[TallyError], ...]] = {
     "ledger_checkpoint": (Unavailable,),
     "causal_chain": (NotFound,),
     "ledger_redact": (NotFound, Unavailable),
-    "roster_reload": (NotFound,),  # 403 (Forbidden) is documented on every operation
+    "roster_reload": (NotFound,),
+    "client_add": (Conflict,),
+    "client_revoke": (NotFound,),  # 403 (Forbidden) is documented on every operation
 }

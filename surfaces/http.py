@@ -35,6 +35,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 from pydantic_core import to_jsonable_python
 
+from daemon.clients import DEFAULT, OWNER, Client, Scope
 from daemon.errors import Busy, TallyError
 from daemon.tools import ERRORS, TOOLS, SubmitIn, Tool, ToolContext
 from surfaces import metrics
@@ -64,6 +65,7 @@ class HttpOptions:
 
 
 DAEMON: web.AppKey[Daemon] = web.AppKey("daemon")
+CLIENT = web.RequestKey("client", Client)  # the resolved caller
 OPTIONS = web.AppKey("options", HttpOptions)
 
 
@@ -162,17 +164,47 @@ def _refuse(request: web.Request, options: HttpOptions) -> web.Response | None:
     if peer.unix:
         if peer.foreign_uid:
             return error_response(403, "forbidden_peer", "socket peer is another user")
-    elif not options.token or not bearer_ok(request.headers.get("Authorization"), options.token):
-        return error_response(
-            401,
-            "unauthorized",
-            "a bearer token is required over TCP (see `tally token`)",
-            headers={"WWW-Authenticate": 'Bearer realm="tally"'},
-        )
+        request[CLIENT] = OWNER
+    else:
+        client = _bearer_client(request, options)
+        if client is None:
+            if request.path == "/healthz":  # liveness for probes: no token, no details
+                return None
+            return error_response(
+                401,
+                "unauthorized",
+                "a valid bearer token is required over TCP (`tally client add NAME --scope "
+                "read`, or `tally token` for the default client)",
+                headers={"WWW-Authenticate": 'Bearer realm="tally"'},
+            )
+        request[CLIENT] = client
     length = request.content_length
     if length is not None and length > options.body_limit:
         return error_response(413, "payload_too_large", f"body over {options.body_limit} bytes")
     return None
+
+
+def _bearer_client(request: web.Request, options: HttpOptions) -> Client | None:
+    header = request.headers.get("Authorization")
+    if not header or not header.startswith("Bearer "):
+        return None
+    if options.token and bearer_ok(header, options.token):
+        return DEFAULT
+    return request.app[DAEMON].clients.lookup(header[len("Bearer ") :].strip())
+
+
+def client_of(request: web.Request) -> Client | None:
+    """The client the guard resolved (None: an unauthenticated /healthz over TCP)."""
+    return request.get(CLIENT)
+
+
+def _forbidden(client: Client, needed: Scope, what: str) -> web.Response:
+    return error_response(
+        403,
+        "forbidden",
+        f"client {client.name!r} has scope {client.scope!r}; {what} needs {needed!r}",
+        {"needed": needed, "client": client.name},
+    )
 
 
 @web.middleware
@@ -214,6 +246,7 @@ def tool_listing() -> list[dict[str, Any]]:
         {
             "name": t.name,
             "description": t.description,
+            "scope": t.scope,
             "input_schema": t.input.model_json_schema(mode="validation"),
             "output_schema": t.output.model_json_schema(mode="serialization"),
         }
@@ -229,6 +262,9 @@ async def call_tool(request: web.Request) -> web.Response:
     tool = TOOLS.get(request.match_info["name"])
     if tool is None:
         raise web.HTTPNotFound(reason=f"no tool named {request.match_info['name']!r}")
+    client = client_of(request) or OWNER
+    if not client.allows(tool.scope):  # before reading the body: a refusal reveals nothing
+        return _forbidden(client, tool.scope, tool.name)
     try:
         async with asyncio.timeout(request.app[OPTIONS].body_timeout_s):
             raw = await request.read()
@@ -250,7 +286,7 @@ async def call_tool(request: web.Request) -> web.Response:
             message = "Idempotency-Key must be 1-200 characters and match idempotency_key if both"
             return error_response(422, "invalid_input", message)
         data = data.model_copy(update={"idempotency_key": key})
-    out = await tool.handler(request.app[DAEMON], data, ToolContext())
+    out = await tool.handler(request.app[DAEMON], data, ToolContext(client=client))
     return web.Response(body=out.model_dump_json().encode(), content_type="application/json")
 
 
@@ -341,6 +377,8 @@ async def get_metrics(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
+    if client_of(request) is None:  # unauthenticated over TCP: alive or not, nothing more
+        return web.json_response({"status": "ok"})
     return web.json_response({"status": "ok", "ledger_size": daemon.ledger.size})
 
 
@@ -348,7 +386,8 @@ async def healthz(request: web.Request) -> web.Response:
 _TOOL_STATUSES = {
     400: "The body is not valid JSON (RFC 8259: no NaN, no Infinity, no lone surrogates)",
     401: "Missing or wrong bearer token (TCP)",
-    403: "Origin not allowed, or the unix-socket peer is another user",
+    403: "The client's scope is too low, the Origin is not allowed, or the unix-socket peer "
+    "is another user",
     408: "The request body did not arrive in time",
     413: "Body too large",
     421: "The Host header is not this daemon's address",
@@ -418,7 +457,9 @@ def _tool_operation(t: Tool[Any, Any], refs: dict[Any, Any]) -> dict[str, Any]:
     return {
         "operationId": t.name,
         "summary": t.description.split(". ")[0],
-        "description": t.description,
+        "description": t.description + f" Needs scope `{t.scope}` over TCP.",
+        "security": [{"bearer": [t.scope]}],
+        "x-tally-scope": t.scope,
         "requestBody": {
             "required": required,
             "description": body_why,
@@ -493,9 +534,13 @@ def openapi_document() -> dict[str, Any]:
             "get": {
                 "operationId": op,
                 "summary": summary,
+                # /healthz answers without a token (no details); the rest need any client
+                "security": [] if op == "healthz" else [{"bearer": ["read"]}],
                 "responses": {
                     "200": {"description": "OK", "content": {ctype: {}}},
-                    **_errors(_GET_STATUSES),
+                    **_errors(
+                        {s: why for s, why in _GET_STATUSES.items() if op != "healthz" or s != 401}
+                    ),
                 },
             }
         }
@@ -505,8 +550,10 @@ def openapi_document() -> dict[str, Any]:
             "title": "tally",
             "version": "1",
             "description": "One tool set, identical over HTTP and MCP. Over TCP every request "
-            "needs `Authorization: Bearer <token>` (`tally token`); the unix socket trusts "
-            "its peers. Input is validated exactly as the schemas say, without coercion. "
+            "but /healthz needs `Authorization: Bearer <token>` of a named client (`tally "
+            "client add`) or the default one (`tally token`), whose scope (read < submit < "
+            "command < admin) covers the operation's; the unix socket's peer is the owner "
+            "(admin). Input is validated exactly as the schemas say, without coercion. "
             'Every error is `{"error": {"code", "message", "details"}}`; a 405 '
             "names the allowed methods in `Allow`.",
         },
@@ -515,7 +562,7 @@ def openapi_document() -> dict[str, Any]:
             "schemas": schemas,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
-        "security": [{"bearer": []}, {}],
+        "security": [{"bearer": ["read"]}],
     }
 
 

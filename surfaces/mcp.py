@@ -45,6 +45,10 @@ def _ok(body: dict[str, Any]) -> types.CallToolResult:
     )
 
 
+DESTRUCTIVE = frozenset({"run_cancel", "ledger_redact", "roster_reload", "client_revoke"})
+"""Tools whose effect cannot be taken back (MCP's destructiveHint)."""
+
+
 class Adapter:
     """Forwards MCP tool calls to the daemon; one keep-alive HTTP session for the process."""
 
@@ -58,6 +62,11 @@ class Adapter:
                 description=t["description"],
                 input_schema=t["input_schema"],
                 output_schema=t["output_schema"],
+                annotations=types.ToolAnnotations(
+                    read_only_hint=t["scope"] == "read",
+                    destructive_hint=t["name"] in DESTRUCTIVE,
+                ),
+                meta={"tally/scope": t["scope"]},
             )
             for t in tool_listing()
         ]

@@ -200,6 +200,7 @@ class Engine:
         idempotency_key: str | None = None,
         max_parallel: int | None = None,
         barrier: bool = False,
+        client: str = "owner",
     ) -> RunView:
         """Create a run and start driving it; returns once the request is witnessed."""
         if self._closing:
@@ -234,6 +235,7 @@ class Engine:
             "max_parallel": max_parallel,
             "barrier": barrier,
             "idempotency_key": idempotency_key,
+            "client": client,
         }
         self._admit()  # no await from here to the witness: the check and the counts agree
         self._appending_requests += 1

@@ -30,6 +30,7 @@ def apply(
         view = RunView(
             id=run,
             request=str(b.get("request", "")),
+            client=b.get("client"),
             lane=b.get("lane"),
             budget=Limits.model_validate(b.get("budget") or {}),
             request_seq=seq,

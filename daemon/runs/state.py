@@ -69,6 +69,8 @@ class RunView(BaseModel):
     id: str
     state: RunState = "queued"
     request: str
+    client: str | None = None
+    """The named client that submitted the run (None: witnessed before clients existed)."""
     lane: str | None = None
     tasks: list[TaskView] = []
     answer: str | None = None

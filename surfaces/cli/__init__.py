@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from surfaces.cli import (
+    clients,
     doctor,
     ledger,
     mcp,
@@ -27,7 +28,7 @@ from surfaces.cli import (
 )
 
 GROUPS: list[ModuleType] = [
-    version, serve, mcp, runs, ledger, roster, route, plan, slots, models, doctor
+    version, serve, mcp, runs, ledger, roster, route, plan, slots, models, doctor, clients
 ]  # fmt: skip
 
 

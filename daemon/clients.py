@@ -1,0 +1,137 @@
+"""Who calls the daemon: named clients, each with one scope, known by a hashed bearer token.
+
+Scopes form a ladder, each including the ones below it:
+- `read`: read-only tools (runs, ledger, roster, pool, proofs, metrics);
+- `submit`: runs whose plan has no command task, cancel, resume;
+- `command`: runs that use the command executor;
+- `admin`: roster reload, redaction, checkpoint signing, client management.
+
+The unix-socket owner is `admin` (the socket is 0600: only the daemon's user reaches it). The
+legacy `<state>/http.token` is the client named `default` with every scope, so setups from
+before named clients keep working. Other clients live in `<state>/clients.json` (0600, written
+atomically) as sha256 digests of their tokens: the file never holds a usable secret, and a
+token is shown once, when it is made. The store re-reads the file when its mtime changes, so
+`tally client add` works with the daemon running or not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from daemon.errors import Conflict, InvalidInput, NotFound
+from daemon.ledger.store import write_atomic
+
+Scope = Literal["read", "submit", "command", "admin"]
+SCOPES: tuple[Scope, ...] = ("read", "submit", "command", "admin")
+CLIENT_NAME = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
+CLIENTS_FILE = "clients.json"
+RESERVED = ("owner", "default")
+
+
+@dataclass(frozen=True)
+class Client:
+    """The principal a surface resolved from its transport; handed to every tool call."""
+
+    name: str
+    scope: Scope
+
+    def allows(self, needed: Scope) -> bool:
+        return SCOPES.index(self.scope) >= SCOPES.index(needed)
+
+
+OWNER = Client("owner", "admin")
+"""The unix-socket peer (the daemon's own user)."""
+DEFAULT = Client("default", "admin")
+"""The holder of the legacy `http.token`."""
+
+
+class ClientRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str = Field(pattern=CLIENT_NAME)
+    scope: Scope
+    token_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    created_at_us: int = Field(ge=0)
+
+
+class ClientFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    version: Literal[1] = 1
+    clients: list[ClientRecord] = []
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class ClientStore:
+    """The named clients of one state dir."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / CLIENTS_FILE
+        self._mtime: int | None = None
+        self._by_digest: dict[str, ClientRecord] = {}
+        self._records: list[ClientRecord] = []
+
+    def _fresh(self) -> list[ClientRecord]:
+        """The records, re-read if the file changed (one stat per call)."""
+        try:
+            mtime = self.path.stat().st_mtime_ns
+        except FileNotFoundError:
+            mtime = None
+        if mtime != self._mtime:
+            records = (
+                ClientFile.model_validate_json(self.path.read_bytes()).clients if mtime else []
+            )
+            self._records = records
+            self._by_digest = {r.token_sha256: r for r in records}
+            self._mtime = mtime
+        return self._records
+
+    def lookup(self, token: str) -> Client | None:
+        """The client this bearer token belongs to (None: unknown or revoked)."""
+        self._fresh()
+        record = self._by_digest.get(digest(token))  # a 256-bit secret's digest: no timing oracle
+        return Client(record.name, record.scope) if record is not None else None
+
+    def records(self) -> list[ClientRecord]:
+        return list(self._fresh())
+
+    def add(self, name: str, scope: Scope) -> str:
+        """Make a client; returns its token (the only time it exists outside the caller)."""
+        if name in RESERVED:
+            raise InvalidInput(f"{name!r} is reserved (the socket owner and the legacy token)")
+        records = self._fresh()
+        if any(r.name == name for r in records):
+            raise Conflict(f"a client named {name!r} exists; revoke it first")
+        token = "tly_" + secrets.token_urlsafe(32)
+        record = ClientRecord(
+            name=name, scope=scope, token_sha256=digest(token), created_at_us=time.time_ns() // 1000
+        )
+        self._write([*records, record])
+        return token
+
+    def revoke(self, name: str) -> ClientRecord:
+        records = self._fresh()
+        found = next((r for r in records if r.name == name), None)
+        if found is None:
+            raise NotFound(f"no client named {name!r}")
+        self._write([r for r in records if r.name != name])
+        return found
+
+    def _write(self, records: list[ClientRecord]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        data = ClientFile(clients=records).model_dump(mode="json")
+        write_atomic(self.path, (json.dumps(data, indent=2) + "\n").encode(), mode=0o600)
+        self._mtime = None  # re-read on next use
+        os.utime(self.path)  # a new mtime even within the same clock tick

@@ -1,0 +1,101 @@
+"""`tally client add | list | revoke`: named clients and their scopes.
+
+Through the running daemon (witnessed as client.add / client.revoke) when it answers; with the
+daemon stopped, the state dir's client file is edited directly (the daemon re-reads it when it
+changes), and the command says the change is not in the record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+SCOPES = ("read", "submit", "command", "admin")
+
+
+def register(commands: argparse._SubParsersAction[Any]) -> None:
+    parser = commands.add_parser("client", help="named clients and their scopes (TCP tokens)")
+    sub = parser.add_subparsers(dest="client_command", metavar="SUBCOMMAND", required=True)
+    add = sub.add_parser("add", help="make a client; prints its token once")
+    add.add_argument("name")
+    add.add_argument(
+        "--scope", choices=SCOPES, required=True, help="each scope includes the ones before it"
+    )
+    add.set_defaults(run=run, call="client_add")
+    lst = sub.add_parser("list", help="names, scopes, creation times (never tokens)")
+    lst.set_defaults(run=run, call="client_list")
+    revoke = sub.add_parser("revoke", help="its token stops working at once")
+    revoke.add_argument("name")
+    revoke.set_defaults(run=run, call="client_revoke")
+    for p in (add, lst, revoke):
+        p.add_argument("--json", action="store_true", help="print JSON")
+        p.add_argument("--socket", type=Path, help="the daemon's socket (default: as serve)")
+        p.add_argument("--state", type=Path, help="state dir, used when the daemon is stopped")
+
+
+def _arguments(args: argparse.Namespace) -> dict[str, Any]:
+    found = {"name": getattr(args, "name", None), "scope": getattr(args, "scope", None)}
+    return {key: value for key, value in found.items() if value is not None}
+
+
+async def _through_daemon(args: argparse.Namespace) -> dict[str, Any]:
+    from surfaces.client import DaemonClient, Endpoint
+
+    async with DaemonClient(Endpoint.from_env(args.socket)) as client:
+        return await client.call(args.call, _arguments(args))
+
+
+def _offline(args: argparse.Namespace) -> dict[str, Any]:
+    from daemon.clients import ClientStore
+    from daemon.config import default_state_dir
+
+    store = ClientStore(args.state or default_state_dir())
+    strip = {"token_sha256"}
+    if args.call == "client_add":
+        token = store.add(args.name, args.scope)
+        record = next(r for r in store.records() if r.name == args.name)
+        return {**record.model_dump(exclude=strip), "token": token}
+    if args.call == "client_revoke":
+        return store.revoke(args.name).model_dump(exclude=strip)
+    return {"clients": [r.model_dump(exclude=strip) for r in store.records()]}
+
+
+def run(args: argparse.Namespace) -> int:
+    from daemon.errors import TallyError
+    from surfaces.client import DaemonDown, DaemonError
+
+    try:
+        try:
+            body = asyncio.run(_through_daemon(args))
+        except DaemonDown:
+            body = _offline(args)
+            print(
+                "tally client: the daemon is not running; changed the client file directly "
+                "(not witnessed in the ledger)",
+                file=sys.stderr,
+            )
+    except DaemonError as exc:
+        print(f"tally client: {exc.message}", file=sys.stderr)
+        return 1
+    except TallyError as exc:
+        print(f"tally client: {exc.message}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(body, indent=2))
+    elif "clients" in body:
+        for c in body["clients"]:
+            print(f"{c['name']:<24} {c['scope']:<8} created {c['created_at_us']}")
+    elif "token" in body:
+        print(body["token"])
+        print(
+            f"client {body['name']!r} ({body['scope']}): store the token now; only its "
+            "hash is kept. Use it as TALLY_TOKEN with TALLY_URL.",
+            file=sys.stderr,
+        )
+    else:
+        print(f"revoked {body['name']!r}")
+    return 0

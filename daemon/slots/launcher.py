@@ -5,14 +5,25 @@
 
 xllamacpp has no command line of its own: `xllamacpp.Server(params)` serves HTTP from threads
 inside this process. The launcher turns it into a standalone server process with the slots,
-metrics and props endpoints on, offline and without the web UI. It exits cleanly on SIGTERM
-or SIGINT, and also when its parent dies (so a SIGKILLed daemon leaves no server behind).
+metrics and props endpoints on, offline and without the web UI.
+
+It never outlives its parent, and never hangs on a signal:
+- The parent-death signal is SIGKILL (the pool sets it between fork and exec; the launcher
+  sets the same when run by hand): the kernel ends it when the daemon dies, however the daemon
+  died and whatever the launcher is doing, start-up included. An earlier version replaced it
+  with SIGTERM, which a main thread blocked in the model load or the server's teardown never
+  got to handle: about one launcher in ten outlived a SIGKILLed daemon, holding its port.
+- SIGTERM/SIGINT during start-up (model load, server threads starting) keep their default
+  action: the process ends at once, there is nothing to clean up yet. Once it serves, they ask
+  for a clean stop, bounded by a C-level watchdog (faulthandler) that `_exit`s if the teardown
+  hangs, GIL or not.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
@@ -23,7 +34,11 @@ from typing import Any
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
+STOP_GRACE_S = 10.0
+"""How long a clean stop may take before the watchdog ends the process."""
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Ask the kernel to send `sig` to this process when its parent thread exits (Linux)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -71,8 +86,14 @@ def build_params(args: argparse.Namespace) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    die_with_parent()  # the pool's spawn guard already checked the parent is still there
     parent = os.getppid()
-    die_with_parent()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)  # during start-up: end at once
+
+    import xllamacpp
+
+    server = xllamacpp.Server(build_params(args))
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -80,16 +101,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-
-    import xllamacpp
-
-    server = xllamacpp.Server(build_params(args))
     print(f"listening {server.listening_address}", flush=True)
-    # The poll guards the case where PR_SET_PDEATHSIG is unavailable or raced with fork.
+    # The poll guards systems without PR_SET_PDEATHSIG.
     while not stop.wait(0.5):
         if os.getppid() != parent:
             break
+    faulthandler.dump_traceback_later(STOP_GRACE_S, exit=True)
     del server
+    faulthandler.cancel_dump_traceback_later()
     print("stopped", flush=True)
     return 0
 

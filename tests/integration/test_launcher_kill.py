@@ -1,0 +1,109 @@
+"""Model servers never outlive the daemon: SIGKILL `tally serve` while its embedded model
+server (the xllamacpp launcher) is starting, at delays spread over its start-up, 20 times;
+no launcher survives, and its port is free again."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_make_run import ROOT, TALLY, _alive
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+KILLS = 20
+
+
+def _launchers(parent: int) -> dict[int, int]:
+    """pid -> port of the launcher children of `parent`."""
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if int(stat[1]) == parent and b"daemon.slots.launcher" in argv:
+            found[int(entry.name)] = int(argv[argv.index(b"--port") + 1])
+    return found
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds it
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _gone(pid: int, port: int) -> bool:
+    return not _alive(pid) and _port_free(port)
+
+
+def _wait(predicate: Callable[[], object], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
+
+
+def _kill_once(i: int, run: Path, base: dict[str, str]) -> list[str]:
+    """Start serve, make it start a model server, SIGKILL it `i`-dependent time into that
+    start-up; the launchers that survived (killed here so the next round starts clean)."""
+    env = base | {"TALLY_STATE_DIR": str(run / "state"), "TALLY_RUNTIME_DIR": str(run / "run")}
+    sock = run / "run" / "tally.sock"
+    run.mkdir(parents=True)
+    with (run / "serve.log").open("w") as log:
+        serve = subprocess.Popen([str(TALLY), "serve"], env=env, cwd=ROOT, stdout=log, stderr=log)
+    submit: subprocess.Popen[bytes] | None = None
+    survivors: list[str] = []
+    try:
+        assert _wait(sock.exists, 60), (run / "serve.log").read_text()
+        # the pool is lazy: a submit makes it start the tiny model's server
+        submit = subprocess.Popen(
+            [sys.executable, "-m", "surfaces", "submit", "--lane", "docs", "say hi"],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        launchers: dict[int, int] = {}
+        assert _wait(lambda: launchers.update(_launchers(serve.pid)) or launchers, 30)
+        time.sleep((i % 10) * 0.12)  # 0 to 1.1 s into the model server's start-up
+        serve.send_signal(signal.SIGKILL)
+        serve.wait(10)
+        for pid, port in launchers.items():
+            if not _wait(functools.partial(_gone, pid, port), 5):
+                survivors.append(f"kill {i}: launcher {pid} alive={_alive(pid)} port {port}")
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    finally:
+        for proc in (serve, submit):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return survivors
+
+
+@pytest.mark.skipif(not TALLY.exists(), reason="run `make install` for the tally command")
+def test_sigkill_during_model_server_start_leaves_no_launcher(tmp_path: Path) -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TALLY_")}
+    base.pop("NOTIFY_SOCKET", None)
+    survivors = [s for i in range(KILLS) for s in _kill_once(i, tmp_path / f"r{i}", base)]
+    assert survivors == []

@@ -13,7 +13,6 @@ import logging
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -174,14 +173,6 @@ async def run_stdio(endpoint: Endpoint, *, autostart: bool = False) -> None:
             await server.run(read, write, server.create_initialization_options())
     finally:
         await adapter.close()
-
-
-def mcp_config_block(python: str | None = None, socket_path: Path | None = None) -> str:
-    """The `mcpServers` block to paste into an IDE's MCP config."""
-    entry: dict[str, Any] = {"command": python or sys.executable, "args": ["-m", "surfaces", "mcp"]}
-    if socket_path is not None:
-        entry["env"] = {"TALLY_SOCKET": str(socket_path)}
-    return json.dumps({"mcpServers": {"tally": entry}}, indent=2)
 
 
 def configure_logging() -> None:

@@ -2,6 +2,11 @@
 
 A module's `register(commands)` adds its sub-parsers and sets `run=` on each to a function
 `(args: argparse.Namespace) -> int` returning the exit code (0 ok, 1 check failed, 2 usage).
+
+Start-up time rule: every group module is imported to build the parser, so a group module
+imports at its top only what `register` needs (the standard library, `daemon.errors`); its
+`run` functions import the rest. `tally --help` then loads no pydantic, aiohttp or MCP SDK, and
+each command loads only what it uses (tests/surfaces/test_start_imports.py holds this).
 """
 
 from __future__ import annotations

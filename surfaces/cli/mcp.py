@@ -1,8 +1,14 @@
-"""`tally mcp`: the MCP stdio server an IDE launches; forwards every call to the daemon."""
+"""`tally mcp`: the MCP stdio server an IDE launches; forwards every call to the daemon.
+
+The MCP SDK is imported only when `tally mcp` runs: `tally serve` prints the IDE block from
+here without it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,3 +30,11 @@ def run(args: argparse.Namespace) -> int:
     endpoint = Endpoint.from_env(args.socket)
     anyio.run(lambda: run_stdio(endpoint, autostart=args.autostart))
     return 0
+
+
+def mcp_config_block(python: str | None = None, socket_path: Path | None = None) -> str:
+    """The `mcpServers` block to paste into an IDE's MCP config."""
+    entry: dict[str, Any] = {"command": python or sys.executable, "args": ["-m", "surfaces", "mcp"]}
+    if socket_path is not None:
+        entry["env"] = {"TALLY_SOCKET": str(socket_path)}
+    return json.dumps({"mcpServers": {"tally": entry}}, indent=2)

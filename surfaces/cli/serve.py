@@ -69,8 +69,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from daemon.service import Daemon
     from surfaces.auth import load_or_create_token
+    from surfaces.cli.mcp import mcp_config_block
     from surfaces.http import HttpOptions, Listen, log_to_stderr, parse_tcp, serve
-    from surfaces.mcp import mcp_config_block
 
     log_to_stderr(logging.DEBUG if args.verbose else logging.INFO)
     try:

@@ -7,7 +7,6 @@ state dir or beside a running daemon. Exit codes: 0 ok, 1 check failed, 2 usage 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import json
 import sys
@@ -125,6 +124,8 @@ def _runner(
     """
 
     def run(args: argparse.Namespace) -> int:
+        import asyncio
+
         from daemon.config import default_state_dir
         from daemon.ledger import LedgerCorrupt
 

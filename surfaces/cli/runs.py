@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import json
 import sys
@@ -75,6 +74,8 @@ def status_line(run: dict[str, Any]) -> str:
 
 
 async def submit(args: argparse.Namespace) -> int:
+    import asyncio
+
     from surfaces.client import DaemonClient, Endpoint
 
     body: dict[str, Any] = {"request": args.request}

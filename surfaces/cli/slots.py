@@ -7,7 +7,6 @@ member is ready, prints the status and stops: a smoke check of a roster without 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
@@ -106,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         from surfaces.client import run_client
 
         return run_client(_ask(args))
+    import asyncio
+
     from roster import RosterError
 
     try:

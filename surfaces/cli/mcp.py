@@ -23,9 +23,11 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     import anyio
 
+    from surfaces.cli import settled
     from surfaces.client import Endpoint
     from surfaces.mcp import configure_logging, run_stdio
 
+    settled()  # the SDK and the tool registry are loaded: what follows is the session
     configure_logging()
     endpoint = Endpoint.from_env(args.socket)
     anyio.run(lambda: run_stdio(endpoint, autostart=args.autostart))

@@ -24,13 +24,11 @@ def run(args: argparse.Namespace) -> int:
     import anyio
 
     from surfaces.cli import settled
-    from surfaces.client import Endpoint
     from surfaces.mcp import configure_logging, run_stdio
 
-    settled()  # the SDK and the tool registry are loaded: what follows is the session
+    settled()  # the SDK is loaded: what follows is the session
     configure_logging()
-    endpoint = Endpoint.from_env(args.socket)
-    anyio.run(lambda: run_stdio(endpoint, autostart=args.autostart))
+    anyio.run(lambda: run_stdio(args.socket, autostart=args.autostart))
     return 0
 
 

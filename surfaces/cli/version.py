@@ -14,7 +14,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from daemon.tools import package_version
+    from daemon.version import package_version
 
     print(json.dumps({"version": package_version()}) if args.json else package_version())
     return 0

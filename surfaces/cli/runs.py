@@ -16,7 +16,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket", type=Path, help="daemon socket (default: $TALLY_SOCKET or runtime)")
 
 
-def _on_daemon(command: Callable[[argparse.Namespace], Awaitable[int]]) -> Any:
+def _on_daemon(
+    command: Callable[[argparse.Namespace], Awaitable[int]],
+) -> Callable[[argparse.Namespace], int]:
     """A `run=` for a command answered by the daemon (the HTTP client is imported only then)."""
 
     def run(args: argparse.Namespace) -> int:

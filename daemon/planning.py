@@ -15,8 +15,6 @@ import math
 from collections.abc import Collection, Sequence
 from typing import Annotated, Any, Literal
 
-from jsonschema import SchemaError
-from jsonschema.validators import validator_for
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -79,6 +77,11 @@ class JsonSchemaAssertion(_Model):
     @field_validator("json_schema")
     @classmethod
     def _valid_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        # jsonschema (~30 ms to import) loads with the first plan that declares a schema,
+        # not with the daemon: start-up does not need it.
+        from jsonschema import SchemaError
+        from jsonschema.validators import validator_for
+
         try:
             validator_for(schema).check_schema(schema)
         except SchemaError as exc:

@@ -10,12 +10,9 @@ with `model_dump(mode="json")` and validate that into the published one.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 
@@ -38,6 +35,7 @@ from daemon.planning import Plan, Task, problems, waves
 from daemon.runs import entries as k
 from daemon.runs.state import STOPPED as TERMINAL
 from daemon.runs.state import TASK_ENDED, RunState
+from daemon.version import package_version
 from roster.models import NAME, Budget, Whole
 
 if TYPE_CHECKING:
@@ -250,15 +248,6 @@ class HealthOut(_Out):
 def command_sandbox(daemon: Daemon) -> Literal["bwrap", "none", "off"]:
     policy = daemon.roster.policy.command
     return policy.sandbox if policy.enabled else "off"
-
-
-@functools.cache
-def package_version() -> str:
-    """The installed tallyd version, as health, MCP and `tally version` all report it."""
-    try:
-        return dist_version("tallyd")
-    except PackageNotFoundError:  # pragma: no cover - only in a source checkout without install
-        return "0+unknown"
 
 
 async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:

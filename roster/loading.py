@@ -116,7 +116,6 @@ def load_roster_text(text: str, name: str = "roster.toml") -> Roster:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise RosterError([_syntax_problem(name, text, exc)]) from None
-    index = PositionIndex(text)
     found: list[tuple[FieldPath, str, bool]] = []
     roster: Roster | None = None
     try:
@@ -125,6 +124,7 @@ def load_roster_text(text: str, name: str = "roster.toml") -> Roster:
         found.extend(_pydantic_problem(err, data) for err in exc.errors())
     found.extend((path, message, False) for path, message in _cross_checks(data))
     if roster is None or found:
+        index = PositionIndex(text)  # a second scan of the text, needed only to locate problems
         problems: dict[tuple[int, int, str, str], RosterProblem] = {}
         for path, message, at_key in found:
             where = index.locate(path, key=at_key)

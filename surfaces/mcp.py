@@ -3,6 +3,10 @@
 `tools/list` comes from `daemon.tools.TOOLS` with exactly the schemas HTTP publishes;
 `tools/call` is forwarded to the running daemon. `submit` follows the run's SSE events and
 reports progress; an MCP cancellation cancels the run. Nothing but the protocol goes to stdout.
+
+Only the SDK is loaded before `initialize` is answered: the tool registry (pydantic models,
+schemas) loads with the first `tools/list` or `tools/call`, the HTTP client (aiohttp) with the
+first call, so an IDE sees the server up in about the SDK's own import time.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
@@ -26,9 +30,11 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
-from daemon.tools import TOOLS, ProgressSteps, RunOut, package_version
-from surfaces.client import NOT_RUNNING, DaemonClient, DaemonDown, DaemonError, Endpoint
-from surfaces.http import tool_listing
+from daemon.version import package_version
+
+if TYPE_CHECKING:
+    from daemon.tools import ProgressSteps, RunOut
+    from surfaces.client import DaemonClient
 
 log = logging.getLogger("tally.mcp")
 
@@ -52,24 +58,41 @@ DESTRUCTIVE = frozenset({"run_cancel", "ledger_redact", "roster_reload", "client
 class Adapter:
     """Forwards MCP tool calls to the daemon; one keep-alive HTTP session for the process."""
 
-    def __init__(self, endpoint: Endpoint, *, autostart: bool = False) -> None:
-        self.client = DaemonClient(endpoint)
+    def __init__(self, socket_path: Path | None = None, *, autostart: bool = False) -> None:
+        self.socket_path = socket_path
         self.autostart = autostart
         self._started: subprocess.Popen[bytes] | None = None
-        self.tools = [
-            types.Tool(
-                name=t["name"],
-                description=t["description"],
-                input_schema=t["input_schema"],
-                output_schema=t["output_schema"],
-                annotations=types.ToolAnnotations(
-                    read_only_hint=t["scope"] == "read",
-                    destructive_hint=t["name"] in DESTRUCTIVE,
-                ),
-                meta={"tally/scope": t["scope"]},
-            )
-            for t in tool_listing()
-        ]
+        self._client: DaemonClient | None = None
+        self._tools: list[types.Tool] | None = None
+
+    @property
+    def client(self) -> DaemonClient:
+        if self._client is None:
+            from surfaces.client import DaemonClient, Endpoint
+
+            self._client = DaemonClient(Endpoint.from_env(self.socket_path))
+        return self._client
+
+    @property
+    def tools(self) -> list[types.Tool]:
+        if self._tools is None:
+            from surfaces.http import tool_listing
+
+            self._tools = [
+                types.Tool(
+                    name=t["name"],
+                    description=t["description"],
+                    input_schema=t["input_schema"],
+                    output_schema=t["output_schema"],
+                    annotations=types.ToolAnnotations(
+                        read_only_hint=t["scope"] == "read",
+                        destructive_hint=t["name"] in DESTRUCTIVE,
+                    ),
+                    meta={"tally/scope": t["scope"]},
+                )
+                for t in tool_listing()
+            ]
+        return self._tools
 
     def server(self) -> Server[Any]:
         return Server(
@@ -90,6 +113,9 @@ class Adapter:
     async def call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        from daemon.tools import TOOLS
+        from surfaces.client import NOT_RUNNING, DaemonDown, DaemonError
+
         tool = TOOLS.get(params.name)
         if tool is None:  # a protocol error (the spec's -32602), not a tool's failed call
             raise MCPError(types.INVALID_PARAMS, f"unknown tool {params.name!r}; see tools/list")
@@ -114,6 +140,8 @@ class Adapter:
         return _ok(body)
 
     async def _call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        from surfaces.client import DaemonDown
+
         try:
             return await self.client.call(name, arguments)
         except DaemonDown:
@@ -124,6 +152,9 @@ class Adapter:
     async def _submit_and_follow(
         self, ctx: ServerRequestContext[Any], arguments: dict[str, Any]
     ) -> dict[str, Any]:
+        from daemon.tools import ProgressSteps, RunOut
+        from surfaces.client import DaemonDown, DaemonError
+
         timeout = float(arguments.pop("timeout_s", 120.0))
         arguments["wait"] = False
         run = RunOut.model_validate(await self._call("submit", arguments))
@@ -176,7 +207,8 @@ class Adapter:
         return False
 
     async def close(self) -> None:
-        await self.client.close()
+        if self._client is not None:
+            await self._client.close()
 
 
 class Lines:
@@ -244,8 +276,9 @@ class Lines:
         return None
 
 
-async def run_stdio(endpoint: Endpoint, *, autostart: bool = False) -> None:
-    adapter = Adapter(endpoint, autostart=autostart)
+async def run_stdio(socket_path: Path | None = None, *, autostart: bool = False) -> None:
+    """Serve MCP on stdio, forwarding to the daemon at `socket_path` (else `Endpoint.from_env`)."""
+    adapter = Adapter(socket_path, autostart=autostart)
     server = adapter.server()
     try:
         async with stdio_server() as (read, write):
@@ -253,14 +286,6 @@ async def run_stdio(endpoint: Endpoint, *, autostart: bool = False) -> None:
             await server.run(lines, write, server.create_initialization_options())
     finally:
         await adapter.close()
-
-
-def mcp_config_block(python: str | None = None, socket_path: Path | None = None) -> str:
-    """The `mcpServers` block to paste into an IDE's MCP config."""
-    entry: dict[str, Any] = {"command": python or sys.executable, "args": ["-m", "surfaces", "mcp"]}
-    if socket_path is not None:
-        entry["env"] = {"TALLY_SOCKET": str(socket_path)}
-    return json.dumps({"mcpServers": {"tally": entry}}, indent=2)
 
 
 def configure_logging() -> None:

@@ -11,8 +11,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import jsonschema
-
 from daemon import patterns
 from daemon.runs.guard import parse_json
 
@@ -199,6 +197,8 @@ def _check_schema(schema: dict[str, Any], output: str) -> list[str]:
         value, _ = parse_json(output)
     except ValueError:
         return ["the output must be a JSON value matching the schema (no JSON found)"]
+    import jsonschema  # loaded with the first schema check (see daemon.planning)
+
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
     return [

@@ -8,7 +8,6 @@ changes), and the command says the change is not in the record.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
@@ -65,6 +64,8 @@ def _offline(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
     from daemon.errors import TallyError
     from surfaces.client import DaemonDown, DaemonError
 

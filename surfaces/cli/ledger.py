@@ -7,30 +7,19 @@ state dir or beside a running daemon. Exit codes: 0 ok, 1 check failed, 2 usage 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import json
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
-from daemon.config import default_state_dir
 from daemon.errors import TallyError
-from daemon.ledger import (
-    CheckpointError,
-    Entry,
-    Ledger,
-    LedgerCorrupt,
-    VerifyReport,
-    parse_note,
-    verify_note,
-)
-from daemon.ledger.audit import scan_entries
-from daemon.ledger.merkle import verify_consistency
-from daemon.ledger.store import body_digest
 
-Command = Callable[[Ledger, argparse.Namespace], Awaitable[int]]
+if TYPE_CHECKING:
+    from daemon.ledger import Entry, Ledger, LedgerCorrupt, VerifyReport
+
+Command: TypeAlias = "Callable[[Ledger, argparse.Namespace], Awaitable[int]]"
 
 
 class UsageError(Exception):
@@ -135,6 +124,11 @@ def _runner(
     """
 
     def run(args: argparse.Namespace) -> int:
+        import asyncio
+
+        from daemon.config import default_state_dir
+        from daemon.ledger import LedgerCorrupt
+
         state = Path(args.state) if args.state else default_state_dir()
         if not (state / "ledger").is_dir():
             return _fail(args, "no_ledger", f"no ledger in {state}", 2)
@@ -165,6 +159,8 @@ def _runner(
 async def _with_ledger(
     state: Path, command: Command, args: argparse.Namespace, tail_check: int | None
 ) -> int:
+    from daemon.ledger import Ledger
+
     extra = {} if tail_check is None else {"tail_check": tail_check}
     ledger = await Ledger.open(state, readonly=True, **extra)
     try:
@@ -178,6 +174,9 @@ def _corrupt_report(state: Path, err: LedgerCorrupt) -> VerifyReport:
 
     `size` is the number of entries that were intact before it.
     """
+    from daemon.ledger import VerifyReport
+    from daemon.ledger.audit import scan_entries
+
     seq, reason = err.seq, err.reason
     try:
         scan = scan_entries(state / "ledger" / "entries.jsonl")
@@ -266,6 +265,8 @@ def _plural(n: int, one: str, many: str) -> str:
 
 
 def _signature(note: str, vkey: str | None) -> str:
+    from daemon.ledger import CheckpointError, verify_note
+
     if vkey is None:
         return "unchecked (no checkpoint.vkey)"
     try:
@@ -290,6 +291,8 @@ def _note_text(name: str, text: str) -> str:
 
 
 async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
+    from daemon.ledger import CheckpointError, parse_note
+
     since = None
     pinned = None
     if args.since:
@@ -345,6 +348,8 @@ def _vouched(report: VerifyReport) -> VerifyReport:
 
 
 async def _consistent(ledger: Ledger, old: int, old_root: str) -> bool:
+    from daemon.ledger.merkle import verify_consistency
+
     proof = await ledger.consistency_proof(old)
     return verify_consistency(
         old,
@@ -431,6 +436,8 @@ def _read_body(ledger: Ledger, body_hash: str) -> tuple[str, Any]:
 
     Checked here rather than with `ledger.body`, whose None also means a stored JSON null.
     """
+    from daemon.ledger.store import body_digest
+
     digest = bytes.fromhex(body_hash)
     data, redacted = ledger.bodies.read(digest)
     if redacted:
@@ -467,6 +474,8 @@ async def _consistency(ledger: Ledger, args: argparse.Namespace) -> int:
 
 
 async def _checkpoint(ledger: Ledger, args: argparse.Namespace) -> int:
+    from daemon.ledger import CheckpointError, verify_note
+
     latest = ledger.latest_checkpoint()
     if latest is None:
         return _fail(args, "no_checkpoint", "no checkpoint yet", 1)

@@ -1,8 +1,14 @@
-"""`tally mcp`: the MCP stdio server an IDE launches; forwards every call to the daemon."""
+"""`tally mcp`: the MCP stdio server an IDE launches; forwards every call to the daemon.
+
+The MCP SDK is imported only when `tally mcp` runs: `tally serve` prints the IDE block from
+here without it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +23,18 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     import anyio
 
-    from surfaces.client import Endpoint
+    from surfaces.cli import settled
     from surfaces.mcp import configure_logging, run_stdio
 
+    settled()  # the SDK is loaded: what follows is the session
     configure_logging()
-    endpoint = Endpoint.from_env(args.socket)
-    anyio.run(lambda: run_stdio(endpoint, autostart=args.autostart))
+    anyio.run(lambda: run_stdio(args.socket, autostart=args.autostart))
     return 0
+
+
+def mcp_config_block(python: str | None = None, socket_path: Path | None = None) -> str:
+    """The `mcpServers` block to paste into an IDE's MCP config."""
+    entry: dict[str, Any] = {"command": python or sys.executable, "args": ["-m", "surfaces", "mcp"]}
+    if socket_path is not None:
+        entry["env"] = {"TALLY_SOCKET": str(socket_path)}
+    return json.dumps({"mcpServers": {"tally": entry}}, indent=2)

@@ -6,11 +6,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from daemon.planning import PlanInvalid, PlanProblem, check_plan, parse_plan, waves
-from roster import RosterError, load_roster
 from surfaces.cli.roster import roster_path
+
+if TYPE_CHECKING:
+    from daemon.planning import PlanProblem
 
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
@@ -33,6 +34,9 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from daemon.planning import PlanInvalid, check_plan, parse_plan, waves
+    from roster import RosterError, load_roster
+
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
     except OSError as exc:

@@ -7,11 +7,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import tomli_w
-
-from roster import Roster, RosterError, default_roster_path, load_roster
+if TYPE_CHECKING:
+    from roster import Roster
 
 
 def roster_path(given: str | None) -> Path:
@@ -19,7 +18,11 @@ def roster_path(given: str | None) -> Path:
     if given:
         return Path(given)
     env = os.environ.get("TALLY_ROSTER")
-    return Path(env) if env else default_roster_path()
+    if env:
+        return Path(env)
+    from roster import default_roster_path
+
+    return default_roster_path()
 
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
@@ -43,6 +46,8 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def _load(given: str | None) -> Roster | None:
+    from roster import RosterError, load_roster
+
     try:
         return load_roster(roster_path(given))
     except RosterError as exc:
@@ -51,6 +56,8 @@ def _load(given: str | None) -> Roster | None:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from roster import RosterError, load_roster
+
     path = roster_path(args.file)
     try:
         roster = load_roster(path)
@@ -83,6 +90,8 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
     else:
+        import tomli_w
+
         sys.stdout.write(tomli_w.dumps(data))
     return 0
 

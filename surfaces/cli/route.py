@@ -6,16 +6,19 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from daemon.routing import Route, Router
-from roster.loading import RosterError, default_roster_path, load_roster
-from roster.models import Roster
 from surfaces.cli.roster import roster_path
+
+if TYPE_CHECKING:
+    from daemon.routing import Route
+    from roster.models import Roster
 
 
 def read_roster(path: Path | None = None) -> Roster:
     """Load a roster file (the packaged default when None); raises OSError or RosterError."""
+    from roster.loading import default_roster_path, load_roster
+
     return load_roster(path or default_roster_path())
 
 
@@ -35,6 +38,9 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from daemon.routing import Router
+    from roster.loading import RosterError
+
     try:
         roster = read_roster(roster_path(args.roster))
     except (OSError, RosterError) as error:

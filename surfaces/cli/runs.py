@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
+import functools
 import json
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-
-from daemon.runs.state import TASK_ENDED
-from surfaces.client import DaemonClient, DaemonError, Endpoint, run_client
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.add_argument("--socket", type=Path, help="daemon socket (default: $TALLY_SOCKET or runtime)")
+
+
+def _on_daemon(
+    command: Callable[[argparse.Namespace], Awaitable[int]],
+) -> Callable[[argparse.Namespace], int]:
+    """A `run=` for a command answered by the daemon (the HTTP client is imported only then)."""
+
+    def run(args: argparse.Namespace) -> int:
+        from surfaces.client import run_client
+
+        return run_client(_once(command(args)))
+
+    return run
 
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
@@ -28,13 +38,13 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--idempotency-key")
     p.add_argument("--detach", action="store_true", help="print the run id and return")
     _common(p)
-    p.set_defaults(run=lambda a: run_client(_once(submit(a))))
+    p.set_defaults(run=_on_daemon(submit))
 
     p = commands.add_parser("runs", help="list recent runs")
     p.add_argument("--state", help="only runs in this state")
     p.add_argument("--limit", type=int, default=20)
     _common(p)
-    p.set_defaults(run=lambda a: run_client(_once(runs(a))))
+    p.set_defaults(run=_on_daemon(runs))
 
     for name, tool, text in (
         ("run", "run_get", "show one run"),
@@ -44,10 +54,12 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         p = commands.add_parser(name, help=text)
         p.add_argument("run_id")
         _common(p)
-        p.set_defaults(run=lambda a, tool=tool: run_client(_once(one(a, tool))))
+        p.set_defaults(run=_on_daemon(functools.partial(one, tool=tool)))
 
 
 def status_line(run: dict[str, Any]) -> str:
+    from daemon.runs.state import TASK_ENDED
+
     tasks = run.get("tasks") or []
     done = sum(1 for t in tasks if t.get("state") in TASK_ENDED)
     parts = [f"{run['id']} {run['state']}"]
@@ -64,6 +76,10 @@ def status_line(run: dict[str, Any]) -> str:
 
 
 async def submit(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from surfaces.client import DaemonClient, Endpoint
+
     body: dict[str, Any] = {"request": args.request}
     if args.lane:
         body["lane"] = args.lane
@@ -124,6 +140,8 @@ async def _once(main: Awaitable[int]) -> int:
     The daemon's message already holds every problem one per line (a plan's cycle, unknown
     lanes, …), and `details.errors` repeats them: print the details only when they add to it.
     """
+    from surfaces.client import DaemonError
+
     try:
         return await main
     except DaemonError as exc:
@@ -148,6 +166,8 @@ async def _once(main: Awaitable[int]) -> int:
 
 
 async def runs(args: argparse.Namespace) -> int:
+    from surfaces.client import DaemonClient, Endpoint
+
     query: dict[str, Any] = {"limit": args.limit}
     if args.state:
         query["state"] = args.state
@@ -166,6 +186,8 @@ async def runs(args: argparse.Namespace) -> int:
 
 
 async def one(args: argparse.Namespace, tool: str) -> int:
+    from surfaces.client import DaemonClient, Endpoint
+
     async with DaemonClient(Endpoint.from_env(args.socket)) as client:
         run = await client.call(tool, {"run_id": args.run_id})
     if args.json:

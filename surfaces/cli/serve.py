@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
@@ -65,12 +64,14 @@ def settings_from(args: argparse.Namespace) -> Any:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    import asyncio
     import logging
 
     from daemon.service import Daemon
     from surfaces.auth import load_or_create_token
+    from surfaces.cli import settled
+    from surfaces.cli.mcp import mcp_config_block
     from surfaces.http import HttpOptions, Listen, log_to_stderr, parse_tcp, serve
-    from surfaces.mcp import mcp_config_block
 
     log_to_stderr(logging.DEBUG if args.verbose else logging.INFO)
     try:
@@ -84,6 +85,7 @@ def run_serve(args: argparse.Namespace) -> int:
     socket_path = Path(settings.socket_path) if settings.socket_path else None
 
     def announce(where: list[str]) -> None:
+        settled()  # listening, the ledger recovered: what is loaded now stays loaded
         print(f"tally: listening on {', '.join(where)}", file=sys.stderr)
         print(f"tally: state in {settings.state_dir}", file=sys.stderr)
         if token:

@@ -8,17 +8,18 @@ the status and each member's problem, and stops: a smoke check of a roster witho
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from daemon.errors import TallyError
-from daemon.slots import Pool, PoolOptions, PoolStatus
-from roster import Roster, RosterError, load_roster
+
+if TYPE_CHECKING:
+    from daemon.slots import PoolStatus
+    from roster import Roster
 
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
@@ -38,6 +39,8 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 def _load(path: Path) -> Roster:
     """Through `load_roster`, so TOML and model errors are located as `file:line:col field: …`."""
+    from roster import load_roster
+
     return load_roster(path)
 
 
@@ -45,6 +48,10 @@ async def _check(
     roster: Roster, state_dir: Path, timeout_s: float, base: Path
 ) -> tuple[PoolStatus, dict[str, str]]:
     """Lease every member at once; the status, and why each member that failed did."""
+    import asyncio
+
+    from daemon.slots import Pool, PoolOptions
+
     pool = Pool(roster, state_dir, options=PoolOptions(roster_dir=base))
     await pool.start()
     deadline = time.monotonic() + timeout_s
@@ -100,6 +107,7 @@ def _table(status: PoolStatus) -> str:
 
 
 async def _ask(args: argparse.Namespace) -> int:
+    from daemon.slots import PoolStatus
     from surfaces.client import DaemonClient, Endpoint
 
     async with DaemonClient(Endpoint.from_env(args.socket)) as client:
@@ -121,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
         from surfaces.client import run_client
 
         return run_client(_ask(args))
+    import asyncio
+
+    from roster import RosterError
+
     try:
         roster = _load(args.roster)
     except RosterError as err:

@@ -6,8 +6,6 @@ import argparse
 import json
 from typing import Any
 
-from daemon.tools import package_version
-
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
     parser = commands.add_parser("version", help="print tally's version")
@@ -16,5 +14,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from daemon.version import package_version
+
     print(json.dumps({"version": package_version()}) if args.json else package_version())
     return 0

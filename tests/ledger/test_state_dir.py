@@ -9,7 +9,6 @@ import pytest
 from daemon import config
 from daemon.config import Settings, default_state_dir
 from daemon.ledger import bulk
-from surfaces.cli import ledger as ledger_cli
 from surfaces.cli import main
 
 VARS = ("TALLY_STATE_DIR", "STATE_DIRECTORY", "XDG_STATE_HOME")
@@ -35,11 +34,16 @@ def test_precedence(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert default_state_dir() == tmp_path / "systemd"
 
 
-def test_daemon_and_cli_share_the_function(env: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    assert vars(ledger_cli)["default_state_dir"] is default_state_dir
+def test_daemon_and_cli_share_the_function(
+    env: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert config._state_dir is default_state_dir
     env.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     assert Settings.from_env().state_dir == tmp_path / "xdg" / "tally"
+    # The CLI looks the function up in daemon.config when a ledger command runs.
+    env.setattr(config, "default_state_dir", lambda: tmp_path / "asked")
+    assert main(["ledger", "verify"]) == 2
+    assert f"no ledger in {tmp_path / 'asked'}" in capsys.readouterr().err
 
 
 def test_cli_finds_the_ledger_under_xdg_state_home(

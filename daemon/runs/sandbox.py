@@ -140,8 +140,9 @@ def wrap(
     args = [bwrap_path(), "--die-with-parent", "--new-session", "--unshare-all"]
     if network:
         args.append("--share-net")
-    args += _system_binds(hidden, policy.ro_binds)
+    # The empty mounts first: a bind below them (a venv in /tmp) must land on top, not under.
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+    args += _system_binds(hidden, policy.ro_binds)
     for bind in policy.rw_binds:
         args += ["--bind", bind, bind]
     args += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir), "--clearenv"]

@@ -268,3 +268,16 @@ async def test_task_dirs_left_by_a_killed_daemon_are_removed_at_start(
     (stale / "output").write_text("x")
     await sandboxed()
     assert not stale.exists()
+
+
+async def test_a_python_install_under_tmp_stays_visible(
+    sandboxed: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A venv in /tmp (a CI clone) is bound on top of the sandbox's empty /tmp, not under it."""
+    prefix = tmp_path / "venv"
+    prefix.mkdir()
+    (prefix / "marker").write_text("here")
+    monkeypatch.setattr("daemon.runs.sandbox.python_prefixes", lambda: (str(prefix),))
+    daemon = await sandboxed()
+    body = await run(daemon, "cat", str(prefix / "marker"))
+    assert (body["exit_code"], body["stdout"]) == (0, "here")

@@ -4,7 +4,6 @@ through the stdio adapter); what is allowed is exactly what the registry declare
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -67,15 +66,7 @@ async def tcp(tmp_path: Path, model: FakeServer) -> AsyncIterator[Scoped]:
     daemon = Scoped(tmp_path, model)
     store = ClientStore(daemon.state)  # made before start: the daemon reads the file
     daemon.tokens = {scope: store.add(f"c-{scope}", scope) for scope in SCOPES}
-    await daemon.start()  # waits for the unix socket; the TCP listener may follow it
-    async with aiohttp.ClientSession() as http:
-        for _ in range(200):
-            try:
-                async with http.get(f"{daemon.url}/healthz") as resp:
-                    if resp.status == 200:
-                        break
-            except aiohttp.ClientConnectionError:
-                await asyncio.sleep(0.05)
+    await daemon.start()
     try:
         yield daemon
     finally:

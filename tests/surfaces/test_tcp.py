@@ -46,11 +46,19 @@ class Tcp:
                 sys.executable, "-m", "surfaces", *argv, env=self.env, cwd=ROOT, stderr=log
             )
         for _ in range(300):
-            if self.socket.exists():
+            if self.socket.exists() and await self._tcp_up():
                 return
             assert self.proc.returncode is None, self.log.read_text()
             await asyncio.sleep(0.05)
         pytest.fail("the daemon did not listen within 15 s")
+
+    async def _tcp_up(self) -> bool:
+        """The TCP listener may start after the unix socket: /healthz needs no token."""
+        try:
+            async with aiohttp.ClientSession() as http, http.get(f"{self.url}/healthz") as resp:
+                return resp.status == 200
+        except aiohttp.ClientConnectionError:
+            return False
 
     async def stop(self) -> None:
         if self.proc is not None and self.proc.returncode is None:

@@ -29,36 +29,59 @@ class GuardFailed(Exception):
         self.errors = errors
 
 
-def first_balanced_object(text: str) -> str | None:
-    """The first `{…}` span whose braces balance (strings and escapes respected)."""
-    start = text.find("{")
-    while start != -1:
-        depth = 0
-        in_string = False
-        escaped = False
-        for i in range(start, len(text)):
-            ch = text[i]
-            if in_string:
-                if escaped:
-                    escaped = False
-                elif ch == "\\":
-                    escaped = True
-                elif ch == '"':
-                    in_string = False
+def _balanced_spans(text: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """One pass over `text`: the outermost `{…}` spans whose braces balance, and the spans
+    nested in them, each as (start, end) in start order. Strings and escapes are respected
+    inside braces; text between objects is skipped, so its quotes cannot swallow the next."""
+    outer: list[tuple[int, int]] = []
+    inner: list[tuple[int, int]] = []
+    opened: list[int] = []
+    in_string = escaped = False
+    i = text.find("{")
+    while i != -1 and i < len(text):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
             elif ch == '"':
-                in_string = True
-            elif ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    candidate = text[start : i + 1]
-                    try:
-                        json.loads(candidate)
-                    except ValueError:
-                        break
-                    return candidate
-        start = text.find("{", start + 1)
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == "{":
+            opened.append(i)
+        elif ch == "}":
+            start = opened.pop()
+            (inner if opened else outer).append((start, i + 1))
+            if not opened:  # back outside any object: jump to the next one
+                i = text.find("{", i + 1)
+                continue
+        i += 1
+    inner.sort()
+    return outer, inner
+
+
+def first_balanced_object(text: str) -> str | None:
+    """The first `{…}` span whose braces balance and that parses as JSON, outermost first.
+
+    Linear in `len(text)`: one scan finds the spans; the outermost ones are disjoint, and the
+    nested ones (tried only when no outermost one parses) share a parse budget of twice the
+    text, so a reply of 2,000 unmatched `{` costs one pass, not 2,000.
+    """
+    outer, inner = _balanced_spans(text)
+    budget = 2 * len(text)
+    for n, (start, end) in enumerate((*outer, *inner)):
+        if n >= len(outer):
+            budget -= end - start
+            if budget < 0:
+                break
+        candidate = text[start:end]
+        try:
+            json.loads(candidate)
+        except (ValueError, RecursionError):  # RecursionError: nesting past json's limit
+            continue
+        return candidate
     return None
 
 

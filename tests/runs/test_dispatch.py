@@ -118,6 +118,13 @@ def test_rescue_parsing() -> None:
         "rescued_object",
     )
     assert first_balanced_object("{ broken {") is None
+    # an object nested in a broken one, quotes between objects, braces inside strings
+    assert first_balanced_object('x {bad {"a": {"b": 2}} y}') == '{"a": {"b": 2}}'
+    assert first_balanced_object('{bad} "q {"a": 1}') == '{"a": 1}'
+    assert first_balanced_object('{"s": "}{"}') == '{"s": "}{"}'
+    assert first_balanced_object("{" * 5000) is None  # one pass (was one scan per brace)
+    deep = '{"a":' * 5000 + "1" + "}" * 5000  # past json's nesting limit: no crash
+    assert first_balanced_object(deep) in (None, deep)
     with pytest.raises(ValueError):
         parse_json("no json here")
 

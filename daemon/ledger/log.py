@@ -46,7 +46,13 @@ from daemon.ledger.canonical import NotCanonical, canonical_bytes, canonicalize,
 from daemon.ledger.checkpoint import Checkpoint, Signer, load_checkpoint, save_checkpoint
 from daemon.ledger.entry import GENESIS_PREV, VERSION, Entry, fill_line, line_template
 from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerLocked
-from daemon.ledger.merkle import consistency_path, inclusion_path, leaf_hash
+from daemon.ledger.merkle import (
+    consistency_path,
+    inclusion_path,
+    leaf_hash,
+    root_from_inclusion,
+    verify_consistency,
+)
 from daemon.ledger.store import (
     BodyStore,
     Tree,
@@ -751,20 +757,54 @@ class Ledger:
         if not 0 <= seq < size <= self._size:
             raise NotFound(f"no inclusion proof for seq {seq} in a tree of size {size}")
         path = inclusion_path(seq, size, self.tree.subtree)
+        root = self.root(size)
+        self._check_inclusion(seq, size, path, root)
         return InclusionProof(
-            leaf_index=seq, tree_size=size, root=self.root(size), path=[p.hex() for p in path]
+            leaf_index=seq, tree_size=size, root=root, path=[p.hex() for p in path]
         )
+
+    def _check_inclusion(self, seq: int, size: int, path: list[bytes], root: str) -> None:
+        """The tree levels and the leaf index are caches: before a proof leaves, its leaf is
+        re-hashed from the entry line itself, the path must lead to the root, and a root of
+        the signed checkpoint's size must be the signed one. A mismatch is refused, never
+        served (`tally ledger verify` names the damage)."""
+        start, end = self.tree.span(seq)
+        line = os.pread(self._entries_fd, end - start - 1, start)
+        leaf = leaf_hash(line)
+        signed = self._checkpoint_root(size)
+        if (
+            leaf != self.tree.leaf(seq)
+            or root_from_inclusion(seq, size, leaf, path) != bytes.fromhex(root)
+            or (signed is not None and signed != root)
+        ):
+            log.error("ledger: the tree cache fails its check for seq %d at size %d", seq, size)
+            raise LedgerCorrupt(
+                seq, f"the cached Merkle tree does not match the record at size {size}"
+            )
+
+    def _checkpoint_root(self, size: int) -> str | None:
+        latest = self._latest
+        return latest.root if latest is not None and latest.size == size else None
 
     async def consistency_proof(self, old: int, new: int | None = None) -> ConsistencyProof:
         new = self._size if new is None else new
         if not 0 <= old <= new <= self._size:
             raise NotFound(f"no consistency proof from size {old} to {new}")
         path = consistency_path(old, new, self.tree.subtree)
+        old_root, new_root = self.root(old), self.root(new)
+        signed = [self._checkpoint_root(n) for n in (old, new)]
+        if not verify_consistency(
+            old, new, bytes.fromhex(old_root), bytes.fromhex(new_root), path
+        ) or any(
+            s is not None and s != r for s, r in zip(signed, (old_root, new_root), strict=True)
+        ):
+            log.error("ledger: the tree cache fails its check from size %d to %d", old, new)
+            raise LedgerCorrupt(new, f"the cached Merkle tree is inconsistent from size {old}")
         return ConsistencyProof(
             old_size=old,
             new_size=new,
-            old_root=self.root(old),
-            new_root=self.root(new),
+            old_root=old_root,
+            new_root=new_root,
             path=[p.hex() for p in path],
         )
 

@@ -9,6 +9,7 @@ submitted, not when the task runs. Patterns and subjects are capped as well.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import re2
 
@@ -43,3 +44,28 @@ def compile_pattern(pattern: str) -> re2._Regexp:
 def search(pattern: str, subject: str) -> bool:
     """Whether `pattern` matches somewhere in the first MAX_SUBJECT characters of `subject`."""
     return compile_pattern(pattern).search(subject[:MAX_SUBJECT]) is not None
+
+
+def schema_patterns(schema: Any) -> list[str]:
+    """Every `pattern` of a JSON schema, refusing `patternProperties`.
+
+    jsonschema matches `patternProperties` (and, through them, `additionalProperties`) with
+    Python's backtracking `re`, outside the `pattern` keyword that tally swaps for RE2; a
+    schema can say the same with `propertyNames: {pattern: …}`, which goes through RE2.
+    """
+    found: list[str] = []
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "patternProperties" in node:
+                raise PatternError(
+                    "patternProperties is not supported in assertion schemas (it would match "
+                    "with a backtracking engine); use propertyNames with a pattern"
+                )
+            if isinstance(node.get("pattern"), str):
+                found.append(node["pattern"])
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found

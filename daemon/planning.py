@@ -28,7 +28,7 @@ from pydantic_core import CoreSchema
 
 from daemon.errors import InvalidInput
 from daemon.ledger.canonical import MAX_SAFE_INT
-from daemon.patterns import MAX_PATTERN, compile_pattern
+from daemon.patterns import MAX_PATTERN, compile_pattern, schema_patterns
 from roster.models import Whole
 
 ProblemCode = Literal["schema", "duplicate_id", "unknown_need", "unknown_lane", "cycle"]
@@ -86,6 +86,8 @@ class JsonSchemaAssertion(_Model):
             validator_for(schema).check_schema(schema)
         except SchemaError as exc:
             raise ValueError(f"not a valid JSON schema: {exc.message}") from None
+        for pattern in schema_patterns(schema):  # PatternError is a ValueError: a 422
+            compile_pattern(pattern)
         return schema
 
 

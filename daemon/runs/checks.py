@@ -7,6 +7,7 @@ the next attempt's prompt, so a retry knows what to fix.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -192,14 +193,30 @@ def check(assertions: Sequence[Any], output: str, exit_code: int | None = None) 
     return failures
 
 
+@functools.cache
+def _re2_validator() -> Any:
+    """Draft 2020-12 with `pattern` matched by RE2 (linear time), not Python's `re`.
+
+    jsonschema loads with the first schema check (see daemon.planning); plans with
+    `patternProperties` are refused at submit (daemon.patterns.schema_patterns).
+    """
+    import jsonschema
+    from jsonschema.exceptions import ValidationError
+
+    def pattern(validator: Any, regex: str, instance: Any, schema: Any) -> Any:
+        if validator.is_type(instance, "string") and not patterns.search(regex, instance):
+            yield ValidationError(f"{instance[:80]!r} does not match {regex!r}")
+
+    draft = jsonschema.Draft202012Validator
+    return jsonschema.validators.extend(draft, {"pattern": pattern})  # type: ignore[no-untyped-call]
+
+
 def _check_schema(schema: dict[str, Any], output: str) -> list[str]:
     try:
         value, _ = parse_json(output)
     except ValueError:
         return ["the output must be a JSON value matching the schema (no JSON found)"]
-    import jsonschema  # loaded with the first schema check (see daemon.planning)
-
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = _re2_validator()(schema)
     errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
     return [
         f"the JSON output does not match the schema at /{'/'.join(map(str, e.absolute_path))}: "

@@ -39,6 +39,10 @@ async def test_a_corrupted_level_file_is_refused_never_served(tmp_path: Path, le
     column.write_bytes(bytes(data))
     ledger = await Ledger.open(tmp_path)
     try:
+        report = await ledger.verify()
+        assert not report.ok
+        assert f"level {level}" in (report.reason or "")
+        assert report.first_bad_seq == 0  # the first node of the level covers seq 0
         refused = served = 0
         for seq in range(N):
             try:

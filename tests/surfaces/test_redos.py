@@ -65,3 +65,31 @@ async def test_healthz_answers_while_evil_assertions_are_checked(
     done = await daemon.engine.wait(view.id, timeout=30)
     assert done.state == "failed"  # the pattern never matches: every rung fails its check
     assert worst < 0.1, f"/healthz took {worst * 1000:.0f} ms while the assertions ran"
+
+
+def test_schema_patterns_match_with_re2() -> None:
+    from daemon.runs.checks import check
+
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": EVIL}}}
+    assertion = {"type": "json_schema", "schema": schema}
+    output = '{"s": "' + "a" * 100_000 + '!"}'  # with `re`, 30 characters already take seconds
+    (failure,) = check([assertion], output)
+    assert "does not match" in failure
+    assert check([assertion], '{"s": "aaa"}') == []
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "pattern": r"(a)\1"},
+        {"type": "object", "patternProperties": {"^(a+)+$": {}}},
+        {"type": "object", "properties": {"x": {"pattern": "a(?=b)"}}},
+    ],
+)
+async def test_schemas_with_patterns_re2_cannot_run_are_refused(
+    daemon: Daemon, schema: dict[str, Any]
+) -> None:
+    task = {"id": "t", "lane": "backend", "instruction": "x", "executor": "stub"}
+    plan = {"tasks": [task | {"assertions": [{"type": "json_schema", "schema": schema}]}]}
+    with pytest.raises((PlanInvalid, ValueError)):
+        await daemon.engine.submit("x", plan=plan)

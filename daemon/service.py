@@ -29,6 +29,7 @@ from pathlib import Path
 from daemon.clients import ClientStore
 from daemon.config import Settings
 from daemon.ledger import Ledger
+from daemon.ledger.errors import CheckpointUnwritable
 from daemon.routing import Router
 from daemon.runs import snapshot as snapshots
 from daemon.runs.engine import Engine, EngineOptions
@@ -218,7 +219,11 @@ class Daemon:
             except Exception:  # derived data: the next start replays the ledger instead
                 log.exception("run snapshot failed")
         if self._ledger is not None:
-            await self._ledger.checkpoint()
+            if self._ledger.failure is None:  # a ledger that cannot write signs nothing new
+                try:
+                    await self._ledger.checkpoint()
+                except CheckpointUnwritable as err:
+                    log.error("no checkpoint on stop: %s", err.message)
             await self._ledger.close()
             self._ledger = None
 

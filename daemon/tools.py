@@ -234,7 +234,10 @@ CommandSandbox = Annotated[
 
 
 class HealthOut(_Out):
-    status: Literal["ok"] = "ok"
+    status: Literal["ok", "degraded"] = Field(
+        default="ok", description="degraded: the ledger refuses appends (see `reason`)."
+    )
+    reason: str | None = None
     version: str
     uptime_s: float
     ledger_size: int
@@ -251,7 +254,10 @@ def command_sandbox(daemon: Daemon) -> Literal["bwrap", "none", "off"]:
 
 
 async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
+    failure = daemon.ledger.failure
     return HealthOut(
+        status="degraded" if failure else "ok",
+        reason=failure,
         version=package_version(),
         uptime_s=round(time.monotonic() - STARTED, 3),
         ledger_size=daemon.ledger.size,

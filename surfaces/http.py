@@ -377,9 +377,14 @@ async def get_metrics(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
-    if client_of(request) is None:  # unauthenticated over TCP: alive or not, nothing more
-        return web.json_response({"status": "ok"})
-    return web.json_response({"status": "ok", "ledger_size": daemon.ledger.size})
+    failure = daemon.ledger.failure
+    status = "degraded" if failure else "ok"
+    if client_of(request) is None:  # unauthenticated over TCP: the state, no details
+        return web.json_response({"status": status})
+    body: dict[str, Any] = {"status": status, "ledger_size": daemon.ledger.size}
+    if failure:
+        body["reason"] = failure
+    return web.json_response(body)
 
 
 # Statuses every tool call can get, whatever the tool (the guard, the body, the arguments).

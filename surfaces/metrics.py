@@ -119,6 +119,8 @@ def _slots(out: _Text, daemon: Daemon) -> None:
 def _ledger(out: _Text, daemon: Daemon) -> None:
     ledger = daemon.ledger
     stats = ledger.stats
+    out.family("tally_ledger_writable", "gauge", "1 if the ledger accepts appends, 0 if not.")
+    out.sample("tally_ledger_writable", 0 if ledger.failure else 1)
     out.family("tally_ledger_entries", "gauge", "Entries committed to the ledger.")
     out.sample("tally_ledger_entries", ledger.size)
     out.family("tally_ledger_appends_total", "counter", "Appends since the daemon started.")

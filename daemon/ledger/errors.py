@@ -33,6 +33,12 @@ class LedgerCorrupt(TallyError):
         self.reason = reason
 
 
+class CheckpointUnwritable(Unavailable):
+    """A checkpoint could not be written (e.g. a full disk); the entries are untouched."""
+
+    code = "checkpoint_unwritable"
+
+
 class LedgerFailed(Unavailable):
     """A write or fsync failed: the ledger stopped accepting appends until a restart."""
 

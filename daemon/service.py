@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 from daemon.config import Settings
-from daemon.ledger import Ledger
+from daemon.errors import TallyError
+from daemon.ledger import Ledger, LedgerUnwritable
 from daemon.routing import Router
 from daemon.runs import snapshot as snapshots
 from daemon.runs.engine import Engine, EngineOptions
@@ -166,7 +167,10 @@ class Daemon:
             except Exception:  # derived data: the next start replays the ledger instead
                 log.exception("run snapshot failed")
         if self._ledger is not None:
-            await self._ledger.checkpoint()
+            try:
+                await self._ledger.checkpoint()
+            except TallyError as err:  # e.g. a full disk: close still releases the ledger
+                log.warning("final checkpoint failed: %s", err.message)
             await self._ledger.close()
             self._ledger = None
 
@@ -189,5 +193,7 @@ class Daemon:
             await asyncio.sleep(self.settings.checkpoint_interval_s)
             try:
                 await self.ledger.checkpoint()
+            except LedgerUnwritable as err:  # a full disk: one line, not a traceback a minute
+                log.warning("checkpoint failed: %s", err.message)
             except Exception:  # a failed checkpoint is logged; the next one retries
                 log.exception("checkpoint failed")

@@ -201,7 +201,13 @@ class VerifyOut(_Out):
 
 
 class HealthOut(_Out):
-    status: Literal["ok"] = "ok"
+    status: Literal["ok", "degraded"] = "ok"
+    reason: str | None = Field(
+        default=None, description="Why `degraded`, e.g. the ledger cannot write (disk full)."
+    )
+    ledger_writable: bool = Field(
+        default=True, description="False while writes fail; appends get 503 until it recovers."
+    )
     version: str
     uptime_s: float
     ledger_size: int
@@ -220,7 +226,11 @@ def package_version() -> str:
 
 
 async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
+    ledger = daemon.ledger.health
     return HealthOut(
+        status="ok" if ledger.writable else "degraded",
+        reason=None if ledger.writable else f"the ledger cannot write: {ledger.detail}",
+        ledger_writable=ledger.writable,
         version=package_version(),
         uptime_s=round(time.monotonic() - STARTED, 3),
         ledger_size=daemon.ledger.size,

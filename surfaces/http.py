@@ -323,6 +323,10 @@ async def get_metrics(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
+    health = daemon.ledger.health
+    if not health.writable:  # still 200: the daemon is alive, and a restart would not help
+        body = {"status": "degraded", "reason": f"the ledger cannot write: {health.detail}"}
+        return web.json_response(body | {"ledger_size": daemon.ledger.size})
     return web.json_response({"status": "ok", "ledger_size": daemon.ledger.size})
 
 

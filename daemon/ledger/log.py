@@ -9,9 +9,25 @@ the pack and the entries fsynced concurrently (two sync threads); only once both
 returned are the appenders' futures resolved. Both writes precede both fsyncs, and neither
 fsync's outcome is acted on alone, so a crash may leave entry lines on disk whose bodies never
 reached the pack; such entries were never acknowledged (their batch's fsyncs had not both
-returned), and every later entry is in the same or a later batch, so recovery drops the tail
-from the first entry whose body record is missing. A body that was redacted keeps its (zeroed,
-flagged) record, so "missing" never means "redacted".
+returned). Only one batch is ever unacknowledged (the writer commits one at a time) and all of
+its entries carry the same `ts`, so recovery drops the tail from the first entry whose body
+record is missing only if that tail is one batch (one `ts`, the last line's); a body missing
+under an earlier entry was lost after its acknowledgement, and open refuses, naming the seq.
+A body that was redacted keeps its (zeroed, flagged) record, so "missing" never means
+"redacted".
+
+Write failures (ENOSPC, EDQUOT, EIO: see `outage`). The files hold exactly the acknowledged
+prefix, plus at most the one batch being committed. A batch whose write or fsync fails is never
+acknowledged and never fsynced again: after a failed fsync the page cache may hold pages the
+disk never got, and a second fsync on the same description would report success for them. So
+the batch is rolled back (the tree and body table in memory, then the entries and the pack are
+truncated to the offsets of the last acknowledged batch on fresh file descriptions, and
+fsynced), its appenders get `LedgerUnwritable` (503), and an outage begins: appends fail fast,
+a probe retries with backoff (finishing a rollback that failed too), and appends resume when
+the disk takes a write + fsync again. A caller that retries writes its entry anew. A failure in
+the derived files after both fsyncs returned does not undo the batch (it is durable): it is
+acknowledged and the outage begins after it. If the process dies before a failed rollback is
+finished, the unacknowledged batch may survive, as it may in any crash.
 
 Redaction invariant. `redact` makes the `redaction` entry durable first and zeroes the body
 second. A crash in between is repaired on open: `meta.json`'s `redact_from` is the lowest seq
@@ -45,8 +61,9 @@ from daemon.ledger.audit import VerifyReport, verify_files
 from daemon.ledger.canonical import NotCanonical, canonical_bytes, canonicalize, check_text
 from daemon.ledger.checkpoint import Checkpoint, Signer, load_checkpoint, save_checkpoint
 from daemon.ledger.entry import GENESIS_PREV, VERSION, Entry, fill_line, line_template
-from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerLocked
+from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerLocked, LedgerUnwritable
 from daemon.ledger.merkle import consistency_path, inclusion_path, leaf_hash
+from daemon.ledger.outage import LedgerHealth, Mark, Outage, probe
 from daemon.ledger.store import (
     BodyStore,
     Tree,
@@ -54,6 +71,7 @@ from daemon.ledger.store import (
     create_dir,
     open_append,
     read_meta,
+    reopen,
     write_all,
     write_atomic,
 )
@@ -119,6 +137,16 @@ class _Pending:
     redacts: bytes | None = None  # the body this `redaction` entry removes
 
 
+class _Stalled(Exception):
+    """Writer thread: a write or fsync failed. `entries`: the batch was durable anyway (only
+    the derived files failed after its fsyncs), else it was rolled back."""
+
+    def __init__(self, outage: Outage, entries: list[Entry] | None) -> None:
+        super().__init__(outage.detail)
+        self.outage = outage
+        self.entries = entries
+
+
 class _Inbox:
     """The appenders' FIFO to the one writer task: a deque and a single wake-up future.
 
@@ -174,7 +202,10 @@ class Ledger:
         self._last_hash = GENESIS_PREV
         self._last_ts = 0
         self._synced = 0
-        self._failed: LedgerFailed | None = None
+        self._failed: LedgerFailed | None = None  # a bug mid-commit: nothing safe to resume
+        self._outage: Outage | None = None  # the disk refused a write: probing for its return
+        self._prober: asyncio.Task[None] | None = None
+        self._write_failures = 0
         self._closed = False
         self._subscribers: list[Subscriber] = []
         self._stats = _Stats()
@@ -368,6 +399,8 @@ class Ledger:
         """Append one entry; returns once it (and its body) are fsynced."""
         if self._failed is not None:
             raise self._failed
+        if self._outage is not None:
+            raise self._outage.error()
         if self.readonly or self._closed:
             raise LedgerFailed("the ledger is closed or read-only")
         if not isinstance(actor, str) or not actor or not isinstance(kind, str) or not kind:
@@ -423,8 +456,21 @@ class Ledger:
                     break
                 batch.append(item)
                 size += len(item.body or b"")
+            if self._outage is not None:  # queued before the outage began
+                self._refuse(batch, self._outage.error())
+                if stop:
+                    return
+                continue
             try:
                 entries = await loop.run_in_executor(self._executor, self._commit, batch)
+            except _Stalled as stall:
+                self._begin_outage(stall.outage)
+                if stall.entries is None:
+                    self._refuse(batch, stall.outage.error())
+                    if stop:
+                        return
+                    continue
+                entries = stall.entries
             except Exception as err:
                 self._fail(err, batch)
                 return
@@ -437,6 +483,23 @@ class Ledger:
                 return
 
     def _commit(self, batch: list[_Pending]) -> list[Entry]:
+        """Writer thread: commit a batch, or roll it back and raise `_Stalled` (module doc)."""
+        mark = Mark(self.tree.size, self._entries_end_offset(), self.bodies.pack_size)
+        try:
+            entries = self._write_batch(batch)
+        except OSError as err:
+            self._write_failures += 1
+            log.error("ledger: a write or fsync failed (%s): rolling the batch back", err)
+            raise _Stalled(Outage.of(err, self._rollback(mark)), None) from err
+        if self.tree.size - self._synced >= SYNC_EVERY:
+            try:
+                self._sync_derived()
+            except OSError as err:
+                self._write_failures += 1
+                raise _Stalled(Outage.of(err), entries) from err
+        return entries
+
+    def _write_batch(self, batch: list[_Pending]) -> list[Entry]:
         """Writer thread: encode, write pack + entries, fsync both at once, extend the tree."""
         tree, bodies = self.tree, self.bodies
         seq, prev, end = tree.size, self._last_hash, self._entries_end_offset()
@@ -451,50 +514,143 @@ class Ledger:
                 if not bodies.has_live(digest):
                     assert p.body is not None
                     bodies.stage(digest, p.body)
+        bodies.reserve(len(staged))
         t0 = time.perf_counter()
         # The pack is written (and its fsync started) before the entries are even encoded;
         # the entries' fsync follows their write; this thread then does the rest of the
         # batch's CPU work while both run. The batch is acknowledged only after both fsyncs
         # returned (see the module doc).
         syncs = []
-        if bodies.pending:
-            bodies.write()
-            syncs.append(self._syncer.submit(bodies.sync_pack))
-        sha256 = hashlib.sha256
-        for p in batch:
-            line = fill_line(p.head, p.tail, seq, ts, prev)
-            leaf = sha256(b"\x00" + line).digest()
-            lines.append(line)
-            leaves.append(leaf)
-            prev = leaf.hex()
-            seq += 1
-        lines.append(b"")
-        write_all(self._entries_fd, b"\n".join(lines))
-        syncs.append(self._syncer.submit(os.fsync, self._entries_fd))
+        failure: BaseException | None = None
         try:
+            if bodies.pending:
+                bodies.write()
+                syncs.append(self._syncer.submit(bodies.sync_pack))
+            sha256 = hashlib.sha256
+            for p in batch:
+                line = fill_line(p.head, p.tail, seq, ts, prev)
+                leaf = sha256(b"\x00" + line).digest()
+                lines.append(line)
+                leaves.append(leaf)
+                prev = leaf.hex()
+                seq += 1
+            lines.append(b"")
+            write_all(self._entries_fd, b"\n".join(lines))
+            syncs.append(self._syncer.submit(os.fsync, self._entries_fd))
             entries = self._extend(batch, lines, leaves, end, ts)
-        finally:
+        except BaseException as err:
+            failure = err
+        # Every started fsync is waited for, even after a failure: the rollback must not race
+        # a sync thread still writing the batch.
+        for sync in syncs:
             try:
-                for sync in syncs:
-                    sync.result()
+                sync.result()
             except OSError as err:
-                # The tree now holds entries that may not be durable: nothing may checkpoint
-                # or persist it from here on (the loop fails the waiting appenders).
-                self._failed = LedgerFailed(f"ledger fsync failed: {err}")
-                raise
+                failure = failure or err
+        if failure is not None:
+            raise failure
+        bodies.index()  # only now: a rolled-back batch never leaves a slot in the table
         self._stats.observe(time.perf_counter() - t0)
         self._stats.appends += len(batch)
         self._stats.batches += 1
         self._last_hash, self._last_ts = prev, ts
-        if tree.size - self._synced >= SYNC_EVERY:
-            self._sync_derived()
         return entries
+
+    def _rollback(self, mark: Mark) -> Mark | None:
+        """Writer thread: undo a failed batch. Returns `mark` if the files could not be cut
+        back yet (the probe finishes it); memory is rolled back in any case."""
+        self.tree.truncate(mark.size)
+        self.bodies.forget(mark.pack_size)
+        self._entries_end = mark.entries_end
+        for seq in [s for s in self._unapplied if s >= mark.size]:
+            del self._unapplied[seq]
+        try:
+            self._cut(mark)
+        except OSError as err:
+            log.error("ledger: the rollback failed too (%s); the probe retries it", err)
+            return mark
+        return None
+
+    def _cut(self, mark: Mark) -> None:
+        """Writer thread: truncate the record files to `mark` on fresh descriptions, fsynced."""
+        os.ftruncate(self._entries_fd, mark.entries_end)
+        reopen(self._entries_fd, self.dir / "entries.jsonl", os.O_RDWR | os.O_APPEND)
+        os.fsync(self._entries_fd)
+        self.bodies.cut(mark.pack_size)
+
+    def _refuse(self, batch: list[_Pending], error: LedgerUnwritable) -> None:
+        for pending in batch:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    def _begin_outage(self, outage: Outage) -> None:
+        """Loop thread: stop accepting writes and start probing for the disk's return."""
+        current = self._outage
+        if current is not None:
+            current.rollback = current.rollback or outage.rollback
+            return
+        self._outage = outage
+        log.error(
+            "ledger: cannot write (%s): appends fail with 503 until the disk takes writes again",
+            outage.detail,
+        )
+        if not self._closed:
+            self._prober = asyncio.create_task(self._probe_loop(), name="ledger-probe")
+
+    async def _probe_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while (outage := self._outage) is not None:
+            await asyncio.sleep(outage.delay)
+            try:
+                await loop.run_in_executor(self._executor, self._probe, outage)
+            except OSError as err:
+                self._write_failures += 1
+                outage.again(err)
+                log.warning("ledger: still cannot write (%s); retrying", outage.detail)
+                continue
+            log.warning(
+                "ledger: writable again after %.1f s; appends resume",
+                time.monotonic() - outage.since,
+            )
+            self._outage = None
+
+    def _probe(self, outage: Outage) -> None:
+        """Writer thread: finish the rollback, write + fsync a scratch file, re-zero redactions
+        whose zeroing failed, sync the derived files. Raises OSError while the disk refuses."""
+        if outage.rollback is not None:
+            self._cut(outage.rollback)
+            outage.rollback = None
+        probe(self.dir)
+        for seq, digest in sorted(self._unapplied.items()):
+            self.bodies.redact(digest, force=True)
+            self._unapplied.pop(seq, None)
+        self._sync_derived()
+
+    @property
+    def health(self) -> LedgerHealth:
+        """Whether the ledger can write right now, and if not, why (health, /healthz, /metrics)."""
+        if self._failed is not None:
+            return LedgerHealth(
+                writable=False,
+                reason="failed",
+                detail=self._failed.message,
+                write_failures=self._write_failures,
+            )
+        outage = self._outage
+        if outage is None:
+            return LedgerHealth(writable=True, write_failures=self._write_failures)
+        return LedgerHealth(
+            writable=False,
+            reason=outage.reason,
+            detail=outage.detail,
+            since_s=round(time.monotonic() - outage.since, 3),
+            write_failures=self._write_failures,
+        )
 
     def _extend(
         self, batch: list[_Pending], lines: list[bytes], leaves: list[bytes], end: int, ts: int
     ) -> list[Entry]:
-        """Writer thread, during the fsyncs: index the bodies, grow the tree, build entries."""
-        self.bodies.index()
+        """Writer thread, during the fsyncs: grow the tree, build entries."""
         tree = self.tree
         new_entry = Entry.__new__
         seq, prev = tree.size, self._last_hash
@@ -599,6 +755,8 @@ class Ledger:
             raise InvalidInput(f"not a body hash: {body_hash!r}") from err
         if self._failed is not None:
             raise self._failed
+        if self._outage is not None:
+            raise self._outage.error()
         if self.readonly or self._closed:
             raise LedgerFailed("the ledger is closed or read-only")
         if not isinstance(actor, str) or not actor:
@@ -615,8 +773,16 @@ class Ledger:
         try:
             await loop.run_in_executor(self._executor, self._apply_redaction, entry.seq, digest)
         except OSError as err:
-            self._failed = LedgerFailed(f"redaction write failed: {err}")
-            raise self._failed from err
+            self._write_failures += 1
+            outage = Outage.of(err)
+            self._begin_outage(outage)  # the probe zeroes it again (and open re-applies it)
+            raise LedgerUnwritable(
+                outage.reason,
+                outage.detail,
+                outage.delay,
+                what=f"the redaction is witnessed (seq {entry.seq}) but the body is not zeroed "
+                "yet; it will be once the disk takes writes again",
+            ) from err
         return entry
 
     def _apply_redaction(self, seq: int, digest: bytes) -> None:
@@ -784,8 +950,16 @@ class Ledger:
             raise LedgerFailed("checkpoints are written by the ledger's owner only")
         if self._failed is not None:
             raise self._failed
+        if self._outage is not None:
+            raise self._outage.error(what="no checkpoint was written")
         loop = asyncio.get_running_loop()
-        checkpoint = await loop.run_in_executor(self._executor, self._checkpoint)
+        try:
+            checkpoint = await loop.run_in_executor(self._executor, self._checkpoint)
+        except OSError as err:
+            self._write_failures += 1
+            outage = Outage.of(err)
+            self._begin_outage(outage)
+            raise outage.error(what="no checkpoint was written") from err
         self._latest = checkpoint
         return checkpoint
 
@@ -804,9 +978,12 @@ class Ledger:
         while True:
             await asyncio.sleep(interval)
             latest = self._latest
-            if self._failed is None and (latest is None or latest.size != self._size):
+            healthy = self._failed is None and self._outage is None
+            if healthy and (latest is None or latest.size != self._size):
                 try:
                     await self.checkpoint()
+                except LedgerUnwritable as err:
+                    log.warning("ledger: periodic checkpoint skipped: %s", err.message)
                 except Exception:
                     log.exception("ledger: periodic checkpoint failed")
 
@@ -833,29 +1010,48 @@ class Ledger:
         if self._closed:
             return
         self._closed = True
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+        for task in (self._ticker, self._prober):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._writer is not None:
             self._queue.put(None)
             await self._writer
         loop = asyncio.get_running_loop()
-        if not self.readonly and self._failed is None:
-            latest = self._latest
-            if latest is None or latest.size != self._size:
-                with contextlib.suppress(LedgerFailed):
-                    self._latest = await loop.run_in_executor(self._executor, self._checkpoint)
-            else:
-                await loop.run_in_executor(self._executor, self._sync_derived)
-        await loop.run_in_executor(self._executor, self._release)
-        self._executor.shutdown(wait=True)
-        self._syncer.shutdown(wait=True)
+        try:
+            if not self.readonly and self._failed is None:
+                await self._close_outage(loop)
+            if not self.readonly and self._failed is None and self._outage is None:
+                latest = self._latest
+                try:
+                    if latest is None or latest.size != self._size:
+                        self._latest = await loop.run_in_executor(self._executor, self._checkpoint)
+                    else:
+                        await loop.run_in_executor(self._executor, self._sync_derived)
+                except (LedgerFailed, OSError) as err:
+                    log.warning("ledger: closing without a final checkpoint: %s", err)
+        finally:
+            await loop.run_in_executor(self._executor, self._release)
+            self._executor.shutdown(wait=True)
+            self._syncer.shutdown(wait=True)
+
+    async def _close_outage(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One last probe, so a disk that came back lets close checkpoint as usual."""
+        outage = self._outage
+        if outage is None:
+            return
+        try:
+            await loop.run_in_executor(self._executor, self._probe, outage)
+        except OSError as err:
+            log.warning("ledger: closing while the disk still refuses writes (%s)", err)
+            return
+        self._outage = None
 
     async def abandon(self) -> None:
         """Drop the handle as a crash would (no checkpoint, no derived sync); for tests."""
         self._closed = True
-        for task in (self._ticker, self._writer):
+        for task in (self._ticker, self._prober, self._writer):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import mmap
 import os
 import struct
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from daemon.ledger.merkle import EMPTY_ROOT, Frontier, node_hash, split_point
+
+log = logging.getLogger(__name__)
 
 INDEX_RECORD = 40
 NODE_RECORD = 32
@@ -84,16 +87,38 @@ def pread_exact(fd: int, size: int, offset: int) -> bytes:
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Write a small file so a crash leaves either the old or the new content."""
+    """Write a small file so a crash leaves either the old or the new content.
+
+    A failed write (a full disk) removes its temporary file: it must not keep the space.
+    """
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     fsync_dir(path.parent)
+
+
+def reopen(fd: int, path: Path, flags: int) -> None:
+    """Point `fd` at a fresh open file description of `path`, atomically (dup2).
+
+    After a failed fsync the old description has consumed the error, so a later fsync on it
+    could report success for pages that never reached the disk. Readers on other threads keep
+    using the same fd number, which never refers to anything else in between.
+    """
+    fresh = os.open(path, flags | os.O_CLOEXEC)
+    try:
+        os.dup2(fresh, fd, inheritable=False)
+    finally:
+        os.close(fresh)
 
 
 class Column:
@@ -175,7 +200,11 @@ class Column:
         self._view = (n, bytearray())
         if self.writable:
             assert self.fd is not None
-            os.ftruncate(self.fd, n * self.record)
+            # Best effort: records left past the count are overwritten by the next flush and
+            # cut at open (which trusts only `meta.json`'s size), so a failure here (a disk
+            # gone bad while rolling a batch back) leaves nothing wrong behind.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, n * self.record)
 
     def sync(self) -> None:
         if self.writable and self.fd is not None:
@@ -318,7 +347,8 @@ class BodyStore:
     def __init__(self, root: Path, writable: bool, table_mark: int, table_count: int) -> None:
         self.writable = writable
         self.lock = threading.Lock()
-        pack_path, self.table_path = root / "bodies.pack", root / "bodies.idx"
+        self.pack_path, self.table_path = root / "bodies.pack", root / "bodies.idx"
+        pack_path = self.pack_path
         if writable:
             self.pack = open_append(pack_path, append=False)
         elif pack_path.exists():
@@ -345,6 +375,8 @@ class BodyStore:
                     os.close(self.table)
                 self.table, self.slots = -1, 0
         else:
+            if writable:
+                self._allocate()
             self._map()
         self.mark = mark
         self.pending = bytearray()
@@ -361,14 +393,33 @@ class BodyStore:
             self.map.close()
             self.map = None
 
+    def _allocate(self) -> None:
+        """Give the mapped table real blocks: storing into a hole of a mapped file on a full
+        disk is a SIGBUS (the process dies), where a write would only have failed."""
+        try:
+            os.posix_fallocate(self.table, 0, self.slots * _SLOT.size)
+        except OSError as err:
+            log.warning("ledger: cannot allocate bodies.idx (%s); a full disk may crash", err)
+
     def _new_table(self, slots: int) -> None:
         self._unmap()
         if self.table >= 0:
             os.close(self.table)
+            self.table = -1
         fd = os.open(self.table_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        os.ftruncate(fd, slots * _SLOT.size)
+        try:
+            write_all(fd, bytes(slots * _SLOT.size))  # written, not a hole (see _allocate)
+        except BaseException:
+            os.close(fd)
+            raise
         self.table, self.slots, self.count = fd, slots, 0
         self._map()
+
+    def reserve(self, records: int) -> None:
+        """Grow the table now if `records` more could overfill it, so that `index`, which runs
+        after the batch is durable, does no I/O and cannot fail."""
+        while (self.count + records) * 2 > self.slots:
+            self._grow()
 
     def _probe(self, digest: bytes) -> tuple[int, int]:
         prefix = int.from_bytes(digest[:8], "little") or 1
@@ -514,15 +565,26 @@ class BodyStore:
                     offset += PACK_HEADER.size + length
             self.unindexed.clear()
 
-    def truncate(self, size: int) -> None:
-        """Drop records from `size` on (a recovery of an un-acknowledged tail)."""
-        if self.writable and size < self.pack_size:
-            os.ftruncate(self.pack, size)
-            os.fsync(self.pack)
+    def forget(self, size: int) -> None:
+        """Writer thread, rolling a failed batch back: drop what it staged or wrote past `size`
+        from memory (the records were never entered into the table: see `index`)."""
+        self.pending = bytearray()
+        self.unindexed.clear()
         self.pack_size = min(self.pack_size, size)
+        self.mark = min(self.mark, size)
 
-    def redact(self, digest: bytes) -> bool:
-        """Zero every live copy of this body in place and flag it; fsync. False if none."""
+    def cut(self, size: int) -> None:
+        """Cut the pack file back to `size` on a fresh file description, and fsync."""
+        os.ftruncate(self.pack, size)
+        reopen(self.pack, self.pack_path, os.O_RDWR)
+        os.fsync(self.pack)
+
+    def redact(self, digest: bytes, force: bool = False) -> bool:
+        """Zero every live copy of this body in place and flag it; fsync. False if none.
+
+        `force` rewrites copies already flagged: after a failed fsync the flag may be in the
+        page cache only.
+        """
         done = False
         with self.lock:
             offsets = self._table_offsets(digest) + self.extra.get(digest, [])
@@ -530,7 +592,7 @@ class BodyStore:
                 if off + PACK_HEADER.size > self.pack_size:
                     continue
                 h, length, flags = PACK_HEADER.unpack(pread_exact(self.pack, PACK_HEADER.size, off))
-                if h != digest or flags & REDACTED:
+                if h != digest or (flags & REDACTED and not force):
                     continue
                 pwrite_all(self.pack, bytes(length), off + PACK_HEADER.size)
                 os.pwrite(self.pack, PACK_HEADER.pack(h, length, flags | REDACTED), off)

@@ -195,6 +195,14 @@ class VerifyOut(_Out):
         default=None,
         description='Per tampered body: "changed" or "missing (no redaction witnessed)".',
     )
+    derived: list[str] | None = Field(
+        default=None,
+        description="Derived files (index, tree levels, body table) that do not match the "
+        "entries: caches, the entries are intact.",
+    )
+    rebuilt: list[str] | None = Field(
+        default=None, description="The derived files the daemon rebuilt after finding them wrong."
+    )
 
 
 # ---------------------------------------------------------------- health

@@ -22,6 +22,7 @@ from daemon.ledger.merkle import EMPTY_ROOT, node_hash
 from daemon.ledger.store import INDEX_RECORD, BodyStore, Tree
 
 CHUNK_ENTRIES = 65536
+READ_BYTES = 1 << 22
 _PREV = b'"prev":"'
 
 
@@ -33,6 +34,11 @@ class VerifyReport(BaseModel):
     reason: str | None = None
     redacted: list[str] = []
     tampered: list[str] = []
+    derived: list[str] = []
+    """Derived files (index, tree levels, body table) that do not match the entries: caches, so
+    the record is intact; a writer rebuilds what it can (see `rebuilt`)."""
+    rebuilt: list[str] = []
+    """What a writer rebuilt after finding `derived` problems (read-only openers rebuild none)."""
     tampered_why: dict[str, str] = {}
     """Deep: per tampered body hash, `changed` (its bytes no longer hash to it) or `missing (no
     redaction witnessed)` (removed or zeroed with no `redaction` entry naming it: an unwitnessed
@@ -58,36 +64,47 @@ def verify_files(
     deep: bool,
     pinned: tuple[int, bytes] | None = None,
 ) -> VerifyReport:
-    """Re-hash entries [0, size) and compare with the stored tree (and a pinned (size, root))."""
+    """Re-hash entries [0, size) and compare with the stored tree (and a pinned (size, root)).
+
+    The entries are read in file order, not through the index, so the index's offsets are
+    checked like everything else derived: every leaf hash and end offset in `index.bin`, every
+    node in `tree/level-*.bin` and (deep) the body table. A derived mismatch does not stop the
+    walk: it is listed in `derived`, and the record itself is still judged.
+    """
     stack: list[tuple[int, bytes]] = []
     redacted: list[str] = []
     tampered: list[str] = []
     witnessed: set[str] = set()
     changed: set[str] = set()  # tampered bodies whose (altered) bytes are still there
+    derived = _Derived()
     first_tampered: int | None = None
     root_hex = ""
     try:
         with open(entries_path, "rb", buffering=0) as f:
+            reader = _Lines(f.fileno())
             prev = GENESIS_PREV.encode()
             seq = 0
             offset = 0
             while seq < size:
                 stop = min(size, seq + CHUNK_ENTRIES)
                 index = tree.index.read_range(seq, stop)
-                end = int.from_bytes(index[-8:], "little")
-                data = os.pread(f.fileno(), end - offset, offset)
-                lines = data.split(b"\n")
-                if len(lines) != stop - seq + 1 or lines[-1]:
-                    raise _Bad(seq, "entry lines do not match the index's offsets")
+                lines = reader.take(stop - seq)
+                if len(index) != (stop - seq) * INDEX_RECORD:
+                    derived.add(f"index.bin ends at entry {seq + len(index) // INDEX_RECORD}")
+                    raise _Bad(seq, "the index is shorter than the ledger")
                 pin = pinned[0] - seq if pinned is not None else -1
-                for i, line in enumerate(lines[:-1]):
+                nodes: list[tuple[int, bytes]] = []
+                for i, line in enumerate(lines):
                     h = sha256(b"\x00" + line).digest()
                     at = line.find(_PREV)
                     if at < 0 or line[at + 8 : at + 72] != prev:
-                        raise _Bad(seq + i, "prev does not link to the previous entry")
+                        raise _Bad(seq + i, _link_reason(line, seq + i))
                     rec = i * INDEX_RECORD
                     if index[rec : rec + 32] != h:
                         raise _Bad(seq + i, "entry bytes do not match the recorded leaf hash")
+                    offset += len(line) + 1
+                    if int.from_bytes(index[rec + 32 : rec + 40], "little") != offset:
+                        derived.offset(seq + i, index[rec + 32 : rec + 40], offset)
                     if deep:
                         first_tampered = _check_deep(
                             seq + i,
@@ -102,15 +119,22 @@ def verify_files(
                     while stack and stack[-1][0] == level:
                         h = sha256(b"\x01" + stack.pop()[1] + h).digest()
                         level += 1
+                        nodes.append((level, h))
                     stack.append((level, h))
                     if i + 1 == pin and pinned is not None and _fold(stack) != pinned[1]:
                         raise _Bad(seq + i, "root differs from the checkpoint at this size")
-                offset = end
+                if len(lines) < stop - seq:
+                    raise _Bad(
+                        seq + len(lines),
+                        f"the entries file ends before entry {seq + len(lines)} "
+                        f"(the index holds {size}): entries from there on are missing",
+                    )
+                derived.nodes(tree, seq, nodes)
                 seq = stop
         root = _fold(stack)
         root_hex = root.hex()
-        if size and tree.subtree(0, size) != root:
-            raise _Bad(size - 1, "stored Merkle tree does not match the entries")
+        if deep:
+            derived.problems += bodies.audit()
     except _Bad as bad:
         return VerifyReport(
             ok=False,
@@ -120,22 +144,114 @@ def verify_files(
             reason=bad.reason,
             redacted=redacted,
             tampered=tampered,
+            derived=derived.listed(),
         )
     unwitnessed = [h for h in redacted if h not in witnessed]
     if unwitnessed:
         tampered.extend(unwitnessed)
         redacted = [h for h in redacted if h in witnessed]
     why = {h: CHANGED if h in changed else MISSING for h in tampered}
+    reason = "tampered bodies" if tampered else None
+    if derived.problems and not tampered:
+        reason = DERIVED
     return VerifyReport(
-        ok=not tampered,
+        ok=not tampered and not derived.problems,
         size=size,
         root=root_hex,
         first_bad_seq=first_tampered,
-        reason="tampered bodies" if tampered else None,
+        reason=reason,
         redacted=redacted,
         tampered=tampered,
         tampered_why=why,
+        derived=derived.listed(),
     )
+
+
+DERIVED = "derived files do not match the entries (the entries themselves are intact)"
+MAX_LISTED = 20
+
+
+class _Derived:
+    """Mismatches found in derived files (caches of the entries): counted, the first listed."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.count = 0
+
+    def add(self, problem: str) -> None:
+        self.count += 1
+        if len(self.problems) < MAX_LISTED:
+            self.problems.append(problem)
+
+    def offset(self, seq: int, stored: bytes, actual: int) -> None:
+        found = int.from_bytes(stored, "little")
+        self.add(f"index.bin: entry {seq} ends at offset {actual}, the index says {found}")
+
+    def nodes(self, tree: Tree, first_seq: int, nodes: list[tuple[int, bytes]]) -> None:
+        """Compare the nodes a chunk completed with the stored ones, level by level."""
+        by_level: dict[int, list[bytes]] = {}
+        for level, digest in nodes:
+            by_level.setdefault(level, []).append(digest)
+        for level, digests in sorted(by_level.items()):
+            first = first_seq >> level  # the first node a chunk completes holds its first leaf
+            name = f"tree/level-{level:02d}.bin"
+            if level >= len(tree.levels):
+                self.add(f"{name}: missing ({len(digests)} nodes from node {first})")
+                continue
+            try:
+                stored = tree.levels[level].read_range(first, first + len(digests))
+            except OSError:
+                stored = b""
+            if stored == b"".join(digests):
+                continue
+            for k, digest in enumerate(digests):
+                if stored[k * 32 : k * 32 + 32] != digest:
+                    i = first + k
+                    a, b = i << level, ((i + 1) << level) - 1
+                    self.add(f"{name}: node {i} (entries {a}..{b}) does not match the entries")
+
+    def listed(self) -> list[str]:
+        more = self.count - len(self.problems)
+        return self.problems + ([f"... and {more} more"] if more > 0 else [])
+
+
+class _Lines:
+    """The entries file's lines in file order (not through the index), read in big blocks."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pos = 0
+        self.rest = b""
+        self.ready: list[bytes] = []
+        self.at = 0
+
+    def take(self, n: int) -> list[bytes]:
+        """The next n complete lines (without their newline); fewer at the end of the file."""
+        out: list[bytes] = []
+        while len(out) < n:
+            if self.at < len(self.ready):
+                want = n - len(out)
+                out += self.ready[self.at : self.at + want]
+                self.at += want
+                continue
+            block = os.pread(self.fd, READ_BYTES, self.pos)
+            if not block:
+                break
+            self.pos += len(block)
+            self.ready = (self.rest + block).split(b"\n")
+            self.rest = self.ready.pop()
+            self.at = 0
+        return out
+
+
+def _link_reason(line: bytes, seq: int) -> str:
+    """Why a line does not link: a gap in the seqs if the line says so, else a broken link."""
+    at = line.find(b'"seq":')
+    if at >= 0:
+        digits = line[at + 6 : at + 26].split(b",")[0].split(b"}")[0]
+        if digits.isdigit() and int(digits) > seq:
+            return _gap(seq, int(digits))
+    return "prev does not link to the previous entry"
 
 
 def _fold(stack: list[tuple[int, bytes]]) -> bytes:

@@ -29,6 +29,14 @@ the derived files after both fsyncs returned does not undo the batch (it is dura
 acknowledged and the outage begins after it. If the process dies before a failed rollback is
 finished, the unacknowledged batch may survive, as it may in any crash.
 
+Derived files are checked, not trusted. Open vouches for the stored tree before anything is
+served or signed from it: the root at the latest signed checkpoint must match (else every node
+is rebuilt from the leaves, and if it still differs the open is refused), and the nodes past it
+are recomputed from the leaves (bounded: RECHECK_MAX). The writer keeps a snapshot of its
+frontier (`_head`) after every batch; every proof is checked against the root it implies before
+it is served (the leaf re-hashed from the entry line), and a mismatch rebuilds the stored nodes
+once (logged) or refuses the proof with `LedgerCorrupt`.
+
 Redaction invariant. `redact` makes the `redaction` entry durable first and zeroes the body
 second. A crash in between is repaired on open: `meta.json`'s `redact_from` is the lowest seq
 of a redaction not yet zeroed when the derived files were last synced (else their size), and
@@ -52,7 +60,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -62,7 +70,15 @@ from daemon.ledger.canonical import NotCanonical, canonical_bytes, canonicalize,
 from daemon.ledger.checkpoint import Checkpoint, Signer, load_checkpoint, save_checkpoint
 from daemon.ledger.entry import GENESIS_PREV, VERSION, Entry, fill_line, line_template
 from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerLocked, LedgerUnwritable
-from daemon.ledger.merkle import consistency_path, inclusion_path, leaf_hash
+from daemon.ledger.merkle import (
+    EMPTY_ROOT,
+    Frontier,
+    consistency_path,
+    inclusion_path,
+    leaf_hash,
+    root_from_inclusion,
+    verify_consistency,
+)
 from daemon.ledger.outage import LedgerHealth, Mark, Outage, probe
 from daemon.ledger.store import (
     BodyStore,
@@ -85,10 +101,15 @@ SYNC_EVERY = 16384  # fsync the derived files at least this often (bounds recove
 # the history, so a corrupted entry older than that is NOT seen at open (the ledger opens) and
 # is found by `verify()`, which re-hashes everything and names its seq.
 TAIL_CHECK = 1024
+# On open, the stored tree nodes past the latest signed checkpoint are recomputed from the
+# leaves (after a clean close there are none); at most this many, so a ledger that was never
+# checkpointed still opens in bounded time (what lies further back is `verify()`'s).
+RECHECK_MAX = 1 << 18
 READ_CHUNK = 1 << 22
 FSYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 Subscriber = Callable[[list[Entry]], Any]
+_Proof = TypeVar("_Proof", "InclusionProof", "ConsistencyProof")
 
 _set = object.__setattr__
 _FIELDS = set(Entry.model_fields)
@@ -135,6 +156,10 @@ class _Pending:
     tail: str
     future: asyncio.Future[Entry]
     redacts: bytes | None = None  # the body this `redaction` entry removes
+
+
+class _Mismatch(Exception):
+    """A proof built from the stored tree did not verify against the trusted root."""
 
 
 class _Stalled(Exception):
@@ -216,6 +241,10 @@ class Ledger:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
         self._syncer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ledger-sync")
         self._unapplied: dict[int, bytes] = {}  # redaction seq -> body not yet zeroed
+        # The writer's frontier after its last batch (vouched for at open): proofs are checked
+        # against the root it implies. A snapshot, swapped whole, so readers never see a torn one.
+        self._head: tuple[int, tuple[tuple[int, bytes], ...]] = (0, ())
+        self._repaired = False  # the stored tree is rebuilt at most once per open
         self._writer: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.tree: Tree
@@ -288,14 +317,36 @@ class Ledger:
             self._signer = Signer.load_or_create(self.dir, writable=True)
             self._vkey = self._signer.vkey if self._signer is not None else None
         self._latest = load_checkpoint(self.dir / "checkpoint")
-        latest = self._latest
-        if latest is not None:
-            if latest.size > self._size:
+        self._anchor(self._latest)
+
+    def _anchor(self, latest: Checkpoint | None) -> None:
+        """Vouch for the stored tree (module doc: derived files are checked, not trusted)."""
+        tree, size = self.tree, self.tree.size
+        signed = 0 if latest is None else latest.size
+        if signed > size:
+            raise LedgerCorrupt(size, f"checkpoint covers {signed} entries, only {size} remain")
+        if latest is not None and tree.root(signed).hex() != latest.root:
+            fixed, frontier = tree.recheck(0)
+            tree.frontier = frontier
+            if tree.root(signed).hex() != latest.root:
                 raise LedgerCorrupt(
-                    self._size, f"checkpoint covers {latest.size} entries, only {self._size} remain"
+                    signed - 1,
+                    "tree differs from the latest checkpoint even rebuilt from the leaf hashes "
+                    "(`tally ledger verify` names the entry)",
                 )
-            if self.tree.root(latest.size).hex() != latest.root:
-                raise LedgerCorrupt(latest.size - 1, "tree differs from the latest checkpoint")
+        else:
+            fixed, tree.frontier = tree.recheck(max(signed, size - RECHECK_MAX))
+        if fixed:
+            level, index = fixed[0]
+            log.warning(
+                "ledger: %d stored tree nodes did not match the leaves (first: level %d node %d); "
+                "rebuilt%s",
+                len(fixed),
+                level,
+                index,
+                "" if tree.writable else " in memory (read-only)",
+            )
+        self._head = tree.frontier.snapshot()
 
     def _take_lock(self) -> None:
         path = self.dir / "lock"
@@ -550,6 +601,7 @@ class Ledger:
         if failure is not None:
             raise failure
         bodies.index()  # only now: a rolled-back batch never leaves a slot in the table
+        self._head = tree.frontier.snapshot()
         self._stats.observe(time.perf_counter() - t0)
         self._stats.appends += len(batch)
         self._stats.batches += 1
@@ -559,7 +611,7 @@ class Ledger:
     def _rollback(self, mark: Mark) -> Mark | None:
         """Writer thread: undo a failed batch. Returns `mark` if the files could not be cut
         back yet (the probe finishes it); memory is rolled back in any case."""
-        self.tree.truncate(mark.size)
+        self.tree.truncate(mark.size, Frontier.restore(self._head))
         self.bodies.forget(mark.pack_size)
         self._entries_end = mark.entries_end
         for seq in [s for s in self._unapplied if s >= mark.size]:
@@ -899,11 +951,34 @@ class Ledger:
         pinned = None
         if latest is not None and latest.size <= size:
             pinned = (latest.size, bytes.fromhex(latest.root))
-        return await asyncio.to_thread(
+        report = await asyncio.to_thread(
             verify_files, self.dir / "entries.jsonl", self.tree, self.bodies, size, deep, pinned
         )
+        if report.derived and not self.readonly and self._failed is None:
+            loop = asyncio.get_running_loop()
+            rebuilt = await loop.run_in_executor(self._executor, self._rebuild, report.derived)
+            log.warning(
+                "ledger: verify found derived files that do not match the entries (%s); "
+                "rebuilt: %s",
+                report.derived[0],
+                ", ".join(rebuilt) or "nothing (see the report)",
+            )
+            report = report.model_copy(update={"rebuilt": rebuilt})
+        return report
+
+    def _rebuild(self, problems: list[str]) -> list[str]:
+        """Writer thread: rebuild the caches `verify` found wrong (the tree nodes and the body
+        table; wrong offsets in index.bin are reported only: see the README)."""
+        rebuilt = []
+        if any(p.startswith("tree/") for p in problems) and self._rebuild_tree():
+            rebuilt.append("tree/level-*.bin")
+        if any(p.startswith("bodies.idx") for p in problems):
+            self.bodies.rebuild_table()
+            rebuilt.append("bodies.idx")
+        return rebuilt
 
     def root(self, size: int | None = None) -> str:
+        """The stored tree's root at `size` (proofs use `_trusted_root`, which checks it)."""
         size = self._size if size is None else size
         if not 0 <= size <= self._size:
             raise InvalidInput(f"tree size {size} is beyond the ledger's size {self._size}")
@@ -913,26 +988,88 @@ class Ledger:
         return self.tree.leaf(seq).hex()
 
     async def inclusion_proof(self, seq: int, size: int | None = None) -> InclusionProof:
+        """An RFC 9162 inclusion proof, checked against the writer's root before it is served."""
         size = self._size if size is None else size
         if not 0 <= seq < size <= self._size:
             raise InvalidInput(f"no inclusion proof for seq {seq} in a tree of size {size}")
-        path = inclusion_path(seq, size, self.tree.subtree)
-        return InclusionProof(
-            leaf_index=seq, tree_size=size, root=self.root(size), path=[p.hex() for p in path]
-        )
+        return await self._checked(lambda: self._inclusion(seq, size), seq)
 
     async def consistency_proof(self, old: int, new: int | None = None) -> ConsistencyProof:
+        """An RFC 9162 consistency proof, checked like `inclusion_proof`."""
         new = self._size if new is None else new
         if not 0 <= old <= new <= self._size:
             raise InvalidInput(f"no consistency proof from size {old} to {new}")
+        return await self._checked(lambda: self._consistency(old, new), max(old - 1, 0))
+
+    def _inclusion(self, seq: int, size: int) -> InclusionProof:
+        path = inclusion_path(seq, size, self.tree.subtree)
+        root = self._trusted_root(size)
+        start, end = self.tree.span(seq)
+        leaf = leaf_hash(os.pread(self._entries_fd, end - start - 1, start))  # the record's
+        if root_from_inclusion(seq, size, leaf, path) != root:
+            raise _Mismatch(f"an inclusion proof of seq {seq} in {size} did not verify")
+        return InclusionProof(
+            leaf_index=seq, tree_size=size, root=root.hex(), path=[p.hex() for p in path]
+        )
+
+    def _consistency(self, old: int, new: int) -> ConsistencyProof:
         path = consistency_path(old, new, self.tree.subtree)
+        new_root = self._trusted_root(new)
+        old_root = self.tree.subtree(0, old) if old else EMPTY_ROOT
+        if not verify_consistency(old, new, old_root, new_root, path):
+            raise _Mismatch(f"a consistency proof from {old} to {new} did not verify")
         return ConsistencyProof(
             old_size=old,
             new_size=new,
-            old_root=self.root(old),
-            new_root=self.root(new),
+            old_root=old_root.hex(),
+            new_root=new_root.hex(),
             path=[p.hex() for p in path],
         )
+
+    def _trusted_root(self, size: int) -> bytes:
+        """The root at `size`, vouched for by the writer's frontier (`_head`): read from the
+        stored nodes, then proven consistent with the head's root. Raises `_Mismatch`."""
+        head = self._head
+        head_root = Frontier.restore(head).root()
+        if size == head[0]:
+            return head_root
+        root = self.tree.subtree(0, size) if size else EMPTY_ROOT
+        path = consistency_path(size, head[0], self.tree.subtree)
+        if not verify_consistency(size, head[0], root, head_root, path):
+            raise _Mismatch(f"the stored root at size {size} is not consistent with the head")
+        return root
+
+    async def _checked(self, build: Callable[[], _Proof], seq: int) -> _Proof:
+        """Serve `build()`'s proof if it checks; else rebuild the stored tree once and retry;
+        else refuse (a wrong proof is never served)."""
+        try:
+            return build()
+        except _Mismatch as first:
+            await self._repair(str(first))
+            try:
+                return build()
+            except _Mismatch as again:
+                raise LedgerCorrupt(
+                    seq,
+                    f"{again}: the stored tree or index does not match the entries; the proof "
+                    "is refused (`tally ledger verify` says where)",
+                ) from None
+
+    async def _repair(self, why: str) -> None:
+        """Rebuild the stored tree nodes from the leaf hashes, once per open, on the writer's
+        thread (so no batch runs meanwhile); the head is kept whatever the rebuild finds."""
+        if self._repaired:
+            return
+        self._repaired = True
+        loop = asyncio.get_running_loop()
+        fixed = await loop.run_in_executor(self._executor, self._rebuild_tree)
+        log.warning("ledger: %s; rebuilt %d stored tree nodes from the leaf hashes", why, fixed)
+
+    def _rebuild_tree(self) -> int:
+        fixed, frontier = self.tree.recheck(0)
+        if frontier.snapshot() != self._head:
+            log.error("ledger: the leaf hashes do not add up to the head: see `ledger verify`")
+        return len(fixed)
 
     # ---- checkpoints ----------------------------------------------------------------------
 

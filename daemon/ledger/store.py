@@ -1,6 +1,9 @@
 """On-disk structures derived from the entries file, and the bodies pack.
 
-Derived files (rebuilt from the entries when missing, so they are caches, not the record):
+Derived files (rebuilt from the entries when missing, so they are caches, not the record, and
+checked rather than trusted: open recomputes the tree nodes past the last signed checkpoint,
+proofs are checked against the root before they are served, and `verify` compares every stored
+record with the entries; see `Tree.recheck` and `audit`):
 - `index.bin`: per entry 40 bytes, its leaf hash and the end offset of its line;
 - `tree/level-NN.bin`: per complete, aligned subtree of 2**NN leaves its 32-byte hash, so any
   aligned subtree (and so any proof or root) costs O(log n) reads;
@@ -33,6 +36,7 @@ NODE_RECORD = 32
 _END = struct.Struct("<Q")
 _RECORD = struct.Struct("<32sQ")
 FLUSH_BYTES = 1 << 16  # the writer's per-batch flush leaves smaller buffers in memory
+RECHECK_CHUNK = 1 << 16  # leaves per read when recomputing stored nodes
 
 
 def fsync_dir(path: Path) -> None:
@@ -140,6 +144,9 @@ class Column:
         on_disk = os.fstat(self.fd).st_size // record if self.fd is not None else 0
         disk = min(on_disk, trusted)
         self._view: tuple[int, bytearray] = (disk, bytearray())
+        # A read-only opener's corrections (see `patch`), seen by `read` and not `read_range`:
+        # what `verify` compares is the file as it is.
+        self.fixes: dict[int, bytes] = {}
         if writable and on_disk != disk:
             os.ftruncate(self.fd, disk * record)  # type: ignore[arg-type]
 
@@ -159,6 +166,8 @@ class Column:
     def read(self, i: int) -> bytes:
         disk, mem = self._view
         if i < disk:
+            if self.fixes and i in self.fixes:
+                return self.fixes[i]
             assert self.fd is not None
             return pread_exact(self.fd, self.record, i * self.record)
         at = (i - disk) * self.record
@@ -182,6 +191,18 @@ class Column:
 
     def append(self, data: bytes) -> None:
         self._view[1].extend(data)
+
+    def patch(self, i: int, data: bytes) -> None:
+        """Correct record i: in the file (writable) or in memory (a read-only opener)."""
+        disk, mem = self._view
+        if i >= disk:
+            at = (i - disk) * self.record
+            mem[at : at + self.record] = data
+        elif self.writable:
+            assert self.fd is not None
+            pwrite_all(self.fd, data, i * self.record)
+        else:
+            self.fixes[i] = data
 
     def flush(self) -> None:
         disk, mem = self._view
@@ -313,10 +334,56 @@ class Tree:
             if force or len(column.mem) >= FLUSH_BYTES:
                 column.flush()
 
-    def truncate(self, n: int) -> None:
+    def truncate(self, n: int, frontier: Frontier | None = None) -> None:
+        """Drop leaves from n on; `frontier` (the one at n, if the caller kept it) saves
+        reading it back from the stored nodes."""
         for level, column in enumerate(self.levels):
             column.truncate(n >> level)
-        self.frontier = self._load_frontier(n)
+        self.frontier = frontier if frontier is not None else self._load_frontier(n)
+
+    def recheck(self, start: int) -> tuple[list[tuple[int, int]], Frontier]:
+        """Recompute the interior nodes that leaves [start, size) complete, from those leaves
+        and the stored frontier at `start`, and correct every stored node that differs (see
+        `Column.patch`). Returns the corrected (level, index) pairs and the recomputed frontier
+        (the caller decides whether to adopt it). O(size - start) leaf reads and hashes; the
+        caller vouches for the stored frontier at `start` (a signed checkpoint's size, or 0)."""
+        size = self.size
+        frontier = self._load_frontier(start)
+        fixed: list[tuple[int, int]] = []
+        seq = start
+        while seq < size:
+            stop = min(size, seq + RECHECK_CHUNK)
+            index = self.index.read_range(seq, stop)
+            leaves = [index[i : i + 32] for i in range(0, len(index), INDEX_RECORD)]
+            by_level: dict[int, list[bytes]] = {}
+            for level, digest in frontier.push_many(leaves):
+                by_level.setdefault(level, []).append(digest)
+            for level, digests in by_level.items():
+                # The first node a chunk completes on a level is the one holding its first leaf.
+                fixed += self._correct(level, seq >> level, digests)
+            seq = stop
+        return fixed, frontier
+
+    def _correct(self, level: int, first: int, digests: list[bytes]) -> list[tuple[int, int]]:
+        while level >= len(self.levels):
+            self._open_level(len(self.levels), 0)
+        column = self.levels[level]
+        stored = b""
+        with contextlib.suppress(OSError):
+            stored = column.read_range(first, first + len(digests))
+        if stored == b"".join(digests) and not column.fixes:
+            return []
+        fixed = []
+        for k, digest in enumerate(digests):
+            i = first + k
+            try:
+                same = column.read(i) == digest
+            except (OSError, IndexError):
+                same = False
+            if not same:
+                column.patch(i, digest)
+                fixed.append((level, i))
+        return fixed
 
     def sync(self) -> None:
         self.flush()
@@ -366,7 +433,10 @@ class BodyStore:
             flags = os.O_RDWR if writable else os.O_RDONLY
             self.table = os.open(self.table_path, flags | os.O_CLOEXEC)
             self.slots = os.fstat(self.table).st_size // _SLOT.size
-        if self.slots == 0 or self.slots & (self.slots - 1) or mark > self.pack_size:
+        # Nothing trusted (mark 0: no meta.json) means a new table: an old one may hold slots
+        # of records a crash or a truncation removed, and more of them than `count` says.
+        untrusted = mark == 0 and self.slots > 0 and writable
+        if untrusted or self.slots == 0 or self.slots & (self.slots - 1) or mark > self.pack_size:
             mark, self.count = 0, 0
             if writable:
                 self._new_table(INITIAL_SLOTS)
@@ -600,6 +670,60 @@ class BodyStore:
             if done:
                 os.fsync(self.pack)
         return done
+
+    def audit(self, limit: int = 20) -> list[str]:
+        """Check the table against the pack, up to `mark` (the records the table was synced
+        with): every record is found at its offset, every slot points at a record of its body.
+        O(records + slots) reads; for deep verify."""
+        problems: list[str] = []
+        with self.lock:
+            end, offset, records = min(self.mark, self.pack_size), 0, 0
+            while offset + PACK_HEADER.size <= end and len(problems) < limit:
+                digest, length, _ = PACK_HEADER.unpack(
+                    pread_exact(self.pack, PACK_HEADER.size, offset)
+                )
+                if offset not in self._table_offsets(digest) + self.extra.get(digest, []):
+                    problems.append(
+                        f"bodies.idx: the record of body {digest.hex()} at offset {offset} "
+                        "is not in the table"
+                    )
+                offset += PACK_HEADER.size + length
+                records += 1
+            table = self.map
+            for slot in range(self.slots if table is not None else 0):
+                if len(problems) >= limit:
+                    break
+                assert table is not None
+                key, off = _SLOT.unpack_from(table, slot * _SLOT.size)
+                if not off:
+                    continue
+                at = off - 1
+                if at >= end:  # past the synced records: a crash may leave stale slots there,
+                    continue  # which `locate` skips (it checks the record's header)
+                head = os.pread(self.pack, PACK_HEADER.size, at)
+                prefix = int.from_bytes(head[:8], "little") or 1
+                if len(head) < PACK_HEADER.size or prefix != key:
+                    problems.append(
+                        f"bodies.idx: slot {slot} points at offset {at}, not a record of its body"
+                    )
+        return problems
+
+    def rebuild_table(self) -> None:
+        """Writer thread: a new table from a scan of the whole pack (after `audit` found it
+        wrong). O(records)."""
+        with self.lock:
+            slots = INITIAL_SLOTS
+            while slots < 2 * self.count:
+                slots *= 2
+            self._new_table(slots)
+            offset = 0
+            while offset + PACK_HEADER.size <= self.pack_size:
+                digest, length, _ = PACK_HEADER.unpack(
+                    pread_exact(self.pack, PACK_HEADER.size, offset)
+                )
+                self._insert(digest, offset)
+                offset += PACK_HEADER.size + length
+            self.sync_table()
 
     def sync_pack(self) -> None:
         os.fsync(self.pack)

@@ -246,12 +246,17 @@ class _Lines:
 
 def _link_reason(line: bytes, seq: int) -> str:
     """Why a line does not link: a gap in the seqs if the line says so, else a broken link."""
+    return gap_reason(line, seq) or "prev does not link to the previous entry"
+
+
+def gap_reason(line: bytes, seq: int) -> str | None:
+    """If the line where entry `seq` should be holds a later seq: which entries are missing."""
     at = line.find(b'"seq":')
     if at >= 0:
         digits = line[at + 6 : at + 26].split(b",")[0].split(b"}")[0]
         if digits.isdigit() and int(digits) > seq:
             return _gap(seq, int(digits))
-    return "prev does not link to the previous entry"
+    return None
 
 
 def _fold(stack: list[tuple[int, bytes]]) -> bytes:

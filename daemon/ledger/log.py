@@ -65,7 +65,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from daemon.errors import InvalidInput, NotFound
-from daemon.ledger.audit import VerifyReport, verify_files
+from daemon.ledger.audit import VerifyReport, gap_reason, verify_files
 from daemon.ledger.canonical import NotCanonical, canonical_bytes, canonicalize, check_text
 from daemon.ledger.checkpoint import Checkpoint, Signer, load_checkpoint, save_checkpoint
 from daemon.ledger.entry import GENESIS_PREV, VERSION, Entry, fill_line, line_template
@@ -81,10 +81,13 @@ from daemon.ledger.merkle import (
 )
 from daemon.ledger.outage import LedgerHealth, Mark, Outage, probe
 from daemon.ledger.store import (
+    MARKS,
     BodyStore,
     Tree,
+    add_mark,
     body_digest,
     create_dir,
+    marks_before,
     open_append,
     read_meta,
     reopen,
@@ -301,6 +304,8 @@ class Ledger:
         self.bodies = BodyStore(
             self.dir, not self.readonly, int(meta.get("pack", 0)), int(meta.get("bodies", 0))
         )
+        if self.bodies.lost:
+            raise LedgerCorrupt(*self._lost_body())
         indexed = self.tree.size
         self._recover()
         if not self.readonly:
@@ -374,16 +379,14 @@ class Ledger:
         n = tree.size
         file_size = self._file_size()
         if n and tree.end(n - 1) > file_size:
-            raise LedgerCorrupt(n - 1, "entries file is shorter than its index")
+            raise LedgerCorrupt(*self._first_broken(n))
         first = max(0, n - self._tail_check)
         if n > first:
             start, end = tree.end(first - 1), tree.end(n - 1)
             lines = os.pread(self._entries_fd, end - start, start).split(b"\n")[:-1]
             for i, line in enumerate(lines):
                 if leaf_hash(line) != tree.leaf(first + i):
-                    raise LedgerCorrupt(
-                        first + i, "entry bytes do not match the recorded leaf hash"
-                    )
+                    raise LedgerCorrupt(*self._first_broken(first + i + 1))
         offset = tree.end(n - 1)
         prev = tree.leaf(n - 1).hex() if n else GENESIS_PREV
         buf = b""
@@ -399,6 +402,12 @@ class Ledger:
                 if problem is not None:
                     line_end = offset + len(line) + 1
                     rest = file_size - line_end
+                    if missing_body and not self._one_batch(offset):
+                        raise LedgerCorrupt(
+                            tree.size,
+                            "its body is missing from bodies.pack, and entries of a later batch "
+                            "follow it: it was acknowledged, and the pack lost its body",
+                        )
                     if missing_body or rest == 0 or _only_junk(self._entries_fd, line_end):
                         self._truncate_entries(offset)
                         return
@@ -411,6 +420,69 @@ class Ledger:
         if buf:  # a torn last line
             self._truncate_entries(offset)
         tree.flush()
+
+    def _first_broken(self, n: int) -> tuple[int, str]:
+        """The first of the first `n` indexed entries whose line is not where the index puts
+        it (lines deleted, inserted or changed), and why: a bisection, O(log n) reads. The
+        entries before it are intact, so open and `verify` name the same seq."""
+        tree, fd, file_size = self.tree, self._entries_fd, self._file_size()
+
+        def intact(i: int) -> bool:
+            start, end = tree.span(i)
+            if end > file_size:
+                return False
+            data = os.pread(fd, end - start, start)
+            return data.endswith(b"\n") and leaf_hash(data[:-1]) == tree.leaf(i)
+
+        lo, hi = 0, n - 1  # the last one is known to be broken
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if intact(mid):
+                lo = mid + 1
+            else:
+                hi = mid
+        start = tree.end(lo - 1)
+        if start >= file_size:
+            return lo, f"entries from seq {lo} on are missing: the entries file ends there"
+        line = os.pread(fd, 1 << 16, start).split(b"\n")[0]
+        return lo, gap_reason(line, lo) or "entry bytes do not match the recorded leaf hash"
+
+    def _one_batch(self, offset: int) -> bool:
+        """True if the complete lines from `offset` on can be one batch (at most MAX_BATCH, all
+        with the first one's `ts`): the only tail a crash can leave unacknowledged."""
+        ts: bytes | None = None
+        count, buf, at = 0, b"", offset
+        while True:
+            chunk = os.pread(self._entries_fd, READ_CHUNK, at)
+            if not chunk:
+                return True
+            at += len(chunk)
+            lines = (buf + chunk).split(b"\n")
+            buf = lines.pop()
+            for line in lines:
+                count += 1
+                stamp = _ts(line)
+                ts = stamp if ts is None else ts
+                if count > MAX_BATCH or stamp != ts:
+                    return False
+
+    def _lost_body(self) -> tuple[int, str]:
+        """bodies.pack is shorter than when the derived files were last synced: name the first
+        indexed entry whose body is gone. The scan starts at the last sync mark the pack still
+        covers (`marks.bin`), so it reads about one sync interval of entries."""
+        tree, bodies = self.tree, self.bodies
+        seq = marks_before(self.dir / MARKS, bodies.pack_size, tree.size)
+        gone = f"bodies.pack ends at byte {bodies.pack_size}, it held {bodies.mark} when synced"
+        while seq < tree.size:
+            stop = min(tree.size, seq + 4096)
+            a, b = tree.end(seq - 1), tree.end(stop - 1)
+            for line in os.pread(self._entries_fd, b - a, a).split(b"\n")[:-1]:
+                at = line.find(b'"body":"')
+                digest = _hex(line[at + 8 : at + 72]) if at >= 0 else None
+                if digest is not None and bodies.locate(digest) is None:
+                    return seq, f"its body is gone: {gone} (truncated?)"
+                seq += 1
+        return tree.size, f"acknowledged bodies are gone: {gone} (truncated?)"
 
     def _check_line(self, line: bytes, seq: int, prev: str) -> tuple[str | None, bool]:
         try:
@@ -762,6 +834,7 @@ class Ledger:
         }
         write_atomic(self.dir / "meta.json", json.dumps(meta).encode())
         self._synced = self.tree.size
+        add_mark(self.dir / MARKS, self.tree.size, self.bodies.mark)
 
     def _fail(self, err: BaseException, batch: list[_Pending]) -> None:
         log.critical("ledger: write or fsync failed, refusing further appends: %s", err)
@@ -1212,6 +1285,19 @@ class Ledger:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _hex(data: bytes) -> bytes | None:
+    try:
+        return bytes.fromhex(data.decode("ascii"))
+    except ValueError:
+        return None
+
+
+def _ts(line: bytes) -> bytes | None:
+    """The `ts` of a canonical entry line, unparsed (keys are sorted: `ts` follows `seq`)."""
+    at = line.rfind(b',"ts":')
+    return line[at + 6 :].split(b",")[0] if at >= 0 else None
 
 
 def _only_junk(fd: int, offset: int) -> bool:

@@ -433,6 +433,16 @@ class BodyStore:
             flags = os.O_RDWR if writable else os.O_RDONLY
             self.table = os.open(self.table_path, flags | os.O_CLOEXEC)
             self.slots = os.fstat(self.table).st_size // _SLOT.size
+        self.lost = mark > self.pack_size
+        """The pack is shorter than when the table was synced: acknowledged bodies are gone.
+        Nothing is touched (no rescan, no truncation); the ledger refuses to open."""
+        if self.lost:
+            if self.slots and not self.slots & (self.slots - 1):
+                self._map()
+            self.mark = mark
+            self.pending = bytearray()
+            self.unindexed: list[tuple[int, bytearray]] = []
+            return
         # Nothing trusted (mark 0: no meta.json) means a new table: an old one may hold slots
         # of records a crash or a truncation removed, and more of them than `count` says.
         untrusted = mark == 0 and self.slots > 0 and writable
@@ -450,7 +460,7 @@ class BodyStore:
             self._map()
         self.mark = mark
         self.pending = bytearray()
-        self.unindexed: list[tuple[int, bytearray]] = []  # written, not yet in the table
+        self.unindexed = []  # written, not yet in the table
         self._scan_tail(mark)
 
     # -- table --
@@ -582,6 +592,8 @@ class BodyStore:
                 if off + PACK_HEADER.size > self.pack_size:
                     continue
                 h, length, flags = PACK_HEADER.unpack(pread_exact(self.pack, PACK_HEADER.size, off))
+                if off + PACK_HEADER.size + length > self.pack_size:
+                    continue  # a record cut short
                 if h == digest and (best is None or off > best[0]):
                     best = (off, length, flags)
             return best
@@ -748,6 +760,42 @@ def body_digest(data: bytes) -> bytes:
 
 
 # ---- meta -----------------------------------------------------------------------------------
+
+MARKS = "marks.bin"
+_MARK = struct.Struct("<QQ")  # entries, pack bytes: at a derived sync, entries [0, n) had
+# all their bodies in pack bytes [0, p). Appended at every sync (derived: a hint for naming
+# the first entry whose body a truncated pack lost; see `Ledger._lost_body`).
+
+
+def add_mark(path: Path, entries: int, pack: int) -> None:
+    with contextlib.suppress(OSError):  # a hint: a full disk must not fail the sync for it
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, _MARK.pack(entries, pack))
+        finally:
+            os.close(fd)
+
+
+def marks_before(path: Path, pack: int, entries: int) -> int:
+    """The largest entry count of a mark whose pack size is at most `pack` (bisection over
+    the marks, which grow together); 0 without one. Marks beyond `entries` are ignored."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        lo, hi = 0, os.fstat(fd).st_size // _MARK.size
+        best = 0
+        while lo < hi:
+            mid = (lo + hi) // 2
+            n, p = _MARK.unpack(pread_exact(fd, _MARK.size, mid * _MARK.size))
+            if p <= pack and n <= entries:
+                best, lo = max(best, n), mid + 1
+            else:
+                hi = mid
+        return best
+    finally:
+        os.close(fd)
 
 
 def read_meta(path: Path) -> dict[str, Any]:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 from dataclasses import dataclass
 from hashlib import sha256
+from itertools import accumulate
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -20,6 +22,9 @@ from pydantic import BaseModel
 from daemon.ledger.entry import GENESIS_PREV, Entry
 from daemon.ledger.merkle import EMPTY_ROOT, node_hash
 from daemon.ledger.store import INDEX_RECORD, BodyStore, Tree
+
+_RECORD = struct.Struct("<32sQ")  # an index.bin record: leaf hash, end offset
+_PLUS_ONE = (1).__add__
 
 CHUNK_ENTRIES = 65536
 READ_BYTES = 1 << 22
@@ -93,7 +98,7 @@ def verify_files(
                     derived.add(f"index.bin ends at entry {seq + len(index) // INDEX_RECORD}")
                     raise _Bad(seq, "the index is shorter than the ledger")
                 pin = pinned[0] - seq if pinned is not None else -1
-                nodes: list[tuple[int, bytes]] = []
+                done: list[list[bytes]] = [[] for _ in range(64)]  # completed nodes, per level
                 for i, line in enumerate(lines):
                     h = sha256(b"\x00" + line).digest()
                     at = line.find(_PREV)
@@ -102,9 +107,6 @@ def verify_files(
                     rec = i * INDEX_RECORD
                     if index[rec : rec + 32] != h:
                         raise _Bad(seq + i, "entry bytes do not match the recorded leaf hash")
-                    offset += len(line) + 1
-                    if int.from_bytes(index[rec + 32 : rec + 40], "little") != offset:
-                        derived.offset(seq + i, index[rec + 32 : rec + 40], offset)
                     if deep:
                         first_tampered = _check_deep(
                             seq + i,
@@ -119,7 +121,7 @@ def verify_files(
                     while stack and stack[-1][0] == level:
                         h = sha256(b"\x01" + stack.pop()[1] + h).digest()
                         level += 1
-                        nodes.append((level, h))
+                        done[level].append(h)
                     stack.append((level, h))
                     if i + 1 == pin and pinned is not None and _fold(stack) != pinned[1]:
                         raise _Bad(seq + i, "root differs from the checkpoint at this size")
@@ -129,7 +131,12 @@ def verify_files(
                         f"the entries file ends before entry {seq + len(lines)} "
                         f"(the index holds {size}): entries from there on are missing",
                     )
-                derived.nodes(tree, seq, nodes)
+                # The lines' ends, computed in C: offset + the running sum of (length + 1).
+                ends = list(accumulate(map(_PLUS_ONE, map(len, lines)), initial=offset))[1:]
+                if ends:
+                    offset = ends[-1]
+                derived.ends(seq, index, ends)
+                derived.nodes(tree, seq, done)
                 seq = stop
         root = _fold(stack)
         root_hex = root.hex()
@@ -183,16 +190,21 @@ class _Derived:
         if len(self.problems) < MAX_LISTED:
             self.problems.append(problem)
 
-    def offset(self, seq: int, stored: bytes, actual: int) -> None:
-        found = int.from_bytes(stored, "little")
-        self.add(f"index.bin: entry {seq} ends at offset {actual}, the index says {found}")
+    def ends(self, first_seq: int, index: bytes, ends: list[int]) -> None:
+        """Compare a chunk's line ends with the end offsets in its index records."""
+        stored = [end for _, end in _RECORD.iter_unpack(index[: len(ends) * INDEX_RECORD])]
+        if stored == ends:
+            return
+        for i, (found, actual) in enumerate(zip(stored, ends, strict=True)):
+            if found != actual:
+                seq = first_seq + i
+                self.add(f"index.bin: entry {seq} ends at offset {actual}, the index says {found}")
 
-    def nodes(self, tree: Tree, first_seq: int, nodes: list[tuple[int, bytes]]) -> None:
+    def nodes(self, tree: Tree, first_seq: int, done: list[list[bytes]]) -> None:
         """Compare the nodes a chunk completed with the stored ones, level by level."""
-        by_level: dict[int, list[bytes]] = {}
-        for level, digest in nodes:
-            by_level.setdefault(level, []).append(digest)
-        for level, digests in sorted(by_level.items()):
+        for level, digests in enumerate(done):
+            if not digests:
+                continue
             first = first_seq >> level  # the first node a chunk completes holds its first leaf
             name = f"tree/level-{level:02d}.bin"
             if level >= len(tree.levels):

@@ -561,6 +561,8 @@ class BodyStore:
             os.fsync(fd)
         except BaseException:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # a full disk must get its space back
             raise
         os.replace(tmp, self.table_path)
         self._unmap()

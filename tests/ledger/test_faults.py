@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.ledger import Ledger, LedgerUnwritable
+from daemon.ledger import Ledger, LedgerUnwritable, log
 
 
 async def until_writable(ledger: Ledger, timeout: float = 15.0) -> float:
@@ -128,4 +128,45 @@ async def test_appends_queued_behind_a_failed_batch_are_refused_not_written(
     monkeypatch.undo()
     await until_writable(ledger)
     assert (await ledger.append(actor="t", kind="note")).seq == 1
+    await ledger.close()
+
+
+def full_disk(path: Path, data: bytes, mode: int = 0o600) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+async def test_a_durable_batch_is_acknowledged_when_only_the_derived_sync_fails(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    await ledger.append(actor="t", kind="note")
+    monkeypatch.setattr(log, "write_atomic", full_disk)  # meta.json cannot be rewritten
+    ledger._synced = -log.SYNC_EVERY  # the next batch syncs the derived files
+    entry = await ledger.append(actor="t", kind="note", body={"kept": True})
+    assert entry.seq == 1  # both fsyncs returned: acknowledged, then the outage begins
+    assert not ledger.health.writable
+    with pytest.raises(LedgerUnwritable):
+        await ledger.append(actor="t", kind="note")
+    monkeypatch.undo()
+    await until_writable(ledger)
+    await ledger.close()
+    again = await Ledger.open(state_dir, readonly=True)
+    assert again.size == 2
+    assert await again.body((await again.get(1)).body or "") == {"kept": True}
+    await again.close()
+
+
+async def test_a_checkpoint_on_a_full_disk_is_a_mapped_error(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    await ledger.append(actor="t", kind="note")
+    monkeypatch.setattr(log, "write_atomic", full_disk)
+    with pytest.raises(LedgerUnwritable) as err:
+        await ledger.checkpoint()
+    assert (err.value.status, err.value.code) == (503, "ledger_unwritable")
+    assert ledger.latest_checkpoint() is None
+    monkeypatch.undo()
+    await until_writable(ledger)
+    assert (await ledger.checkpoint()).size == 1
     await ledger.close()

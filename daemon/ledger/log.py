@@ -1,5 +1,10 @@
 """The ledger: an append-only JSONL log with group commit, recovery, proofs and checkpoints.
 
+One piece (past 500 lines) because every part shares the writer thread's state and its
+discipline (the tree, the body store, the file descriptors, the head, the outage): recovery,
+commits, rollbacks, proofs and checkpoints each read or change it under the same rules, written
+down once below. Self-contained parts live beside it (`store`, `audit`, `outage`, `checkpoint`).
+
 Layout of `<state>/ledger/`: `entries.jsonl` (the record: one canonical entry per line),
 `bodies.pack` (content-addressed bodies), derived files (see `store`), `meta.json`,
 `checkpoint` (the latest signed note), `checkpoint.key` / `checkpoint.vkey`, `lock`.

@@ -1,5 +1,8 @@
 """On-disk structures derived from the entries file, and the bodies pack.
 
+One file (past 500 lines) for the ledger's storage formats: the record/column files, the tree
+over them and the body pack + table share the same write, sync and recovery helpers.
+
 Derived files (rebuilt from the entries when missing, so they are caches, not the record, and
 checked rather than trusted: open recomputes the tree nodes past the last signed checkpoint,
 proofs are checked against the root before they are served, and `verify` compares every stored

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from daemon.clients import ClientStore
 from daemon.config import Settings
-from daemon.ledger import Ledger
-from daemon.ledger.errors import CheckpointUnwritable
+from daemon.errors import TallyError
+from daemon.ledger import Ledger, LedgerUnwritable
 from daemon.routing import Router
 from daemon.runs import snapshot as snapshots
 from daemon.runs.engine import Engine, EngineOptions
@@ -219,11 +219,10 @@ class Daemon:
             except Exception:  # derived data: the next start replays the ledger instead
                 log.exception("run snapshot failed")
         if self._ledger is not None:
-            if self._ledger.failure is None:  # a ledger that cannot write signs nothing new
-                try:
-                    await self._ledger.checkpoint()
-                except CheckpointUnwritable as err:
-                    log.error("no checkpoint on stop: %s", err.message)
+            try:
+                await self._ledger.checkpoint()
+            except TallyError as err:  # e.g. a full disk: close still releases the ledger
+                log.warning("final checkpoint failed: %s", err.message)
             await self._ledger.close()
             self._ledger = None
 
@@ -270,5 +269,7 @@ class Daemon:
             await asyncio.sleep(self.settings.checkpoint_interval_s)
             try:
                 await self.ledger.checkpoint()
+            except LedgerUnwritable as err:  # a full disk: one line, not a traceback a minute
+                log.warning("checkpoint failed: %s", err.message)
             except Exception:  # a failed checkpoint is logged; the next one retries
                 log.exception("checkpoint failed")

@@ -219,6 +219,14 @@ class VerifyOut(_Out):
         default=None,
         description='Per tampered body: "changed" or "missing (no redaction witnessed)".',
     )
+    derived: list[str] | None = Field(
+        default=None,
+        description="Derived files (index, tree levels, body table) that do not match the "
+        "entries: caches, the entries are intact.",
+    )
+    rebuilt: list[str] | None = Field(
+        default=None, description="The derived files the daemon rebuilt after finding them wrong."
+    )
 
 
 # ---------------------------------------------------------------- health
@@ -234,10 +242,13 @@ CommandSandbox = Annotated[
 
 
 class HealthOut(_Out):
-    status: Literal["ok", "degraded"] = Field(
-        default="ok", description="degraded: the ledger refuses appends (see `reason`)."
+    status: Literal["ok", "degraded"] = "ok"
+    reason: str | None = Field(
+        default=None, description="Why `degraded`, e.g. the ledger cannot write (disk full)."
     )
-    reason: str | None = None
+    ledger_writable: bool = Field(
+        default=True, description="False while writes fail; appends get 503 until it recovers."
+    )
     version: str
     uptime_s: float
     ledger_size: int
@@ -254,10 +265,11 @@ def command_sandbox(daemon: Daemon) -> Literal["bwrap", "none", "off"]:
 
 
 async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
-    failure = daemon.ledger.failure
+    ledger = daemon.ledger.health
     return HealthOut(
-        status="degraded" if failure else "ok",
-        reason=failure,
+        status="ok" if ledger.writable else "degraded",
+        reason=None if ledger.writable else f"the ledger cannot write: {ledger.detail}",
+        ledger_writable=ledger.writable,
         version=package_version(),
         uptime_s=round(time.monotonic() - STARTED, 3),
         ledger_size=daemon.ledger.size,

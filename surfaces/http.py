@@ -377,13 +377,14 @@ async def get_metrics(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
-    failure = daemon.ledger.failure
-    status = "degraded" if failure else "ok"
+    health = daemon.ledger.health
+    status = "ok" if health.writable else "degraded"
     if client_of(request) is None:  # unauthenticated over TCP: the state, no details
         return web.json_response({"status": status})
+    # Still 200 when degraded: the daemon is alive, and a restart would not help.
     body: dict[str, Any] = {"status": status, "ledger_size": daemon.ledger.size}
-    if failure:
-        body["reason"] = failure
+    if not health.writable:
+        body["reason"] = f"the ledger cannot write: {health.detail}"
     return web.json_response(body)
 
 

@@ -119,14 +119,18 @@ def _slots(out: _Text, daemon: Daemon) -> None:
 def _ledger(out: _Text, daemon: Daemon) -> None:
     ledger = daemon.ledger
     stats = ledger.stats
-    out.family("tally_ledger_writable", "gauge", "1 if the ledger accepts appends, 0 if not.")
-    out.sample("tally_ledger_writable", 0 if ledger.failure else 1)
     out.family("tally_ledger_entries", "gauge", "Entries committed to the ledger.")
     out.sample("tally_ledger_entries", ledger.size)
     out.family("tally_ledger_appends_total", "counter", "Appends since the daemon started.")
     out.sample("tally_ledger_appends_total", stats.appends)
     out.family("tally_ledger_batches_total", "counter", "Group commits since start.")
     out.sample("tally_ledger_batches_total", stats.batches)
+    health = ledger.health
+    out.family("tally_ledger_writable", "gauge", "1 if the ledger can write, 0 while it cannot.")
+    out.sample("tally_ledger_writable", int(health.writable))
+    name = "tally_ledger_write_failures_total"
+    out.family(name, "counter", "Failed ledger writes or fsyncs (disk full, I/O error).")
+    out.sample(name, health.write_failures)
     name = "tally_ledger_fsync_seconds"
     out.family(name, "histogram", "Latency of the ledger's fsync per group commit.")
     # The ledger keeps cumulative (le, count) buckets ending with +Inf, as Prometheus wants.

@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 from dataclasses import dataclass
 from hashlib import sha256
+from itertools import accumulate
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -21,7 +23,11 @@ from daemon.ledger.entry import GENESIS_PREV, Entry
 from daemon.ledger.merkle import EMPTY_ROOT, node_hash
 from daemon.ledger.store import INDEX_RECORD, BodyStore, Tree
 
+_RECORD = struct.Struct("<32sQ")  # an index.bin record: leaf hash, end offset
+_PLUS_ONE = (1).__add__
+
 CHUNK_ENTRIES = 65536
+READ_BYTES = 1 << 22
 _PREV = b'"prev":"'
 
 
@@ -33,6 +39,11 @@ class VerifyReport(BaseModel):
     reason: str | None = None
     redacted: list[str] = []
     tampered: list[str] = []
+    derived: list[str] = []
+    """Derived files (index, tree levels, body table) that do not match the entries: caches, so
+    the record is intact; a writer rebuilds what it can (see `rebuilt`)."""
+    rebuilt: list[str] = []
+    """What a writer rebuilt after finding `derived` problems (read-only openers rebuild none)."""
     tampered_why: dict[str, str] = {}
     """Deep: per tampered body hash, `changed` (its bytes no longer hash to it) or `missing (no
     redaction witnessed)` (removed or zeroed with no `redaction` entry naming it: an unwitnessed
@@ -58,33 +69,41 @@ def verify_files(
     deep: bool,
     pinned: tuple[int, bytes] | None = None,
 ) -> VerifyReport:
-    """Re-hash entries [0, size) and compare with the stored tree (and a pinned (size, root))."""
+    """Re-hash entries [0, size) and compare with the stored tree (and a pinned (size, root)).
+
+    The entries are read in file order, not through the index, so the index's offsets are
+    checked like everything else derived: every leaf hash and end offset in `index.bin`, every
+    node in `tree/level-*.bin` and (deep) the body table. A derived mismatch does not stop the
+    walk: it is listed in `derived`, and the record itself is still judged.
+    """
     stack: list[tuple[int, bytes]] = []
     redacted: list[str] = []
     tampered: list[str] = []
     witnessed: set[str] = set()
     changed: set[str] = set()  # tampered bodies whose (altered) bytes are still there
+    derived = _Derived()
     first_tampered: int | None = None
     root_hex = ""
     try:
         with open(entries_path, "rb", buffering=0) as f:
+            reader = _Lines(f.fileno())
             prev = GENESIS_PREV.encode()
             seq = 0
             offset = 0
             while seq < size:
                 stop = min(size, seq + CHUNK_ENTRIES)
                 index = tree.index.read_range(seq, stop)
-                end = int.from_bytes(index[-8:], "little")
-                data = os.pread(f.fileno(), end - offset, offset)
-                lines = data.split(b"\n")
-                if len(lines) != stop - seq + 1 or lines[-1]:
-                    raise _Bad(seq, "entry lines do not match the index's offsets")
+                lines = reader.take(stop - seq)
+                if len(index) != (stop - seq) * INDEX_RECORD:
+                    derived.add(f"index.bin ends at entry {seq + len(index) // INDEX_RECORD}")
+                    raise _Bad(seq, "the index is shorter than the ledger")
                 pin = pinned[0] - seq if pinned is not None else -1
-                for i, line in enumerate(lines[:-1]):
+                done: list[list[bytes]] = [[] for _ in range(64)]  # completed nodes, per level
+                for i, line in enumerate(lines):
                     h = sha256(b"\x00" + line).digest()
                     at = line.find(_PREV)
                     if at < 0 or line[at + 8 : at + 72] != prev:
-                        raise _Bad(seq + i, "prev does not link to the previous entry")
+                        raise _Bad(seq + i, _link_reason(line, seq + i))
                     rec = i * INDEX_RECORD
                     if index[rec : rec + 32] != h:
                         raise _Bad(seq + i, "entry bytes do not match the recorded leaf hash")
@@ -102,16 +121,27 @@ def verify_files(
                     while stack and stack[-1][0] == level:
                         h = sha256(b"\x01" + stack.pop()[1] + h).digest()
                         level += 1
+                        done[level].append(h)
                     stack.append((level, h))
                     if i + 1 == pin and pinned is not None and _fold(stack) != pinned[1]:
                         raise _Bad(seq + i, "root differs from the checkpoint at this size")
-                offset = end
+                if len(lines) < stop - seq:
+                    raise _Bad(
+                        seq + len(lines),
+                        f"the entries file ends before entry {seq + len(lines)} "
+                        f"(the index holds {size}): entries from there on are missing",
+                    )
+                # The lines' ends, computed in C: offset + the running sum of (length + 1).
+                ends = list(accumulate(map(_PLUS_ONE, map(len, lines)), initial=offset))[1:]
+                if ends:
+                    offset = ends[-1]
+                derived.ends(seq, index, ends)
+                derived.nodes(tree, seq, done)
                 seq = stop
         root = _fold(stack)
         root_hex = root.hex()
-        _check_levels(tree, size)
-        if size and tree.subtree(0, size) != root:
-            raise _Bad(size - 1, "stored Merkle tree does not match the entries")
+        if deep:
+            derived.problems += bodies.audit()
     except _Bad as bad:
         return VerifyReport(
             ok=False,
@@ -121,43 +151,124 @@ def verify_files(
             reason=bad.reason,
             redacted=redacted,
             tampered=tampered,
+            derived=derived.listed(),
         )
     unwitnessed = [h for h in redacted if h not in witnessed]
     if unwitnessed:
         tampered.extend(unwitnessed)
         redacted = [h for h in redacted if h in witnessed]
     why = {h: CHANGED if h in changed else MISSING for h in tampered}
+    reason = "tampered bodies" if tampered else None
+    if derived.problems and not tampered:
+        reason = DERIVED
     return VerifyReport(
-        ok=not tampered,
+        ok=not tampered and not derived.problems,
         size=size,
         root=root_hex,
         first_bad_seq=first_tampered,
-        reason="tampered bodies" if tampered else None,
+        reason=reason,
         redacted=redacted,
         tampered=tampered,
         tampered_why=why,
+        derived=derived.listed(),
     )
 
 
-def _check_levels(tree: Tree, size: int) -> None:
-    """Every cached interior node must be the hash of its two children (the leaves are
-    already checked against the entry lines), level by level in bulk reads: a damaged
-    `tree/level-*.bin` is named here even where the root does not use it."""
-    level, count = 1, size // 2
-    while count and level < len(tree.levels):
-        child = tree.levels[level - 1]
-        width = INDEX_RECORD if level == 1 else 32
-        for start in range(0, count, CHUNK_ENTRIES):
-            stop = min(count, start + CHUNK_ENTRIES)
-            kids = child.read_range(2 * start, 2 * stop)
-            nodes = tree.levels[level].read_range(start, stop)
-            for i in range(stop - start):
-                a = 2 * i * width
-                left, right = kids[a : a + 32], kids[a + width : a + width + 32]
-                if sha256(b"\x01" + left + right).digest() != nodes[32 * i : 32 * i + 32]:
-                    first = (start + i) << level
-                    raise _Bad(first, f"cached Merkle tree level {level} node {start + i} is wrong")
-        level, count = level + 1, count // 2
+DERIVED = "derived files do not match the entries (the entries themselves are intact)"
+MAX_LISTED = 20
+
+
+class _Derived:
+    """Mismatches found in derived files (caches of the entries): counted, the first listed."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+        self.count = 0
+
+    def add(self, problem: str) -> None:
+        self.count += 1
+        if len(self.problems) < MAX_LISTED:
+            self.problems.append(problem)
+
+    def ends(self, first_seq: int, index: bytes, ends: list[int]) -> None:
+        """Compare a chunk's line ends with the end offsets in its index records."""
+        stored = [end for _, end in _RECORD.iter_unpack(index[: len(ends) * INDEX_RECORD])]
+        if stored == ends:
+            return
+        for i, (found, actual) in enumerate(zip(stored, ends, strict=True)):
+            if found != actual:
+                seq = first_seq + i
+                self.add(f"index.bin: entry {seq} ends at offset {actual}, the index says {found}")
+
+    def nodes(self, tree: Tree, first_seq: int, done: list[list[bytes]]) -> None:
+        """Compare the nodes a chunk completed with the stored ones, level by level."""
+        for level, digests in enumerate(done):
+            if not digests:
+                continue
+            first = first_seq >> level  # the first node a chunk completes holds its first leaf
+            name = f"tree/level-{level:02d}.bin"
+            if level >= len(tree.levels):
+                self.add(f"{name}: missing ({len(digests)} nodes from node {first})")
+                continue
+            try:
+                stored = tree.levels[level].read_range(first, first + len(digests))
+            except OSError:
+                stored = b""
+            if stored == b"".join(digests):
+                continue
+            for k, digest in enumerate(digests):
+                if stored[k * 32 : k * 32 + 32] != digest:
+                    i = first + k
+                    a, b = i << level, ((i + 1) << level) - 1
+                    self.add(f"{name}: node {i} (entries {a}..{b}) does not match the entries")
+
+    def listed(self) -> list[str]:
+        more = self.count - len(self.problems)
+        return self.problems + ([f"... and {more} more"] if more > 0 else [])
+
+
+class _Lines:
+    """The entries file's lines in file order (not through the index), read in big blocks."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.pos = 0
+        self.rest = b""
+        self.ready: list[bytes] = []
+        self.at = 0
+
+    def take(self, n: int) -> list[bytes]:
+        """The next n complete lines (without their newline); fewer at the end of the file."""
+        out: list[bytes] = []
+        while len(out) < n:
+            if self.at < len(self.ready):
+                want = n - len(out)
+                out += self.ready[self.at : self.at + want]
+                self.at += want
+                continue
+            block = os.pread(self.fd, READ_BYTES, self.pos)
+            if not block:
+                break
+            self.pos += len(block)
+            self.ready = (self.rest + block).split(b"\n")
+            self.rest = self.ready.pop()
+            self.at = 0
+        return out
+
+
+def _link_reason(line: bytes, seq: int) -> str:
+    """Why a line does not link: a gap in the seqs if the line says so, else a broken link."""
+    return gap_reason(line, seq) or "prev does not link to the previous entry"
+
+
+def gap_reason(line: bytes, seq: int) -> str | None:
+    """If the line where entry `seq` should be holds a later seq: which entries are missing."""
+    at = line.find(b'"seq":')
+    if at >= 0:
+        digits = line[at + 6 : at + 26].split(b",")[0].split(b"}")[0]
+        if digits.isdigit() and int(digits) > seq:
+            return _gap(seq, int(digits))
+    return None
 
 
 def _fold(stack: list[tuple[int, bytes]]) -> bytes:

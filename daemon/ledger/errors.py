@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from daemon.errors import Conflict, TallyError, Unavailable
+import math
+
+from daemon.errors import Busy, Conflict, TallyError, Unavailable
 
 
 class LedgerLocked(Conflict):
@@ -33,13 +35,32 @@ class LedgerCorrupt(TallyError):
         self.reason = reason
 
 
-class CheckpointUnwritable(Unavailable):
-    """A checkpoint could not be written (e.g. a full disk); the entries are untouched."""
-
-    code = "checkpoint_unwritable"
-
-
 class LedgerFailed(Unavailable):
     """A write or fsync failed: the ledger stopped accepting appends until a restart."""
 
     code = "ledger_failed"
+
+
+class LedgerUnwritable(Busy):
+    """The ledger cannot write right now (a full disk, a quota, an I/O error).
+
+    Appends fail fast with this until a probe finds the disk writable again; nothing it
+    refused was acknowledged. `reason` classifies the errno (see `daemon.ledger.outage`).
+    """
+
+    code = "ledger_unwritable"
+
+    def __init__(
+        self,
+        reason: str,
+        detail: str,
+        retry_after: float,
+        what: str = "this append was not acknowledged",
+    ) -> None:
+        super().__init__(
+            f"the ledger cannot write right now ({detail}): {what}; "
+            f"retry in {max(1, math.ceil(retry_after))} s",
+            retry_after=retry_after,
+            details={"reason": reason, "detail": detail},
+        )
+        self.reason = reason

@@ -1,5 +1,10 @@
 """The ledger: an append-only JSONL log with group commit, recovery, proofs and checkpoints.
 
+One piece (past 500 lines) because every part shares the writer thread's state and its
+discipline (the tree, the body store, the file descriptors, the head, the outage): recovery,
+commits, rollbacks, proofs and checkpoints each read or change it under the same rules, written
+down once below. Self-contained parts live beside it (`store`, `audit`, `outage`, `checkpoint`).
+
 Layout of `<state>/ledger/`: `entries.jsonl` (the record: one canonical entry per line),
 `bodies.pack` (content-addressed bodies), derived files (see `store`), `meta.json`,
 `checkpoint` (the latest signed note), `checkpoint.key` / `checkpoint.vkey`, `lock`.
@@ -9,9 +14,33 @@ the pack and the entries fsynced concurrently (two sync threads); only once both
 returned are the appenders' futures resolved. Both writes precede both fsyncs, and neither
 fsync's outcome is acted on alone, so a crash may leave entry lines on disk whose bodies never
 reached the pack; such entries were never acknowledged (their batch's fsyncs had not both
-returned), and every later entry is in the same or a later batch, so recovery drops the tail
-from the first entry whose body record is missing. A body that was redacted keeps its (zeroed,
-flagged) record, so "missing" never means "redacted".
+returned). Only one batch is ever unacknowledged (the writer commits one at a time) and all of
+its entries carry the same `ts`, so recovery drops the tail from the first entry whose body
+record is missing only if that tail is one batch (one `ts`, the last line's); a body missing
+under an earlier entry was lost after its acknowledgement, and open refuses, naming the seq.
+A body that was redacted keeps its (zeroed, flagged) record, so "missing" never means
+"redacted".
+
+Write failures (ENOSPC, EDQUOT, EIO: see `outage`). The files hold exactly the acknowledged
+prefix, plus at most the one batch being committed. A batch whose write or fsync fails is never
+acknowledged and never fsynced again: after a failed fsync the page cache may hold pages the
+disk never got, and a second fsync on the same description would report success for them. So
+the batch is rolled back (the tree and body table in memory, then the entries and the pack are
+truncated to the offsets of the last acknowledged batch on fresh file descriptions, and
+fsynced), its appenders get `LedgerUnwritable` (503), and an outage begins: appends fail fast,
+a probe retries with backoff (finishing a rollback that failed too), and appends resume when
+the disk takes a write + fsync again. A caller that retries writes its entry anew. A failure in
+the derived files after both fsyncs returned does not undo the batch (it is durable): it is
+acknowledged and the outage begins after it. If the process dies before a failed rollback is
+finished, the unacknowledged batch may survive, as it may in any crash.
+
+Derived files are checked, not trusted. Open vouches for the stored tree before anything is
+served or signed from it: the root at the latest signed checkpoint must match (else every node
+is rebuilt from the leaves, and if it still differs the open is refused), and the nodes past it
+are recomputed from the leaves (bounded: RECHECK_MAX). The writer keeps a snapshot of its
+frontier (`_head`) after every batch; every proof is checked against the root it implies before
+it is served (the leaf re-hashed from the entry line), and a mismatch rebuilds the stored nodes
+once (logged) or refuses the proof with `LedgerCorrupt`.
 
 Redaction invariant. `redact` makes the `redaction` entry durable first and zeroes the body
 second. A crash in between is repaired on open: `meta.json`'s `redact_from` is the lowest seq
@@ -36,30 +65,37 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from daemon.errors import InvalidInput, NotFound
-from daemon.ledger.audit import VerifyReport, verify_files
+from daemon.ledger.audit import VerifyReport, gap_reason, verify_files
 from daemon.ledger.canonical import NotCanonical, canonical_bytes, canonicalize, check_text
 from daemon.ledger.checkpoint import Checkpoint, Signer, load_checkpoint, save_checkpoint
 from daemon.ledger.entry import GENESIS_PREV, VERSION, Entry, fill_line, line_template
-from daemon.ledger.errors import CheckpointUnwritable, LedgerCorrupt, LedgerFailed, LedgerLocked
+from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerLocked, LedgerUnwritable
 from daemon.ledger.merkle import (
+    EMPTY_ROOT,
+    Frontier,
     consistency_path,
     inclusion_path,
     leaf_hash,
     root_from_inclusion,
     verify_consistency,
 )
+from daemon.ledger.outage import LedgerHealth, Mark, Outage, probe
 from daemon.ledger.store import (
+    MARKS,
     BodyStore,
     Tree,
+    add_mark,
     body_digest,
     create_dir,
+    marks_before,
     open_append,
     read_meta,
+    reopen,
     write_all,
     write_atomic,
 )
@@ -73,10 +109,16 @@ SYNC_EVERY = 16384  # fsync the derived files at least this often (bounds recove
 # the history, so a corrupted entry older than that is NOT seen at open (the ledger opens) and
 # is found by `verify()`, which re-hashes everything and names its seq.
 TAIL_CHECK = 1024
+# On open, the stored tree nodes past the latest signed checkpoint are recomputed from the
+# leaves (after a clean close there are none; after a crash, about one checkpoint interval's
+# worth); at most this many, so open stays bounded (what lies further back is `verify()`'s). A
+# ledger never checkpointed (a bench fixture) has no anchor and skips it.
+RECHECK_MAX = 1 << 18
 READ_CHUNK = 1 << 22
 FSYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 Subscriber = Callable[[list[Entry]], Any]
+_Proof = TypeVar("_Proof", "InclusionProof", "ConsistencyProof")
 
 _set = object.__setattr__
 _FIELDS = set(Entry.model_fields)
@@ -123,6 +165,20 @@ class _Pending:
     tail: str
     future: asyncio.Future[Entry]
     redacts: bytes | None = None  # the body this `redaction` entry removes
+
+
+class _Mismatch(Exception):
+    """A proof built from the stored tree did not verify against the trusted root."""
+
+
+class _Stalled(Exception):
+    """Writer thread: a write or fsync failed. `entries`: the batch was durable anyway (only
+    the derived files failed after its fsyncs), else it was rolled back."""
+
+    def __init__(self, outage: Outage, entries: list[Entry] | None) -> None:
+        super().__init__(outage.detail)
+        self.outage = outage
+        self.entries = entries
 
 
 class _Inbox:
@@ -180,7 +236,10 @@ class Ledger:
         self._last_hash = GENESIS_PREV
         self._last_ts = 0
         self._synced = 0
-        self._failed: LedgerFailed | None = None
+        self._failed: LedgerFailed | None = None  # a bug mid-commit: nothing safe to resume
+        self._outage: Outage | None = None  # the disk refused a write: probing for its return
+        self._prober: asyncio.Task[None] | None = None
+        self._write_failures = 0
         self._closed = False
         self._subscribers: list[Subscriber] = []
         self._stats = _Stats()
@@ -191,6 +250,10 @@ class Ledger:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
         self._syncer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ledger-sync")
         self._unapplied: dict[int, bytes] = {}  # redaction seq -> body not yet zeroed
+        # The writer's frontier after its last batch (vouched for at open): proofs are checked
+        # against the root it implies. A snapshot, swapped whole, so readers never see a torn one.
+        self._head: tuple[int, tuple[tuple[int, bytes], ...]] = (0, ())
+        self._repaired = False  # the stored tree is rebuilt at most once per open
         self._writer: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.tree: Tree
@@ -247,6 +310,8 @@ class Ledger:
         self.bodies = BodyStore(
             self.dir, not self.readonly, int(meta.get("pack", 0)), int(meta.get("bodies", 0))
         )
+        if self.bodies.lost:
+            raise LedgerCorrupt(*self._lost_body())
         indexed = self.tree.size
         self._recover()
         if not self.readonly:
@@ -263,14 +328,38 @@ class Ledger:
             self._signer = Signer.load_or_create(self.dir, writable=True)
             self._vkey = self._signer.vkey if self._signer is not None else None
         self._latest = load_checkpoint(self.dir / "checkpoint")
-        latest = self._latest
-        if latest is not None:
-            if latest.size > self._size:
+        self._anchor(self._latest)
+
+    def _anchor(self, latest: Checkpoint | None) -> None:
+        """Vouch for the stored tree (module doc: derived files are checked, not trusted)."""
+        tree, size = self.tree, self.tree.size
+        signed = 0 if latest is None else latest.size
+        if signed > size:
+            raise LedgerCorrupt(size, f"checkpoint covers {signed} entries, only {size} remain")
+        if latest is not None and tree.root(signed).hex() != latest.root:
+            fixed, frontier = tree.recheck(0)
+            tree.frontier = frontier
+            if tree.root(signed).hex() != latest.root:
                 raise LedgerCorrupt(
-                    self._size, f"checkpoint covers {latest.size} entries, only {self._size} remain"
+                    signed - 1,
+                    "tree differs from the latest checkpoint even rebuilt from the leaf hashes "
+                    "(`tally ledger verify` names the entry)",
                 )
-            if self.tree.root(latest.size).hex() != latest.root:
-                raise LedgerCorrupt(latest.size - 1, "tree differs from the latest checkpoint")
+        elif latest is not None:  # unsigned ledgers (bench fixtures) have nothing to anchor to
+            fixed, tree.frontier = tree.recheck(max(signed, size - RECHECK_MAX))
+        else:
+            fixed = []
+        if fixed:
+            level, index = fixed[0]
+            log.warning(
+                "ledger: %d stored tree nodes did not match the leaves (first: level %d node %d); "
+                "rebuilt%s",
+                len(fixed),
+                level,
+                index,
+                "" if tree.writable else " in memory (read-only)",
+            )
+        self._head = tree.frontier.snapshot()
 
     def _take_lock(self) -> None:
         path = self.dir / "lock"
@@ -298,16 +387,14 @@ class Ledger:
         n = tree.size
         file_size = self._file_size()
         if n and tree.end(n - 1) > file_size:
-            raise LedgerCorrupt(n - 1, "entries file is shorter than its index")
+            raise LedgerCorrupt(*self._first_broken(n))
         first = max(0, n - self._tail_check)
         if n > first:
             start, end = tree.end(first - 1), tree.end(n - 1)
             lines = os.pread(self._entries_fd, end - start, start).split(b"\n")[:-1]
             for i, line in enumerate(lines):
                 if leaf_hash(line) != tree.leaf(first + i):
-                    raise LedgerCorrupt(
-                        first + i, "entry bytes do not match the recorded leaf hash"
-                    )
+                    raise LedgerCorrupt(*self._first_broken(first + i + 1))
         offset = tree.end(n - 1)
         prev = tree.leaf(n - 1).hex() if n else GENESIS_PREV
         buf = b""
@@ -323,6 +410,12 @@ class Ledger:
                 if problem is not None:
                     line_end = offset + len(line) + 1
                     rest = file_size - line_end
+                    if missing_body and not self._one_batch(offset):
+                        raise LedgerCorrupt(
+                            tree.size,
+                            "its body is missing from bodies.pack, and entries of a later batch "
+                            "follow it: it was acknowledged, and the pack lost its body",
+                        )
                     if missing_body or rest == 0 or _only_junk(self._entries_fd, line_end):
                         self._truncate_entries(offset)
                         return
@@ -335,6 +428,69 @@ class Ledger:
         if buf:  # a torn last line
             self._truncate_entries(offset)
         tree.flush()
+
+    def _first_broken(self, n: int) -> tuple[int, str]:
+        """The first of the first `n` indexed entries whose line is not where the index puts
+        it (lines deleted, inserted or changed), and why: a bisection, O(log n) reads. The
+        entries before it are intact, so open and `verify` name the same seq."""
+        tree, fd, file_size = self.tree, self._entries_fd, self._file_size()
+
+        def intact(i: int) -> bool:
+            start, end = tree.span(i)
+            if end > file_size:
+                return False
+            data = os.pread(fd, end - start, start)
+            return data.endswith(b"\n") and leaf_hash(data[:-1]) == tree.leaf(i)
+
+        lo, hi = 0, n - 1  # the last one is known to be broken
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if intact(mid):
+                lo = mid + 1
+            else:
+                hi = mid
+        start = tree.end(lo - 1)
+        if start >= file_size:
+            return lo, f"entries from seq {lo} on are missing: the entries file ends there"
+        line = os.pread(fd, 1 << 16, start).split(b"\n")[0]
+        return lo, gap_reason(line, lo) or "entry bytes do not match the recorded leaf hash"
+
+    def _one_batch(self, offset: int) -> bool:
+        """True if the complete lines from `offset` on can be one batch (at most MAX_BATCH, all
+        with the first one's `ts`): the only tail a crash can leave unacknowledged."""
+        ts: bytes | None = None
+        count, buf, at = 0, b"", offset
+        while True:
+            chunk = os.pread(self._entries_fd, READ_CHUNK, at)
+            if not chunk:
+                return True
+            at += len(chunk)
+            lines = (buf + chunk).split(b"\n")
+            buf = lines.pop()
+            for line in lines:
+                count += 1
+                stamp = _ts(line)
+                ts = stamp if ts is None else ts
+                if count > MAX_BATCH or stamp != ts:
+                    return False
+
+    def _lost_body(self) -> tuple[int, str]:
+        """bodies.pack is shorter than when the derived files were last synced: name the first
+        indexed entry whose body is gone. The scan starts at the last sync mark the pack still
+        covers (`marks.bin`), so it reads about one sync interval of entries."""
+        tree, bodies = self.tree, self.bodies
+        seq = marks_before(self.dir / MARKS, bodies.pack_size, tree.size)
+        gone = f"bodies.pack ends at byte {bodies.pack_size}, it held {bodies.mark} when synced"
+        while seq < tree.size:
+            stop = min(tree.size, seq + 4096)
+            a, b = tree.end(seq - 1), tree.end(stop - 1)
+            for line in os.pread(self._entries_fd, b - a, a).split(b"\n")[:-1]:
+                at = line.find(b'"body":"')
+                digest = _hex(line[at + 8 : at + 72]) if at >= 0 else None
+                if digest is not None and bodies.locate(digest) is None:
+                    return seq, f"its body is gone: {gone} (truncated?)"
+                seq += 1
+        return tree.size, f"acknowledged bodies are gone: {gone} (truncated?)"
 
     def _check_line(self, line: bytes, seq: int, prev: str) -> tuple[str | None, bool]:
         try:
@@ -374,6 +530,8 @@ class Ledger:
         """Append one entry; returns once it (and its body) are fsynced."""
         if self._failed is not None:
             raise self._failed
+        if self._outage is not None:
+            raise self._outage.error()
         if self.readonly or self._closed:
             raise LedgerFailed("the ledger is closed or read-only")
         if not isinstance(actor, str) or not actor or not isinstance(kind, str) or not kind:
@@ -429,8 +587,21 @@ class Ledger:
                     break
                 batch.append(item)
                 size += len(item.body or b"")
+            if self._outage is not None:  # queued before the outage began
+                self._refuse(batch, self._outage.error())
+                if stop:
+                    return
+                continue
             try:
                 entries = await loop.run_in_executor(self._executor, self._commit, batch)
+            except _Stalled as stall:
+                self._begin_outage(stall.outage)
+                if stall.entries is None:
+                    self._refuse(batch, stall.outage.error())
+                    if stop:
+                        return
+                    continue
+                entries = stall.entries
             except Exception as err:
                 self._fail(err, batch)
                 return
@@ -443,6 +614,23 @@ class Ledger:
                 return
 
     def _commit(self, batch: list[_Pending]) -> list[Entry]:
+        """Writer thread: commit a batch, or roll it back and raise `_Stalled` (module doc)."""
+        mark = Mark(self.tree.size, self._entries_end_offset(), self.bodies.pack_size)
+        try:
+            entries = self._write_batch(batch)
+        except OSError as err:
+            self._write_failures += 1
+            log.error("ledger: a write or fsync failed (%s): rolling the batch back", err)
+            raise _Stalled(Outage.of(err, self._rollback(mark)), None) from err
+        if self.tree.size - self._synced >= SYNC_EVERY:
+            try:
+                self._sync_derived()
+            except OSError as err:
+                self._write_failures += 1
+                raise _Stalled(Outage.of(err), entries) from err
+        return entries
+
+    def _write_batch(self, batch: list[_Pending]) -> list[Entry]:
         """Writer thread: encode, write pack + entries, fsync both at once, extend the tree."""
         tree, bodies = self.tree, self.bodies
         seq, prev, end = tree.size, self._last_hash, self._entries_end_offset()
@@ -457,50 +645,144 @@ class Ledger:
                 if not bodies.has_live(digest):
                     assert p.body is not None
                     bodies.stage(digest, p.body)
+        bodies.reserve(len(staged))
         t0 = time.perf_counter()
         # The pack is written (and its fsync started) before the entries are even encoded;
         # the entries' fsync follows their write; this thread then does the rest of the
         # batch's CPU work while both run. The batch is acknowledged only after both fsyncs
         # returned (see the module doc).
         syncs = []
-        if bodies.pending:
-            bodies.write()
-            syncs.append(self._syncer.submit(bodies.sync_pack))
-        sha256 = hashlib.sha256
-        for p in batch:
-            line = fill_line(p.head, p.tail, seq, ts, prev)
-            leaf = sha256(b"\x00" + line).digest()
-            lines.append(line)
-            leaves.append(leaf)
-            prev = leaf.hex()
-            seq += 1
-        lines.append(b"")
-        write_all(self._entries_fd, b"\n".join(lines))
-        syncs.append(self._syncer.submit(os.fsync, self._entries_fd))
+        failure: BaseException | None = None
         try:
+            if bodies.pending:
+                bodies.write()
+                syncs.append(self._syncer.submit(bodies.sync_pack))
+            sha256 = hashlib.sha256
+            for p in batch:
+                line = fill_line(p.head, p.tail, seq, ts, prev)
+                leaf = sha256(b"\x00" + line).digest()
+                lines.append(line)
+                leaves.append(leaf)
+                prev = leaf.hex()
+                seq += 1
+            lines.append(b"")
+            write_all(self._entries_fd, b"\n".join(lines))
+            syncs.append(self._syncer.submit(os.fsync, self._entries_fd))
             entries = self._extend(batch, lines, leaves, end, ts)
-        finally:
+        except BaseException as err:
+            failure = err
+        # Every started fsync is waited for, even after a failure: the rollback must not race
+        # a sync thread still writing the batch.
+        for sync in syncs:
             try:
-                for sync in syncs:
-                    sync.result()
+                sync.result()
             except OSError as err:
-                # The tree now holds entries that may not be durable: nothing may checkpoint
-                # or persist it from here on (the loop fails the waiting appenders).
-                self._failed = LedgerFailed(f"ledger fsync failed: {err}")
-                raise
+                failure = failure or err
+        if failure is not None:
+            raise failure
+        bodies.index()  # only now: a rolled-back batch never leaves a slot in the table
+        self._head = tree.frontier.snapshot()
         self._stats.observe(time.perf_counter() - t0)
         self._stats.appends += len(batch)
         self._stats.batches += 1
         self._last_hash, self._last_ts = prev, ts
-        if tree.size - self._synced >= SYNC_EVERY:
-            self._sync_derived()
         return entries
+
+    def _rollback(self, mark: Mark) -> Mark | None:
+        """Writer thread: undo a failed batch. Returns `mark` if the files could not be cut
+        back yet (the probe finishes it); memory is rolled back in any case."""
+        self.tree.truncate(mark.size, Frontier.restore(self._head))
+        self.bodies.forget(mark.pack_size)
+        self._entries_end = mark.entries_end
+        for seq in [s for s in self._unapplied if s >= mark.size]:
+            del self._unapplied[seq]
+        try:
+            self._cut(mark)
+        except OSError as err:
+            log.error("ledger: the rollback failed too (%s); the probe retries it", err)
+            return mark
+        return None
+
+    def _cut(self, mark: Mark) -> None:
+        """Writer thread: truncate the record files to `mark` on fresh descriptions, fsynced."""
+        os.ftruncate(self._entries_fd, mark.entries_end)
+        reopen(self._entries_fd, self.dir / "entries.jsonl", os.O_RDWR | os.O_APPEND)
+        os.fsync(self._entries_fd)
+        self.bodies.cut(mark.pack_size)
+
+    def _refuse(self, batch: list[_Pending], error: LedgerUnwritable) -> None:
+        for pending in batch:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    def _begin_outage(self, outage: Outage) -> None:
+        """Loop thread: stop accepting writes and start probing for the disk's return."""
+        current = self._outage
+        if current is not None:
+            current.rollback = current.rollback or outage.rollback
+            return
+        self._outage = outage
+        log.error(
+            "ledger: cannot write (%s): appends fail with 503 until the disk takes writes again",
+            outage.detail,
+        )
+        if not self._closed:
+            self._prober = asyncio.create_task(self._probe_loop(), name="ledger-probe")
+
+    async def _probe_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while (outage := self._outage) is not None:
+            await asyncio.sleep(outage.delay)
+            try:
+                await loop.run_in_executor(self._executor, self._probe, outage)
+            except OSError as err:
+                self._write_failures += 1
+                outage.again(err)
+                log.warning("ledger: still cannot write (%s); retrying", outage.detail)
+                continue
+            log.warning(
+                "ledger: writable again after %.1f s; appends resume",
+                time.monotonic() - outage.since,
+            )
+            self._outage = None
+
+    def _probe(self, outage: Outage) -> None:
+        """Writer thread: finish the rollback, write + fsync a scratch file, re-zero redactions
+        whose zeroing failed, sync the derived files. Raises OSError while the disk refuses."""
+        if outage.rollback is not None:
+            self._cut(outage.rollback)
+            outage.rollback = None
+        probe(self.dir)
+        for seq, digest in sorted(self._unapplied.items()):
+            self.bodies.redact(digest, force=True)
+            self._unapplied.pop(seq, None)
+        self._sync_derived()
+
+    @property
+    def health(self) -> LedgerHealth:
+        """Whether the ledger can write right now, and if not, why (health, /healthz, /metrics)."""
+        if self._failed is not None:
+            return LedgerHealth(
+                writable=False,
+                reason="failed",
+                detail=self._failed.message,
+                write_failures=self._write_failures,
+            )
+        outage = self._outage
+        if outage is None:
+            return LedgerHealth(writable=True, write_failures=self._write_failures)
+        return LedgerHealth(
+            writable=False,
+            reason=outage.reason,
+            detail=outage.detail,
+            since_s=round(time.monotonic() - outage.since, 3),
+            write_failures=self._write_failures,
+        )
 
     def _extend(
         self, batch: list[_Pending], lines: list[bytes], leaves: list[bytes], end: int, ts: int
     ) -> list[Entry]:
-        """Writer thread, during the fsyncs: index the bodies, grow the tree, build entries."""
-        self.bodies.index()
+        """Writer thread, during the fsyncs: grow the tree, build entries."""
         tree = self.tree
         new_entry = Entry.__new__
         seq, prev = tree.size, self._last_hash
@@ -560,6 +842,7 @@ class Ledger:
         }
         write_atomic(self.dir / "meta.json", json.dumps(meta).encode())
         self._synced = self.tree.size
+        add_mark(self.dir / MARKS, self.tree.size, self.bodies.mark)
 
     def _fail(self, err: BaseException, batch: list[_Pending]) -> None:
         log.critical("ledger: write or fsync failed, refusing further appends: %s", err)
@@ -605,6 +888,8 @@ class Ledger:
             raise InvalidInput(f"not a body hash: {body_hash!r}") from err
         if self._failed is not None:
             raise self._failed
+        if self._outage is not None:
+            raise self._outage.error()
         if self.readonly or self._closed:
             raise LedgerFailed("the ledger is closed or read-only")
         if not isinstance(actor, str) or not actor:
@@ -621,8 +906,16 @@ class Ledger:
         try:
             await loop.run_in_executor(self._executor, self._apply_redaction, entry.seq, digest)
         except OSError as err:
-            self._failed = LedgerFailed(f"redaction write failed: {err}")
-            raise self._failed from err
+            self._write_failures += 1
+            outage = Outage.of(err)
+            self._begin_outage(outage)  # the probe zeroes it again (and open re-applies it)
+            raise LedgerUnwritable(
+                outage.reason,
+                outage.detail,
+                outage.delay,
+                what=f"the redaction is witnessed (seq {entry.seq}) but the body is not zeroed "
+                "yet; it will be once the disk takes writes again",
+            ) from err
         return entry
 
     def _apply_redaction(self, seq: int, digest: bytes) -> None:
@@ -739,11 +1032,34 @@ class Ledger:
         pinned = None
         if latest is not None and latest.size <= size:
             pinned = (latest.size, bytes.fromhex(latest.root))
-        return await asyncio.to_thread(
+        report = await asyncio.to_thread(
             verify_files, self.dir / "entries.jsonl", self.tree, self.bodies, size, deep, pinned
         )
+        if report.derived and not self.readonly and self._failed is None:
+            loop = asyncio.get_running_loop()
+            rebuilt = await loop.run_in_executor(self._executor, self._rebuild, report.derived)
+            log.warning(
+                "ledger: verify found derived files that do not match the entries (%s); "
+                "rebuilt: %s",
+                report.derived[0],
+                ", ".join(rebuilt) or "nothing (see the report)",
+            )
+            report = report.model_copy(update={"rebuilt": rebuilt})
+        return report
+
+    def _rebuild(self, problems: list[str]) -> list[str]:
+        """Writer thread: rebuild the caches `verify` found wrong (the tree nodes and the body
+        table; wrong offsets in index.bin are reported only: see the README)."""
+        rebuilt = []
+        if any(p.startswith("tree/") for p in problems) and self._rebuild_tree():
+            rebuilt.append("tree/level-*.bin")
+        if any(p.startswith("bodies.idx") for p in problems):
+            self.bodies.rebuild_table()
+            rebuilt.append("bodies.idx")
+        return rebuilt
 
     def root(self, size: int | None = None) -> str:
+        """The stored tree's root at `size` (proofs use `_trusted_root`, which checks it)."""
         size = self._size if size is None else size
         if not 0 <= size <= self._size:
             raise NotFound(f"tree size {size} is beyond the ledger's size {self._size}")
@@ -753,60 +1069,88 @@ class Ledger:
         return self.tree.leaf(seq).hex()
 
     async def inclusion_proof(self, seq: int, size: int | None = None) -> InclusionProof:
+        """An RFC 9162 inclusion proof, checked against the writer's root before it is served."""
         size = self._size if size is None else size
         if not 0 <= seq < size <= self._size:
             raise NotFound(f"no inclusion proof for seq {seq} in a tree of size {size}")
-        path = inclusion_path(seq, size, self.tree.subtree)
-        root = self.root(size)
-        self._check_inclusion(seq, size, path, root)
-        return InclusionProof(
-            leaf_index=seq, tree_size=size, root=root, path=[p.hex() for p in path]
-        )
-
-    def _check_inclusion(self, seq: int, size: int, path: list[bytes], root: str) -> None:
-        """The tree levels and the leaf index are caches: before a proof leaves, its leaf is
-        re-hashed from the entry line itself, the path must lead to the root, and a root of
-        the signed checkpoint's size must be the signed one. A mismatch is refused, never
-        served (`tally ledger verify` names the damage)."""
-        start, end = self.tree.span(seq)
-        line = os.pread(self._entries_fd, end - start - 1, start)
-        leaf = leaf_hash(line)
-        signed = self._checkpoint_root(size)
-        if (
-            leaf != self.tree.leaf(seq)
-            or root_from_inclusion(seq, size, leaf, path) != bytes.fromhex(root)
-            or (signed is not None and signed != root)
-        ):
-            log.error("ledger: the tree cache fails its check for seq %d at size %d", seq, size)
-            raise LedgerCorrupt(
-                seq, f"the cached Merkle tree does not match the record at size {size}"
-            )
-
-    def _checkpoint_root(self, size: int) -> str | None:
-        latest = self._latest
-        return latest.root if latest is not None and latest.size == size else None
+        return await self._checked(lambda: self._inclusion(seq, size), seq)
 
     async def consistency_proof(self, old: int, new: int | None = None) -> ConsistencyProof:
+        """An RFC 9162 consistency proof, checked like `inclusion_proof`."""
         new = self._size if new is None else new
         if not 0 <= old <= new <= self._size:
             raise NotFound(f"no consistency proof from size {old} to {new}")
+        return await self._checked(lambda: self._consistency(old, new), max(old - 1, 0))
+
+    def _inclusion(self, seq: int, size: int) -> InclusionProof:
+        path = inclusion_path(seq, size, self.tree.subtree)
+        root = self._trusted_root(size)
+        start, end = self.tree.span(seq)
+        leaf = leaf_hash(os.pread(self._entries_fd, end - start - 1, start))  # the record's
+        if root_from_inclusion(seq, size, leaf, path) != root:
+            raise _Mismatch(f"an inclusion proof of seq {seq} in {size} did not verify")
+        return InclusionProof(
+            leaf_index=seq, tree_size=size, root=root.hex(), path=[p.hex() for p in path]
+        )
+
+    def _consistency(self, old: int, new: int) -> ConsistencyProof:
         path = consistency_path(old, new, self.tree.subtree)
-        old_root, new_root = self.root(old), self.root(new)
-        signed = [self._checkpoint_root(n) for n in (old, new)]
-        if not verify_consistency(
-            old, new, bytes.fromhex(old_root), bytes.fromhex(new_root), path
-        ) or any(
-            s is not None and s != r for s, r in zip(signed, (old_root, new_root), strict=True)
-        ):
-            log.error("ledger: the tree cache fails its check from size %d to %d", old, new)
-            raise LedgerCorrupt(new, f"the cached Merkle tree is inconsistent from size {old}")
+        new_root = self._trusted_root(new)
+        old_root = self.tree.subtree(0, old) if old else EMPTY_ROOT
+        if not verify_consistency(old, new, old_root, new_root, path):
+            raise _Mismatch(f"a consistency proof from {old} to {new} did not verify")
         return ConsistencyProof(
             old_size=old,
             new_size=new,
-            old_root=old_root,
-            new_root=new_root,
+            old_root=old_root.hex(),
+            new_root=new_root.hex(),
             path=[p.hex() for p in path],
         )
+
+    def _trusted_root(self, size: int) -> bytes:
+        """The root at `size`, vouched for by the writer's frontier (`_head`): read from the
+        stored nodes, then proven consistent with the head's root. Raises `_Mismatch`."""
+        head = self._head
+        head_root = Frontier.restore(head).root()
+        if size == head[0]:
+            return head_root
+        root = self.tree.subtree(0, size) if size else EMPTY_ROOT
+        path = consistency_path(size, head[0], self.tree.subtree)
+        if not verify_consistency(size, head[0], root, head_root, path):
+            raise _Mismatch(f"the stored root at size {size} is not consistent with the head")
+        return root
+
+    async def _checked(self, build: Callable[[], _Proof], seq: int) -> _Proof:
+        """Serve `build()`'s proof if it checks; else rebuild the stored tree once and retry;
+        else refuse (a wrong proof is never served)."""
+        try:
+            return build()
+        except _Mismatch as first:
+            await self._repair(str(first))
+            try:
+                return build()
+            except _Mismatch as again:
+                raise LedgerCorrupt(
+                    seq,
+                    f"{again}: the stored tree or index does not match the entries; the proof "
+                    "is refused (`tally ledger verify` says where)",
+                ) from None
+
+    async def _repair(self, why: str) -> None:
+        """Rebuild the stored tree nodes from the leaf hashes, once per open, on the writer's
+        thread (so no batch runs meanwhile); the head is kept whatever the rebuild finds."""
+        if self._repaired:
+            return
+        self._repaired = True
+        loop = asyncio.get_running_loop()
+        fixed = await loop.run_in_executor(self._executor, self._rebuild_tree)
+        log.warning("ledger: %s; rebuilt %d stored tree nodes from the leaf hashes", why, fixed)
+
+    def _rebuild_tree(self) -> int:
+        fixed, frontier = self.tree.recheck(0)
+        if frontier.snapshot() != self._head:
+            log.error("ledger: the leaf hashes do not add up to the head: see `ledger verify`")
+        return len(fixed)
 
     # ---- checkpoints ----------------------------------------------------------------------
 
@@ -824,20 +1168,18 @@ class Ledger:
             raise LedgerFailed("checkpoints are written by the ledger's owner only")
         if self._failed is not None:
             raise self._failed
+        if self._outage is not None:
+            raise self._outage.error(what="no checkpoint was written")
         loop = asyncio.get_running_loop()
         try:
             checkpoint = await loop.run_in_executor(self._executor, self._checkpoint)
-        except OSError as err:  # derived files and the note: the record itself is untouched
-            log.error("ledger: checkpoint not written: %s", err)
-            reason = err.strerror or str(err)
-            raise CheckpointUnwritable(f"the checkpoint was not written: {reason}") from None
+        except OSError as err:
+            self._write_failures += 1
+            outage = Outage.of(err)
+            self._begin_outage(outage)
+            raise outage.error(what="no checkpoint was written") from err
         self._latest = checkpoint
         return checkpoint
-
-    @property
-    def failure(self) -> str | None:
-        """Why the ledger refuses appends (None: it accepts them)."""
-        return None if self._failed is None else self._failed.message
 
     def _checkpoint(self) -> Checkpoint:
         assert self._signer is not None
@@ -854,9 +1196,12 @@ class Ledger:
         while True:
             await asyncio.sleep(interval)
             latest = self._latest
-            if self._failed is None and (latest is None or latest.size != self._size):
+            healthy = self._failed is None and self._outage is None
+            if healthy and (latest is None or latest.size != self._size):
                 try:
                     await self.checkpoint()
+                except LedgerUnwritable as err:
+                    log.warning("ledger: periodic checkpoint skipped: %s", err.message)
                 except Exception:
                     log.exception("ledger: periodic checkpoint failed")
 
@@ -883,29 +1228,48 @@ class Ledger:
         if self._closed:
             return
         self._closed = True
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+        for task in (self._ticker, self._prober):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._writer is not None:
             self._queue.put(None)
             await self._writer
         loop = asyncio.get_running_loop()
-        if not self.readonly and self._failed is None:
-            latest = self._latest
-            if latest is None or latest.size != self._size:
-                with contextlib.suppress(LedgerFailed):
-                    self._latest = await loop.run_in_executor(self._executor, self._checkpoint)
-            else:
-                await loop.run_in_executor(self._executor, self._sync_derived)
-        await loop.run_in_executor(self._executor, self._release)
-        self._executor.shutdown(wait=True)
-        self._syncer.shutdown(wait=True)
+        try:
+            if not self.readonly and self._failed is None:
+                await self._close_outage(loop)
+            if not self.readonly and self._failed is None and self._outage is None:
+                latest = self._latest
+                try:
+                    if latest is None or latest.size != self._size:
+                        self._latest = await loop.run_in_executor(self._executor, self._checkpoint)
+                    else:
+                        await loop.run_in_executor(self._executor, self._sync_derived)
+                except (LedgerFailed, OSError) as err:
+                    log.warning("ledger: closing without a final checkpoint: %s", err)
+        finally:
+            await loop.run_in_executor(self._executor, self._release)
+            self._executor.shutdown(wait=True)
+            self._syncer.shutdown(wait=True)
+
+    async def _close_outage(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One last probe, so a disk that came back lets close checkpoint as usual."""
+        outage = self._outage
+        if outage is None:
+            return
+        try:
+            await loop.run_in_executor(self._executor, self._probe, outage)
+        except OSError as err:
+            log.warning("ledger: closing while the disk still refuses writes (%s)", err)
+            return
+        self._outage = None
 
     async def abandon(self) -> None:
         """Drop the handle as a crash would (no checkpoint, no derived sync); for tests."""
         self._closed = True
-        for task in (self._ticker, self._writer):
+        for task in (self._ticker, self._prober, self._writer):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -929,6 +1293,19 @@ class Ledger:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _hex(data: bytes) -> bytes | None:
+    try:
+        return bytes.fromhex(data.decode("ascii"))
+    except ValueError:
+        return None
+
+
+def _ts(line: bytes) -> bytes | None:
+    """The `ts` of a canonical entry line, unparsed (keys are sorted: `ts` follows `seq`)."""
+    at = line.rfind(b',"ts":')
+    return line[at + 6 :].split(b",")[0] if at >= 0 else None
 
 
 def _only_junk(fd: int, offset: int) -> bool:

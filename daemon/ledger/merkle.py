@@ -42,6 +42,17 @@ class Frontier:
         levels = [b for b in range(size.bit_length() - 1, -1, -1) if size >> b & 1]
         self._stack = list(zip(levels, nodes, strict=True))
 
+    def copy(self) -> Frontier:
+        return Frontier(self.size, [h for _, h in self._stack])
+
+    def snapshot(self) -> tuple[int, tuple[tuple[int, bytes], ...]]:
+        """A cheap immutable copy (no hashing): `Frontier.restore` turns it back."""
+        return self.size, tuple(self._stack)
+
+    @classmethod
+    def restore(cls, snapshot: tuple[int, tuple[tuple[int, bytes], ...]]) -> Frontier:
+        return cls(snapshot[0], [h for _, h in snapshot[1]])
+
     def push(self, leaf: bytes) -> list[tuple[int, int, bytes]]:
         """Add a leaf hash; return the complete nodes it finished as (level, index, hash)."""
         done = [(0, self.size, leaf)]

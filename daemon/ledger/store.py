@@ -1,6 +1,12 @@
 """On-disk structures derived from the entries file, and the bodies pack.
 
-Derived files (rebuilt from the entries when missing, so they are caches, not the record):
+One file (past 500 lines) for the ledger's storage formats: the record/column files, the tree
+over them and the body pack + table share the same write, sync and recovery helpers.
+
+Derived files (rebuilt from the entries when missing, so they are caches, not the record, and
+checked rather than trusted: open recomputes the tree nodes past the last signed checkpoint,
+proofs are checked against the root before they are served, and `verify` compares every stored
+record with the entries; see `Tree.recheck` and `audit`):
 - `index.bin`: per entry 40 bytes, its leaf hash and the end offset of its line;
 - `tree/level-NN.bin`: per complete, aligned subtree of 2**NN leaves its 32-byte hash, so any
   aligned subtree (and so any proof or root) costs O(log n) reads;
@@ -16,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import mmap
 import os
 import struct
@@ -25,11 +32,14 @@ from typing import Any
 
 from daemon.ledger.merkle import EMPTY_ROOT, Frontier, node_hash, split_point
 
+log = logging.getLogger(__name__)
+
 INDEX_RECORD = 40
 NODE_RECORD = 32
 _END = struct.Struct("<Q")
 _RECORD = struct.Struct("<32sQ")
 FLUSH_BYTES = 1 << 16  # the writer's per-batch flush leaves smaller buffers in memory
+RECHECK_CHUNK = 1 << 16  # leaves per read when recomputing stored nodes
 
 
 def fsync_dir(path: Path) -> None:
@@ -84,16 +94,38 @@ def pread_exact(fd: int, size: int, offset: int) -> bytes:
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Write a small file so a crash leaves either the old or the new content."""
+    """Write a small file so a crash leaves either the old or the new content.
+
+    A failed write (a full disk) removes its temporary file: it must not keep the space.
+    """
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     fsync_dir(path.parent)
+
+
+def reopen(fd: int, path: Path, flags: int) -> None:
+    """Point `fd` at a fresh open file description of `path`, atomically (dup2).
+
+    After a failed fsync the old description has consumed the error, so a later fsync on it
+    could report success for pages that never reached the disk. Readers on other threads keep
+    using the same fd number, which never refers to anything else in between.
+    """
+    fresh = os.open(path, flags | os.O_CLOEXEC)
+    try:
+        os.dup2(fresh, fd, inheritable=False)
+    finally:
+        os.close(fresh)
 
 
 class Column:
@@ -115,6 +147,9 @@ class Column:
         on_disk = os.fstat(self.fd).st_size // record if self.fd is not None else 0
         disk = min(on_disk, trusted)
         self._view: tuple[int, bytearray] = (disk, bytearray())
+        # A read-only opener's corrections (see `patch`), seen by `read` and not `read_range`:
+        # what `verify` compares is the file as it is.
+        self.fixes: dict[int, bytes] = {}
         if writable and on_disk != disk:
             os.ftruncate(self.fd, disk * record)  # type: ignore[arg-type]
 
@@ -134,6 +169,8 @@ class Column:
     def read(self, i: int) -> bytes:
         disk, mem = self._view
         if i < disk:
+            if self.fixes and i in self.fixes:
+                return self.fixes[i]
             assert self.fd is not None
             return pread_exact(self.fd, self.record, i * self.record)
         at = (i - disk) * self.record
@@ -158,6 +195,18 @@ class Column:
     def append(self, data: bytes) -> None:
         self._view[1].extend(data)
 
+    def patch(self, i: int, data: bytes) -> None:
+        """Correct record i: in the file (writable) or in memory (a read-only opener)."""
+        disk, mem = self._view
+        if i >= disk:
+            at = (i - disk) * self.record
+            mem[at : at + self.record] = data
+        elif self.writable:
+            assert self.fd is not None
+            pwrite_all(self.fd, data, i * self.record)
+        else:
+            self.fixes[i] = data
+
     def flush(self) -> None:
         disk, mem = self._view
         if self.writable and mem:
@@ -175,7 +224,11 @@ class Column:
         self._view = (n, bytearray())
         if self.writable:
             assert self.fd is not None
-            os.ftruncate(self.fd, n * self.record)
+            # Best effort: records left past the count are overwritten by the next flush and
+            # cut at open (which trusts only `meta.json`'s size), so a failure here (a disk
+            # gone bad while rolling a batch back) leaves nothing wrong behind.
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, n * self.record)
 
     def sync(self) -> None:
         if self.writable and self.fd is not None:
@@ -284,10 +337,56 @@ class Tree:
             if force or len(column.mem) >= FLUSH_BYTES:
                 column.flush()
 
-    def truncate(self, n: int) -> None:
+    def truncate(self, n: int, frontier: Frontier | None = None) -> None:
+        """Drop leaves from n on; `frontier` (the one at n, if the caller kept it) saves
+        reading it back from the stored nodes."""
         for level, column in enumerate(self.levels):
             column.truncate(n >> level)
-        self.frontier = self._load_frontier(n)
+        self.frontier = frontier if frontier is not None else self._load_frontier(n)
+
+    def recheck(self, start: int) -> tuple[list[tuple[int, int]], Frontier]:
+        """Recompute the interior nodes that leaves [start, size) complete, from those leaves
+        and the stored frontier at `start`, and correct every stored node that differs (see
+        `Column.patch`). Returns the corrected (level, index) pairs and the recomputed frontier
+        (the caller decides whether to adopt it). O(size - start) leaf reads and hashes; the
+        caller vouches for the stored frontier at `start` (a signed checkpoint's size, or 0)."""
+        size = self.size
+        frontier = self._load_frontier(start)
+        fixed: list[tuple[int, int]] = []
+        seq = start
+        while seq < size:
+            stop = min(size, seq + RECHECK_CHUNK)
+            index = self.index.read_range(seq, stop)
+            leaves = [index[i : i + 32] for i in range(0, len(index), INDEX_RECORD)]
+            by_level: dict[int, list[bytes]] = {}
+            for level, digest in frontier.push_many(leaves):
+                by_level.setdefault(level, []).append(digest)
+            for level, digests in by_level.items():
+                # The first node a chunk completes on a level is the one holding its first leaf.
+                fixed += self._correct(level, seq >> level, digests)
+            seq = stop
+        return fixed, frontier
+
+    def _correct(self, level: int, first: int, digests: list[bytes]) -> list[tuple[int, int]]:
+        while level >= len(self.levels):
+            self._open_level(len(self.levels), 0)
+        column = self.levels[level]
+        stored = b""
+        with contextlib.suppress(OSError):
+            stored = column.read_range(first, first + len(digests))
+        if stored == b"".join(digests) and not column.fixes:
+            return []
+        fixed = []
+        for k, digest in enumerate(digests):
+            i = first + k
+            try:
+                same = column.read(i) == digest
+            except (OSError, IndexError):
+                same = False
+            if not same:
+                column.patch(i, digest)
+                fixed.append((level, i))
+        return fixed
 
     def sync(self) -> None:
         self.flush()
@@ -318,7 +417,8 @@ class BodyStore:
     def __init__(self, root: Path, writable: bool, table_mark: int, table_count: int) -> None:
         self.writable = writable
         self.lock = threading.Lock()
-        pack_path, self.table_path = root / "bodies.pack", root / "bodies.idx"
+        self.pack_path, self.table_path = root / "bodies.pack", root / "bodies.idx"
+        pack_path = self.pack_path
         if writable:
             self.pack = open_append(pack_path, append=False)
         elif pack_path.exists():
@@ -336,7 +436,20 @@ class BodyStore:
             flags = os.O_RDWR if writable else os.O_RDONLY
             self.table = os.open(self.table_path, flags | os.O_CLOEXEC)
             self.slots = os.fstat(self.table).st_size // _SLOT.size
-        if self.slots == 0 or self.slots & (self.slots - 1) or mark > self.pack_size:
+        self.lost = mark > self.pack_size
+        """The pack is shorter than when the table was synced: acknowledged bodies are gone.
+        Nothing is touched (no rescan, no truncation); the ledger refuses to open."""
+        if self.lost:
+            if self.slots and not self.slots & (self.slots - 1):
+                self._map()
+            self.mark = mark
+            self.pending = bytearray()
+            self.unindexed: list[tuple[int, bytearray]] = []
+            return
+        # Nothing trusted (mark 0: no meta.json) means a new table: an old one may hold slots
+        # of records a crash or a truncation removed, and more of them than `count` says.
+        untrusted = mark == 0 and self.slots > 0 and writable
+        if untrusted or self.slots == 0 or self.slots & (self.slots - 1) or mark > self.pack_size:
             mark, self.count = 0, 0
             if writable:
                 self._new_table(INITIAL_SLOTS)
@@ -345,10 +458,12 @@ class BodyStore:
                     os.close(self.table)
                 self.table, self.slots = -1, 0
         else:
+            if writable:
+                self._allocate()
             self._map()
         self.mark = mark
         self.pending = bytearray()
-        self.unindexed: list[tuple[int, bytearray]] = []  # written, not yet in the table
+        self.unindexed = []  # written, not yet in the table
         self._scan_tail(mark)
 
     # -- table --
@@ -361,14 +476,33 @@ class BodyStore:
             self.map.close()
             self.map = None
 
+    def _allocate(self) -> None:
+        """Give the mapped table real blocks: storing into a hole of a mapped file on a full
+        disk is a SIGBUS (the process dies), where a write would only have failed."""
+        try:
+            os.posix_fallocate(self.table, 0, self.slots * _SLOT.size)
+        except OSError as err:
+            log.warning("ledger: cannot allocate bodies.idx (%s); a full disk may crash", err)
+
     def _new_table(self, slots: int) -> None:
         self._unmap()
         if self.table >= 0:
             os.close(self.table)
+            self.table = -1
         fd = os.open(self.table_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        os.ftruncate(fd, slots * _SLOT.size)
+        try:
+            write_all(fd, bytes(slots * _SLOT.size))  # written, not a hole (see _allocate)
+        except BaseException:
+            os.close(fd)
+            raise
         self.table, self.slots, self.count = fd, slots, 0
         self._map()
+
+    def reserve(self, records: int) -> None:
+        """Grow the table now if `records` more could overfill it, so that `index`, which runs
+        after the batch is durable, does no I/O and cannot fail."""
+        while (self.count + records) * 2 > self.slots:
+            self._grow()
 
     def _probe(self, digest: bytes) -> tuple[int, int]:
         prefix = int.from_bytes(digest[:8], "little") or 1
@@ -430,6 +564,8 @@ class BodyStore:
             os.fsync(fd)
         except BaseException:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # a full disk must get its space back
             raise
         os.replace(tmp, self.table_path)
         self._unmap()
@@ -461,6 +597,8 @@ class BodyStore:
                 if off + PACK_HEADER.size > self.pack_size:
                     continue
                 h, length, flags = PACK_HEADER.unpack(pread_exact(self.pack, PACK_HEADER.size, off))
+                if off + PACK_HEADER.size + length > self.pack_size:
+                    continue  # a record cut short
                 if h == digest and (best is None or off > best[0]):
                     best = (off, length, flags)
             return best
@@ -514,15 +652,26 @@ class BodyStore:
                     offset += PACK_HEADER.size + length
             self.unindexed.clear()
 
-    def truncate(self, size: int) -> None:
-        """Drop records from `size` on (a recovery of an un-acknowledged tail)."""
-        if self.writable and size < self.pack_size:
-            os.ftruncate(self.pack, size)
-            os.fsync(self.pack)
+    def forget(self, size: int) -> None:
+        """Writer thread, rolling a failed batch back: drop what it staged or wrote past `size`
+        from memory (the records were never entered into the table: see `index`)."""
+        self.pending = bytearray()
+        self.unindexed.clear()
         self.pack_size = min(self.pack_size, size)
+        self.mark = min(self.mark, size)
 
-    def redact(self, digest: bytes) -> bool:
-        """Zero every live copy of this body in place and flag it; fsync. False if none."""
+    def cut(self, size: int) -> None:
+        """Cut the pack file back to `size` on a fresh file description, and fsync."""
+        os.ftruncate(self.pack, size)
+        reopen(self.pack, self.pack_path, os.O_RDWR)
+        os.fsync(self.pack)
+
+    def redact(self, digest: bytes, force: bool = False) -> bool:
+        """Zero every live copy of this body in place and flag it; fsync. False if none.
+
+        `force` rewrites copies already flagged: after a failed fsync the flag may be in the
+        page cache only.
+        """
         done = False
         with self.lock:
             offsets = self._table_offsets(digest) + self.extra.get(digest, [])
@@ -530,7 +679,7 @@ class BodyStore:
                 if off + PACK_HEADER.size > self.pack_size:
                     continue
                 h, length, flags = PACK_HEADER.unpack(pread_exact(self.pack, PACK_HEADER.size, off))
-                if h != digest or flags & REDACTED:
+                if h != digest or (flags & REDACTED and not force):
                     continue
                 pwrite_all(self.pack, bytes(length), off + PACK_HEADER.size)
                 os.pwrite(self.pack, PACK_HEADER.pack(h, length, flags | REDACTED), off)
@@ -538,6 +687,60 @@ class BodyStore:
             if done:
                 os.fsync(self.pack)
         return done
+
+    def audit(self, limit: int = 20) -> list[str]:
+        """Check the table against the pack, up to `mark` (the records the table was synced
+        with): every record is found at its offset, every slot points at a record of its body.
+        O(records + slots) reads; for deep verify."""
+        problems: list[str] = []
+        with self.lock:
+            end, offset, records = min(self.mark, self.pack_size), 0, 0
+            while offset + PACK_HEADER.size <= end and len(problems) < limit:
+                digest, length, _ = PACK_HEADER.unpack(
+                    pread_exact(self.pack, PACK_HEADER.size, offset)
+                )
+                if offset not in self._table_offsets(digest) + self.extra.get(digest, []):
+                    problems.append(
+                        f"bodies.idx: the record of body {digest.hex()} at offset {offset} "
+                        "is not in the table"
+                    )
+                offset += PACK_HEADER.size + length
+                records += 1
+            table = self.map
+            for slot in range(self.slots if table is not None else 0):
+                if len(problems) >= limit:
+                    break
+                assert table is not None
+                key, off = _SLOT.unpack_from(table, slot * _SLOT.size)
+                if not off:
+                    continue
+                at = off - 1
+                if at >= end:  # past the synced records: a crash may leave stale slots there,
+                    continue  # which `locate` skips (it checks the record's header)
+                head = os.pread(self.pack, PACK_HEADER.size, at)
+                prefix = int.from_bytes(head[:8], "little") or 1
+                if len(head) < PACK_HEADER.size or prefix != key:
+                    problems.append(
+                        f"bodies.idx: slot {slot} points at offset {at}, not a record of its body"
+                    )
+        return problems
+
+    def rebuild_table(self) -> None:
+        """Writer thread: a new table from a scan of the whole pack (after `audit` found it
+        wrong). O(records)."""
+        with self.lock:
+            slots = INITIAL_SLOTS
+            while slots < 2 * self.count:
+                slots *= 2
+            self._new_table(slots)
+            offset = 0
+            while offset + PACK_HEADER.size <= self.pack_size:
+                digest, length, _ = PACK_HEADER.unpack(
+                    pread_exact(self.pack, PACK_HEADER.size, offset)
+                )
+                self._insert(digest, offset)
+                offset += PACK_HEADER.size + length
+            self.sync_table()
 
     def sync_pack(self) -> None:
         os.fsync(self.pack)
@@ -562,6 +765,42 @@ def body_digest(data: bytes) -> bytes:
 
 
 # ---- meta -----------------------------------------------------------------------------------
+
+MARKS = "marks.bin"
+_MARK = struct.Struct("<QQ")  # entries, pack bytes: at a derived sync, entries [0, n) had
+# all their bodies in pack bytes [0, p). Appended at every sync (derived: a hint for naming
+# the first entry whose body a truncated pack lost; see `Ledger._lost_body`).
+
+
+def add_mark(path: Path, entries: int, pack: int) -> None:
+    with contextlib.suppress(OSError):  # a hint: a full disk must not fail the sync for it
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, _MARK.pack(entries, pack))
+        finally:
+            os.close(fd)
+
+
+def marks_before(path: Path, pack: int, entries: int) -> int:
+    """The largest entry count of a mark whose pack size is at most `pack` (bisection over
+    the marks, which grow together); 0 without one. Marks beyond `entries` are ignored."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        lo, hi = 0, os.fstat(fd).st_size // _MARK.size
+        best = 0
+        while lo < hi:
+            mid = (lo + hi) // 2
+            n, p = _MARK.unpack(pread_exact(fd, _MARK.size, mid * _MARK.size))
+            if p <= pack and n <= entries:
+                best, lo = max(best, n), mid + 1
+            else:
+                hi = mid
+        return best
+    finally:
+        os.close(fd)
 
 
 def read_meta(path: Path) -> dict[str, Any]:

@@ -226,7 +226,10 @@ def _report_lines(
     else:
         lines = [f"{'ok' if report.ok else 'FAILED'}: {n} {_plural(n, 'entry', 'entries')}"]
         lines.append("  chain:      every prev link and leaf hash re-computed from the entries")
-        lines.append(f"  merkle:     root {report.root} (matches the stored tree)")
+        if any(p.startswith("tree/") for p in report.derived):
+            lines.append(f"  merkle:     root {report.root} (recomputed from the entries)")
+        else:
+            lines.append(f"  merkle:     root {report.root} (matches the stored tree)")
         latest = checked.get("checkpoint")
         if latest is None:
             lines.append("  checkpoint: none yet (nothing to compare the root with)")
@@ -242,6 +245,12 @@ def _report_lines(
             )
         else:
             lines.append("  bodies:     not re-hashed (add --deep)")
+    if report.derived:
+        lines.append(
+            "DERIVED files do not match the entries (caches: the entries are intact; the daemon "
+            "rebuilds them when it opens the ledger, serves a proof or verifies):"
+        )
+        lines.extend(f"  {problem}" for problem in report.derived)
     if report.redacted:
         lines.append(f"redacted bodies ({len(report.redacted)}): " + ", ".join(report.redacted))
     if report.tampered:

@@ -1,0 +1,122 @@
+"""What open does when the record lost bytes: a bodies.pack cut under acknowledged entries is
+refused, naming the seq (only an unacknowledged last batch is dropped), and missing entry lines
+are named by the same seq at open and in `tally ledger verify`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from daemon.ledger import Ledger, LedgerCorrupt, bulk
+from daemon.ledger.store import MARKS, marks_before
+from surfaces.cli import main
+
+
+def pack(state_dir: Path) -> Path:
+    return state_dir / "ledger" / "bodies.pack"
+
+
+def cut_before(state_dir: Path, body: bytes) -> int:
+    """Truncate the pack inside the record holding `body`; returns the new size."""
+    data = pack(state_dir).read_bytes()
+    at = data.index(body) - 20  # inside the record's header
+    with pack(state_dir).open("r+b") as f:
+        f.truncate(at)
+    return at
+
+
+async def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = await asyncio.to_thread(main, list(argv))
+    return code, capsys.readouterr().out
+
+
+async def one_by_one(ledger: Ledger, start: int, stop: int) -> None:
+    for i in range(start, stop):  # one batch (and one ts) each
+        await ledger.append(actor="t", kind="note", body={"i": i})
+
+
+async def test_a_pack_cut_under_acknowledged_entries_refuses_naming_the_seq(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    for start in range(0, 400, 100):  # four derived syncs: four marks
+        await one_by_one(ledger, start, start + 100)
+        await ledger.checkpoint()
+    await ledger.close()
+    size = cut_before(state_dir, b'{"i":217}')
+    entries = (state_dir / "ledger" / "entries.jsonl").read_bytes()
+    # The bisection over the sync marks starts the scan at 200, not 0.
+    assert marks_before(state_dir / "ledger" / MARKS, size, 400) == 200
+    for readonly in (False, True):
+        with pytest.raises(LedgerCorrupt) as err:
+            await Ledger.open(state_dir, readonly=readonly)
+        assert err.value.seq == 217
+        assert "its body is gone: bodies.pack ends at byte" in err.value.reason
+    # Nothing was "repaired" away: the evidence is as it was.
+    assert pack(state_dir).stat().st_size == size
+    assert (state_dir / "ledger" / "entries.jsonl").read_bytes() == entries
+    code, out = await cli(capsys, "ledger", "verify", "--json", "--state", str(state_dir))
+    assert code == 1
+    assert json.loads(out)["first_bad_seq"] == 217
+
+
+async def test_a_lost_body_under_a_later_batch_is_refused_not_dropped(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    await one_by_one(ledger, 0, 5)
+    await ledger.checkpoint()  # 0..4 indexed; 5..9 only in entries.jsonl and the pack
+    await one_by_one(ledger, 5, 10)
+    await ledger.abandon()  # a crash: no derived sync
+    cut_before(state_dir, b'{"i":7}')
+    with pytest.raises(LedgerCorrupt) as err:
+        await Ledger.open(state_dir)
+    assert err.value.seq == 7
+    assert "a later batch" in err.value.reason
+
+
+async def test_a_lost_body_in_the_last_batch_is_an_unacknowledged_tail(state_dir: Path) -> None:
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    await one_by_one(ledger, 0, 5)
+    await ledger.checkpoint()
+    await one_by_one(ledger, 5, 8)
+    # One batch: the crash window of the durability invariant (entries on disk, pack not).
+    await asyncio.gather(*(ledger.append(actor="t", kind="note", body={"i": i}) for i in (8, 9)))
+    await ledger.abandon()
+    cut_before(state_dir, b'{"i":8}')
+    again = await Ledger.open(state_dir)
+    assert again.size == 8
+    assert (await again.verify(deep=True)).ok
+    await again.close()
+
+
+N = 6220
+
+
+@pytest.mark.parametrize(
+    ("gone", "seq", "words"),
+    [
+        (range(5720, 5731), 5720, "entries 5720..5730 are missing (the next line holds seq 5731)"),
+        (range(100, 101), 100, "entry 100 is missing (the next line holds seq 101)"),
+        (range(6210, 6216), 6210, "entries 6210..6215 are missing"),
+        (range(6217, N), 6217, "entries from seq 6217 on are missing"),
+    ],
+)
+async def test_open_and_verify_name_the_same_seq_for_missing_lines(
+    state_dir: Path, capsys: pytest.CaptureFixture[str], gone: range, seq: int, words: str
+) -> None:
+    bulk.build(state_dir, N)
+    path = state_dir / "ledger" / "entries.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(line for i, line in enumerate(lines) if i not in gone))
+    for readonly in (False, True):
+        with pytest.raises(LedgerCorrupt) as err:
+            await Ledger.open(state_dir, readonly=readonly)
+        assert err.value.seq == seq
+        assert words in err.value.reason
+    code, out = await cli(capsys, "ledger", "verify", "--json", "--state", str(state_dir))
+    assert code == 1
+    report = json.loads(out)
+    assert report["first_bad_seq"] == seq
+    assert words in report["reason"]

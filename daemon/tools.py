@@ -30,6 +30,7 @@ from daemon.errors import (
     TallyError,
     Unavailable,
 )
+from daemon.gateway import REPLY as GATEWAY_REPLY
 from daemon.ledger.canonical import MAX_SAFE_INT
 from daemon.planning import Plan, Task, problems, waves
 from daemon.runs import entries as k
@@ -684,6 +685,14 @@ class ClientUsage(_Out):
     entries: int = Field(default=0, description="Entries of its runs and of its own requests.")
 
 
+class GatewayUsage(_Out):
+    calls: int = Field(default=0, description="Answered gateway calls (gateway.reply, no error).")
+    errors: int = Field(default=0, description="Attempts that ended in an error.")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ms: int = Field(default=0, description="Time the answered calls took, summed.")
+
+
 class SummaryIn(_In):
     run: str | None = Field(default=None, description="One run's summary; default: all.")
     client: str | None = Field(
@@ -706,6 +715,9 @@ class SummaryOut(_Out):
     by_client: dict[str, ClientUsage] = Field(
         default={}, description="Runs submitted and entries caused, by named client."
     )
+    gateway: dict[str, dict[str, GatewayUsage]] = Field(
+        default={}, description="OpenAI-gateway traffic by client, then by model asked for."
+    )
     verify: VerifyOut | None = None
     checkpoint: dict[str, Any] | None = None
 
@@ -717,7 +729,7 @@ def _int(value: Any) -> int:
 class _Tally:
     """Accumulates a summary from entries in seq order; bodies only of the kinds it reads."""
 
-    READS = frozenset({k.MODEL_CALL, k.MODEL_REPLY, k.ROUTE, k.STATE, k.REQUEST})
+    READS = frozenset({k.MODEL_CALL, k.MODEL_REPLY, k.ROUTE, k.STATE, k.REQUEST, GATEWAY_REPLY})
     SYSTEM = frozenset({"daemon", "pool", k.ACTOR})
     """Actors that are tally itself: their entries belong to no client unless in a run."""
 
@@ -731,6 +743,7 @@ class _Tally:
         self.route_escalations = 0
         self.states: dict[str, int] = {}
         self.calls: dict[int, int] = {}  # model.call seq -> its ts (µs), until the reply
+        self.gateway: dict[str, dict[str, GatewayUsage]] = {}
 
     def member(self, name: Any) -> MemberUsage:
         return self.members.setdefault(str(name or "unknown"), MemberUsage())
@@ -777,6 +790,21 @@ class _Tally:
         elif entry.kind == k.STATE:
             state = str(body.get("state"))
             self.states[state] = self.states.get(state, 0) + 1
+        elif entry.kind == GATEWAY_REPLY:
+            self.gateway_reply(body)
+
+    def gateway_reply(self, body: dict[str, Any]) -> None:
+        models = self.gateway.setdefault(str(body.get("client")), {})
+        usage = models.setdefault(str(body.get("model")), GatewayUsage())
+        if body.get("error") is not None:
+            usage.errors += 1
+            return
+        usage.calls += 1
+        tokens = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        assert isinstance(tokens, dict)
+        usage.prompt_tokens += _int(tokens.get("prompt_tokens"))
+        usage.completion_tokens += _int(tokens.get("completion_tokens"))
+        usage.ms += _int(body.get("duration_us")) // 1000
 
 
 async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> SummaryOut:
@@ -812,6 +840,7 @@ async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> S
         route_escalations=acc.route_escalations,
         runs_by_state=acc.states,
         by_client=acc.by_client,
+        gateway=acc.gateway,
         verify=report,
         checkpoint=None if cp is None else cp.model_dump(mode="json"),
     )

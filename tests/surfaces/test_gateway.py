@@ -426,3 +426,27 @@ async def test_hashes_only_keeps_no_content(tmp_path: Path, model: FakeServer) -
         for path in (gw.daemon.settings.state_dir).rglob("*"):
             if path.is_file():
                 assert b"secret words" not in path.read_bytes(), path
+
+
+async def test_metrics_and_summary_count_calls_by_client_and_model(gw: Setup) -> None:
+    for _ in range(2):
+        await gw.sdk.chat.completions.create(model="tier:cheap", messages=_user("x"), max_tokens=3)
+    stream = await gw.sdk.chat.completions.create(
+        model="tiny", messages=_user("y"), max_tokens=2, stream=True
+    )
+    [_ async for _ in stream]
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        async with http.get(gw.base + "/metrics") as resp:
+            text = await resp.text()
+        async with http.post(gw.base + "/v1/tools/ledger_summary", json={}) as resp:
+            summary = await resp.json()
+    labels = 'client="default",model="tier:cheap"'
+    assert f"tally_gateway_calls_total{{{labels}}} 2" in text
+    assert f'tally_gateway_tokens_total{{{labels},kind="completion"}} 6' in text
+    assert f'tally_gateway_latency_seconds_bucket{{{labels},le="+Inf"}} 2' in text
+    assert 'tally_gateway_ttft_seconds_count{client="default",model="tiny"} 1' in text
+    usage = summary["gateway"]["default"]
+    assert usage["tier:cheap"]["calls"] == 2
+    assert usage["tier:cheap"]["completion_tokens"] == 6
+    assert usage["tiny"]["calls"] == 1

@@ -109,6 +109,8 @@ class ChatRequest(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     user: str | None = Field(default=None, max_length=256)
+    cache_prompt: bool | None = None
+    """llama.cpp's; tally sets it anyway (another tally daemon's pool sends it)."""
 
 
 class Target(BaseModel):

@@ -526,6 +526,39 @@ async def ledger_verify(daemon: Daemon, data: VerifyIn, ctx: ToolContext) -> Ver
     )
 
 
+class RemoteVerifyIn(_In):
+    run: str | None = Field(
+        default=None, min_length=1, max_length=128, description="Only this run's calls."
+    )
+    limit: int = Field(default=1000, ge=1, le=100_000, description="Check at most this many.")
+
+
+class RemoteCheckOut(_Out):
+    seq: int = Field(description="Our model.reply entry.")
+    member: str
+    remote_seq: int = Field(description="The other daemon's gateway.reply entry.")
+    status: Literal["ok", "failed", "pending"]
+    reason: str | None = None
+    checkpoint_size: int | None = None
+
+
+class RemoteVerifyOut(_Out):
+    checked: int
+    ok: int
+    failed: int
+    pending: int = Field(description="Calls its latest signed checkpoint does not cover yet.")
+    results: list[RemoteCheckOut]
+
+
+async def ledger_verify_remote(
+    daemon: Daemon, data: RemoteVerifyIn, ctx: ToolContext
+) -> RemoteVerifyOut:
+    from daemon.remotes import verify_remote
+
+    report = await verify_remote(daemon.ledger, daemon.roster, data.run, data.limit)
+    return RemoteVerifyOut.model_validate(report.model_dump())
+
+
 class EntriesIn(_In):
     start: Seq = Field(default=0, description="First seq to return.")
     limit: Annotated[int, Field(ge=1, le=1000), Whole] = 100
@@ -1094,6 +1127,16 @@ def _tools() -> list[Tool[Any, Any]]:
             VerifyIn,
             VerifyOut,
             ledger_verify,
+        ),
+        Tool(
+            "ledger_verify_remote",
+            "Prove the calls other tally daemons answered for us (roster members with "
+            "tally = true) are in their ledgers: each one's signed checkpoint is checked "
+            "against the key pinned in the roster, then the entry's inclusion proof and the "
+            "answer's hash. Calls a checkpoint does not cover yet are `pending`.",
+            RemoteVerifyIn,
+            RemoteVerifyOut,
+            ledger_verify_remote,
         ),
         Tool(
             "ledger_entries",

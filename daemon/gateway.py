@@ -113,6 +113,18 @@ class ChatRequest(BaseModel):
     """llama.cpp's; tally sets it anyway (another tally daemon's pool sends it)."""
 
 
+class EmbeddingRequest(BaseModel):
+    """OpenAI's embeddings request."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    model: str = Field(min_length=1, max_length=200)
+    input: str | list[str] | list[int] | list[list[int]] = Field(min_length=1)
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(default=None, ge=1, le=65_536)
+    user: str | None = Field(default=None, max_length=256)
+
+
 class Target(BaseModel):
     """What a model id resolved to: the pool target to lease, and the ladder above it."""
 
@@ -122,6 +134,13 @@ class Target(BaseModel):
     system: str | None = None
     climb: list[str] = []
     """Tiers to retry on, in order, after a failed attempt (a lane's ladder above its tier)."""
+
+
+def parse_embedding(raw: bytes) -> EmbeddingRequest:
+    try:
+        return EmbeddingRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        raise InvalidInput(_explain(exc), details={"param": _first_param(exc)}) from None
 
 
 def parse_request(raw: bytes, limit_tokens: int) -> ChatRequest:
@@ -324,6 +343,93 @@ class Gateway:
                 if attempt == attempts:
                     raise failed.cause from None
         raise AssertionError("unreachable")
+
+    async def embed(self, client: Client, raw: bytes) -> Answer:
+        """Embeddings, passed through to a member that serves them; witnessed like a chat."""
+        request = parse_embedding(raw)
+        target = self.resolve(request.model)
+        deadline = time.monotonic() + self.roster.gateway.queue_timeout_s
+        waited = time.monotonic()
+        async with self.pool.lease(target.lease, deadline=deadline) as lease:
+            wait_us = int((time.monotonic() - waited) * 1e6)
+            where = {
+                "client": client.name,
+                "model": request.model,
+                "member": lease.member,
+                "instance": lease.instance,
+                "slot": lease.id_slot,
+            }
+            call = await self.ledger.append(
+                actor=client.name,
+                kind=CALL,
+                body=where
+                | {
+                    "endpoint": "embeddings",
+                    "target": f"{target.kind}:{target.lease}",
+                    "attempt": 1,
+                    "stream": False,
+                    "affinity": None,
+                    "queue_wait_us": wait_us,
+                    "request_sha256": hashlib.sha256(raw).hexdigest(),
+                    "request_bytes": len(raw),
+                    "request": None,  # inputs can be large; their hash is the witness
+                },
+            )
+            started = time.monotonic()
+            try:
+                answer = await lease.embed(request.model_dump(mode="json", exclude_unset=True))
+            except TallyError as err:
+                await self._embedded(client, call.seq, where, started, None, err.message)
+                raise
+            answer["model"] = request.model
+            data = json.dumps(answer, ensure_ascii=False, separators=(",", ":")).encode()
+            seq = await self._embedded(client, call.seq, where, started, data, None)
+        checkpoint = self.ledger.latest_checkpoint()
+        headers = {
+            "X-Tally-Seq": str(seq),
+            "X-Tally-Call-Seq": str(call.seq),
+            "X-Tally-Checkpoint": str(checkpoint.size if checkpoint else 0),
+        }
+        return Answer(data, headers)
+
+    async def _embedded(
+        self,
+        client: Client,
+        call_seq: int,
+        where: dict[str, Any],
+        started: float,
+        data: bytes | None,
+        error: str | None,
+    ) -> int:
+        usage = json.loads(data).get("usage") if data else None
+        prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        entry = await self.ledger.append(
+            actor=client.name,
+            kind=REPLY,
+            parent=call_seq,
+            body=where
+            | {
+                "finish_reason": None,
+                "usage": {"prompt_tokens": prompt if isinstance(prompt, int) else 0,
+                          "completion_tokens": 0, "cached_tokens": 0},
+                "timings": {},
+                "ttft_us": None,
+                "duration_us": int((time.monotonic() - started) * 1e6),
+                "text_sha256": None,
+                "response_sha256": hashlib.sha256(data).hexdigest() if data else None,
+                "response_bytes": len(data) if data else 0,
+                "response": None,
+                "error": error,
+            },
+        )  # fmt: skip
+        stats = self.stats(client.name, str(where["model"]))
+        if error is None:
+            stats.calls += 1
+            stats.prompt_tokens += prompt if isinstance(prompt, int) else 0
+            stats.latency.observe(time.monotonic() - started)
+        else:
+            stats.errors += 1
+        return entry.seq
 
     def stats(self, client: str, model: str) -> Usage:
         return self.usage.setdefault((client, model), Usage())

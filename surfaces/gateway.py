@@ -191,6 +191,21 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return stream.response
 
 
+async def embeddings(request: web.Request) -> web.Response:
+    client = _client(request)
+    refused = _refused(client, "submit")
+    if refused is not None:
+        return refused
+    raw = await _read(request)
+    if isinstance(raw, web.Response):
+        return raw
+    try:
+        answer = await _daemon(request).gateway.embed(client, raw)
+    except TallyError as err:
+        return error_for(err)
+    return web.Response(body=answer.body, content_type="application/json", headers=answer.headers)
+
+
 def _error_body(err: TallyError) -> dict[str, Any]:
     return {"message": err.message, "type": "server_error", "code": err.code, "param": None}
 
@@ -208,3 +223,4 @@ async def _watch(request: web.Request, call: asyncio.Future[Any]) -> None:
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/embeddings", embeddings)

@@ -156,6 +156,23 @@ class ChatClient:
             except ValueError:
                 return resp.status, None
 
+    async def post_json(
+        self, url: str, body: dict[str, Any], headers: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """POST a JSON body and read a JSON object back (embeddings); ModelError on >= 400."""
+        async with self.session.post(url, json=body, headers=headers) as resp:
+            if resp.status >= 400:
+                text = (await resp.content.read(2000)).decode("utf-8", "replace")
+                raise ModelError(
+                    f"model server answered {resp.status}",
+                    status_code=resp.status,
+                    details={"body": text},
+                )
+            data = await resp.json(content_type=None)
+        if not isinstance(data, dict):
+            raise ModelError("the model server's answer is not a JSON object", status_code=502)
+        return data
+
     async def complete(
         self,
         url: str,

@@ -156,6 +156,21 @@ class Lease:
             sent["stream_options"] = {**(sent.get("stream_options") or {}), "include_usage": True}
         return sent
 
+    async def embed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/embeddings on this slot's server with the member's model id."""
+        instance = self._slot.instance
+        spec = self._member.spec
+        url = instance.chat_url.removesuffix("/chat/completions") + "/embeddings"
+        sent = {**body, "model": spec.model_id or spec.name}
+        try:
+            async with asyncio.timeout(spec.request_timeout_s):
+                return await instance.ctx.client.post_json(url, sent, instance.headers)
+        except (TimeoutError, aiohttp.ClientError) as err:
+            raise SlotLost(
+                f"embeddings on {self.member}/{self.instance} failed: {err!r}",
+                details={"member": self.member, "instance": self.instance},
+            ) from None
+
     async def send(
         self,
         body: dict[str, Any],

@@ -450,3 +450,20 @@ async def test_metrics_and_summary_count_calls_by_client_and_model(gw: Setup) ->
     assert usage["tier:cheap"]["calls"] == 2
     assert usage["tier:cheap"]["completion_tokens"] == 6
     assert usage["tiny"]["calls"] == 1
+
+
+async def test_embeddings_pass_through_and_are_witnessed(gw: Setup) -> None:
+    raw = await gw.sdk.embeddings.with_raw_response.create(
+        model="tier:cheap", input=["one two", "three"]
+    )
+    result = raw.parse()
+    assert [len(d.embedding) for d in result.data] == [3, 3]
+    assert result.model == "tier:cheap"
+    assert result.usage.prompt_tokens == 3
+    assert gw.model.requests[-1]["model"] == "tiny"
+    [call], [answer] = await gw.entries(CALL), await gw.entries(REPLY)
+    assert int(raw.headers["X-Tally-Seq"]) == answer.seq
+    assert (await gw.body(call))["endpoint"] == "embeddings"
+    assert (await gw.body(answer))["response_sha256"] == hashlib.sha256(raw.content).hexdigest()
+    with pytest.raises(openai.BadRequestError):
+        await gw.sdk.embeddings.create(model="tiny", input="x", extra_body={"nope": 1})

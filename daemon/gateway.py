@@ -21,7 +21,9 @@ Contract:
 
 Entry bodies (actor = the client's name, run = null):
   gateway.call  {client, endpoint, model, target, member, instance, slot, attempt, stream,
-                 affinity, queue_wait_us, request_sha256, request_bytes, request|null}
+                 affinity, queue_wait_us, request_sha256, request_bytes, request|null,
+                 upstream: what the server got beyond `request` (model id, id_slot, cache_prompt,
+                 the member's sampling defaults, streaming), messages aside}
   gateway.reply {client, model, member, instance, slot, finish_reason, usage: {prompt_tokens,
                  completion_tokens, cached_tokens}, timings, ttft_us|null, duration_us,
                  text_sha256, response_sha256, response_bytes, response|null, error|null}
@@ -373,6 +375,7 @@ class Gateway:
                     "request_sha256": hashlib.sha256(raw).hexdigest(),
                     "request_bytes": len(raw),
                     "request": None,  # inputs can be large; their hash is the witness
+                    "upstream": None,
                 },
             )
             started = time.monotonic()
@@ -459,7 +462,7 @@ class _Call:
             queue_wait_us = int((time.monotonic() - waited) * 1e6)
             upstream = lease.relay_body(self.body)
             where = f"{target.kind}:{lease_target}"
-            call_seq = await self._witness_call(where, lease, attempt, queue_wait_us)
+            call_seq = await self._witness_call(where, lease, attempt, queue_wait_us, upstream)
             return await self._relay(lease, upstream, call_seq)
         finally:
             lease.release()
@@ -480,7 +483,9 @@ class _Call:
         finally:
             gw.waiting -= 1
 
-    async def _witness_call(self, target: str, lease: Lease, attempt: int, wait_us: int) -> int:
+    async def _witness_call(
+        self, target: str, lease: Lease, attempt: int, wait_us: int, upstream: dict[str, Any]
+    ) -> int:
         keep = self.gateway.roster.gateway.bodies == "store"
         entry = await self.gateway.ledger.append(
             actor=self.client.name,
@@ -500,6 +505,9 @@ class _Call:
                 "request_sha256": hashlib.sha256(self.raw).hexdigest(),
                 "request_bytes": len(self.raw),
                 "request": safe(self.body) if keep else None,
+                "upstream": safe(
+                    {k: v for k, v in upstream.items() if k != "messages" and self.body.get(k) != v}
+                ),
             },
         )
         return entry.seq

@@ -147,6 +147,8 @@ class Lease:
         `request`), and a stream always reports usage (the ledger meters it)."""
         spec = self._member.spec
         sent = dict(body)
+        for key, value in spec.sampling.model_dump(exclude_none=True).items():
+            sent.setdefault(key, value)  # the member's defaults; the client's values win
         sent["model"] = spec.model_id or spec.name
         sent["cache_prompt"] = True
         if self._slot.instance.send_id_slot:

@@ -22,15 +22,18 @@ Contract:
 Entry bodies (actor = the client's name, run = null):
   gateway.call  {client, endpoint, model, target, member, instance, slot, attempt, stream,
                  affinity, queue_wait_us, request_sha256, request_bytes, request|null,
+                 prepended|null,
                  upstream: what the server got beyond `request` (model id, id_slot, cache_prompt,
                  the member's sampling defaults, streaming), messages aside}
   gateway.reply {client, model, member, instance, slot, finish_reason, usage: {prompt_tokens,
                  completion_tokens, cached_tokens}, timings, ttft_us|null, duration_us,
                  text_sha256, response_sha256, response_bytes, response|null, error|null}
-`request` / `response` are the bodies (floats through `safe`) when `[gateway] bodies = "store"`,
-null with "hashes". `request_sha256` hashes the bytes the client sent; `response_sha256` the
-bytes of a non-streamed answer, or of a stream up to (not including) its closing tally chunk;
-`text_sha256` the assistant text, so either side can check it without the body.
+`request` is the client's body as the text it sent (so `request_sha256` is its hash), with
+`prepended` the lane's system prompt put first (null for a member or tier); `response` the
+answer's JSON text — for a stream, the completion its chunks add up to. Both are null with
+`[gateway] bodies = "hashes"`. `response_sha256` hashes the bytes of a non-streamed answer,
+or of a stream's chunks up to (not including) its closing tally chunk; `text_sha256` the
+assistant text, so either side can check it without the body.
 """
 
 from __future__ import annotations
@@ -331,7 +334,8 @@ class Gateway:
             request=request,
             body=body,
             raw=raw,
-            affinity=affinity_key(request),
+            affinity=affinity_key(request) if settings.affinity else None,
+            prepended=target.system is not None,
             open_stream=open_stream,
             send=send,
         )
@@ -376,6 +380,7 @@ class Gateway:
                     "request_bytes": len(raw),
                     "request": None,  # inputs can be large; their hash is the witness
                     "upstream": None,
+                    "prepended": None,
                 },
             )
             started = time.monotonic()
@@ -447,9 +452,10 @@ class _Call:
     request: ChatRequest
     body: dict[str, Any]
     raw: bytes
-    affinity: str
+    affinity: str | None
     open_stream: Open
     send: Send
+    prepended: bool = False
     opened: bool = False
     sent_bytes: Any = field(default_factory=hashlib.sha256)
     sent_size: int = 0
@@ -462,8 +468,16 @@ class _Call:
             queue_wait_us = int((time.monotonic() - waited) * 1e6)
             upstream = lease.relay_body(self.body)
             where = f"{target.kind}:{lease_target}"
-            call_seq = await self._witness_call(where, lease, attempt, queue_wait_us, upstream)
-            return await self._relay(lease, upstream, call_seq)
+            # The call entry's write overlaps the request: nothing reaches the client (no chunk,
+            # no answer) before it is durable, and the reply names it as its parent.
+            call = asyncio.ensure_future(
+                self._witness_call(where, lease, attempt, queue_wait_us, upstream)
+            )
+            try:
+                return await self._relay(lease, upstream, call)
+            finally:
+                if not call.done():
+                    call.cancel()  # the ledger still commits it (a cancel stops only the wait)
         finally:
             lease.release()
 
@@ -504,7 +518,9 @@ class _Call:
                 "queue_wait_us": wait_us,
                 "request_sha256": hashlib.sha256(self.raw).hexdigest(),
                 "request_bytes": len(self.raw),
-                "request": safe(self.body) if keep else None,
+                # the client's own bytes, as text: `request_sha256` is their hash
+                "request": self.raw.decode() if keep else None,
+                "prepended": self.body["messages"][0]["content"] if self.prepended else None,
                 "upstream": safe(
                     {k: v for k, v in upstream.items() if k != "messages" and self.body.get(k) != v}
                 ),
@@ -512,18 +528,21 @@ class _Call:
         )
         return entry.seq
 
-    async def _relay(self, lease: Lease, upstream: dict[str, Any], call_seq: int) -> Answer:
+    async def _relay(
+        self, lease: Lease, upstream: dict[str, Any], call: asyncio.Future[int]
+    ) -> Answer:
         started = time.monotonic()
         clock = _Clock(started)
         relay = self._forward if self.request.stream else _first_token
         try:
-            done = await lease.send(upstream, on_chunk=lambda c: relay(c, call_seq, clock))
+            done = await lease.send(upstream, on_chunk=lambda c: relay(c, call, clock))
+            call_seq = await call
         except asyncio.CancelledError:
             why = "client disconnected (cancelled)"
-            await asyncio.shield(self._witness_error(lease, call_seq, started, why))
+            await asyncio.shield(self._witness_error(lease, call, started, why))
             raise
         except (SlotLost, ModelError) as err:
-            await self._witness_error(lease, call_seq, started, err.message)
+            await self._witness_error(lease, call, started, err.message)
             if not self.opened and (not isinstance(err, ModelError) or err.status_code >= 500):
                 raise Retryable(err) from None
             if self.opened:
@@ -531,20 +550,25 @@ class _Call:
                 return Answer(None, {}, ok=False)
             raise
         except ConsumerGone:  # writing to the client failed: it went away
-            await self._witness_error(lease, call_seq, started, "client disconnected")
+            await self._witness_error(lease, call, started, "client disconnected")
             raise ConnectionResetError("the client disconnected") from None
         except Exception as err:
-            await self._witness_error(lease, call_seq, started, repr(err)[:500])
+            if call.done() and call.exception() is err:
+                raise  # the call entry itself could not be written: nothing to witness with
+            await self._witness_error(lease, call, started, repr(err)[:500])
             raise
         return await self._finish(lease, done, call_seq, started, clock)
 
-    async def _forward(self, chunk: dict[str, Any], call_seq: int, clock: _Clock) -> None:
+    async def _forward(
+        self, chunk: dict[str, Any], call: asyncio.Future[int], clock: _Clock
+    ) -> None:
         """One upstream chunk to the client: the model id it asked for; usage only at the end."""
         if not chunk.get("choices") and chunk.get("usage") is not None:
             return  # the usage chunk: sent by `_finish`, after the reply is witnessed
         if clock.first is None and _has_tokens(chunk):
             clock.first = time.monotonic()
         if not self.opened:
+            call_seq = await call
             self.opened = True
             await self.open_stream(self._headers(call_seq, "X-Tally-Call-Seq"))
         out = {**chunk, "model": self.request.model}
@@ -564,15 +588,14 @@ class _Call:
         gw = self.gateway
         duration = time.monotonic() - started
         text_sha = hashlib.sha256(done.text.encode()).hexdigest()
-        response: dict[str, Any] | None = None
+        keep = gw.roster.gateway.bodies == "store"
+        response = {**done.response(), "model": self.request.model}
+        response.pop("timings", None)
+        data = json.dumps(response, ensure_ascii=False, separators=(",", ":")).encode()
         if self.request.stream:
             response_sha, response_size = self.sent_bytes.hexdigest(), self.sent_size
         else:
-            response = {**done.response(), "model": self.request.model}
-            response.pop("timings", None)
-            data = json.dumps(response, ensure_ascii=False, separators=(",", ":")).encode()
             response_sha, response_size = hashlib.sha256(data).hexdigest(), len(data)
-        keep = gw.roster.gateway.bodies == "store"
         ttft_us = None if clock.first is None else int((clock.first - started) * 1e6)
         usage = done.usage
         entry = await gw.ledger.append(
@@ -593,7 +616,7 @@ class _Call:
                 "text_sha256": text_sha,
                 "response_sha256": response_sha,
                 "response_bytes": response_size,
-                "response": safe(response) if keep and response is not None else None,
+                "response": data.decode() if keep else None,
                 "error": None,
             },
         )
@@ -631,8 +654,11 @@ class _Call:
             "slot": lease.id_slot,
         }
 
-    async def _witness_error(self, lease: Lease, call_seq: int, started: float, why: str) -> None:
+    async def _witness_error(
+        self, lease: Lease, call: asyncio.Future[int], started: float, why: str
+    ) -> None:
         self.gateway.stats(self.client.name, self.request.model).errors += 1
+        call_seq = await asyncio.shield(call)
         await self.gateway.ledger.append(
             actor=self.client.name,
             kind=REPLY,
@@ -679,7 +705,7 @@ def _has_tokens(chunk: dict[str, Any]) -> bool:
     return False
 
 
-async def _first_token(chunk: dict[str, Any], call_seq: int, clock: _Clock) -> None:
+async def _first_token(chunk: dict[str, Any], call: asyncio.Future[int], clock: _Clock) -> None:
     """A non-streamed answer read from a streamed upstream: only its first token's time."""
     if clock.first is None and _has_tokens(chunk):
         clock.first = time.monotonic()

@@ -255,6 +255,8 @@ class Gateway(_Strict):
     gateway traffic cannot fill the queues the runs use."""
     retries: Annotated[int, Field(ge=0, le=8), Whole] = 1
     """Failed attempts retried (on a `lane:` model, one tier up) while no token was sent."""
+    affinity: bool = True
+    """Keep a conversation on the slot that holds its KV cache (see daemon.gateway)."""
     max_tokens: Annotated[int, Field(ge=1, le=1 << 20), Whole] = 4096
     """The most a call may ask for (`max_tokens`), and what it gets if it does not say."""
 

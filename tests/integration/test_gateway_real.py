@@ -90,7 +90,7 @@ async def test_members_tiers_and_lanes_answer_streamed_and_not(real: Real) -> No
     assert all(body["client"] == "default" and body["member"] == "tiny" for _, body in calls)
     assert all(body["error"] is None and body["usage"]["completion_tokens"] for _, body in replies)
     lane_call = calls[4][1]
-    assert lane_call["request"]["messages"][0]["role"] == "system"
+    assert lane_call["prepended"]
 
 
 async def test_json_schema_output_parses(real: Real) -> None:

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import tempfile
 import time
@@ -93,15 +94,32 @@ async def post(session: aiohttp.ClientSession, url: str, data: dict[str, Any]) -
 # ---------------------------------------------------------------- 1. throughput
 
 
-async def tokens_per_s(session: aiohttp.ClientSession, url: str, model: str, c: int) -> float:
+async def completion_tokens(session: aiohttp.ClientSession, url: str, data: dict[str, Any]) -> int:
+    """One call's completion tokens, read from the answer or a stream's usage chunk."""
+    async with session.post(url, json=data) as resp:
+        assert resp.status == 200, await resp.text()
+        if not data.get("stream"):
+            return int((await resp.json())["usage"]["completion_tokens"])
+        tokens = 0
+        async for line in resp.content:
+            if line.startswith(b"data: {") and b'"usage"' in line:
+                usage = json.loads(line[6:]).get("usage")
+                tokens = int(usage["completion_tokens"]) if usage else tokens
+        return tokens
+
+
+async def tokens_per_s(
+    session: aiohttp.ClientSession, url: str, c: int, stream: bool = False
+) -> float:
     tokens = 0
 
     async def worker(i: int) -> None:
         nonlocal tokens
         for n in range(REQUESTS):
-            data = body(PROMPTS[(i + n) % len(PROMPTS)], 64) | {"model": model} | SAMPLING
-            answer = await post(session, url, data)
-            tokens += int(answer["usage"]["completion_tokens"])
+            data = body(PROMPTS[(i + n) % len(PROMPTS)], 64) | {"model": "tiny"} | SAMPLING
+            if stream:
+                data |= {"stream": True, "stream_options": {"include_usage": True}}
+            tokens += await completion_tokens(session, url, data)
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(i) for i in range(c)))
@@ -109,31 +127,42 @@ async def tokens_per_s(session: aiohttp.ClientSession, url: str, model: str, c: 
 
 
 async def throughput(rows: list[tuple[str, str]]) -> None:
+    """Direct calls get what the gateway sends upstream for a non-streamed call, streamed
+    (a server tally spawns is always streamed, so a client that leaves stops it) and not."""
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    # cpp-httplib closes kept-alive connections after a few requests: a fresh one each time
+    fresh = aiohttp.TCPConnector(force_close=True)
     with tempfile.TemporaryDirectory() as tmp:
-        async with gateway_daemon(Path(tmp)) as daemon:
+        async with (
+            gateway_daemon(Path(tmp)) as daemon,
+            aiohttp.ClientSession(headers=headers, connector=fresh) as session,
+        ):
             await daemon.pool.wait_ready("tiny", 120)
             port = daemon.pool.status().members[0].instances[0].port
             direct = f"http://127.0.0.1:{port}/v1/chat/completions"
             gateway = daemon.bench_base + "/v1/chat/completions"
-            headers = {"Authorization": f"Bearer {TOKEN}"}
-            async with aiohttp.ClientSession(headers=headers) as session:
-                await tokens_per_s(session, gateway, "tiny", 2)  # warm both paths
-                for c in (1, 2, 4):
-                    ratios, g_rates, d_rates = [], [], []
-                    for _ in range(ROUNDS):
-                        d = await tokens_per_s(session, direct, "tiny", c)
-                        g = await tokens_per_s(session, gateway, "tiny", c)
-                        ratios.append(g / d)
-                        g_rates.append(g)
-                        d_rates.append(d)
-                    rows.append(
-                        (
-                            f"throughput c={c}: gateway / direct tokens/s (target >= 0.97)",
-                            f"{statistics.median(ratios):.3f} "
-                            f"({statistics.median(g_rates):.0f} / "
-                            f"{statistics.median(d_rates):.0f})",
-                        )
+            await tokens_per_s(session, gateway, 2)  # warm both paths
+            await tokens_per_s(session, direct, 2)
+            for c in (1, 2, 4):
+                rates: dict[str, list[float]] = {"plain": [], "streamed": [], "gateway": []}
+                for _ in range(ROUNDS):
+                    rates["plain"].append(await tokens_per_s(session, direct, c))
+                    rates["streamed"].append(await tokens_per_s(session, direct, c, True))
+                    rates["gateway"].append(await tokens_per_s(session, gateway, c))
+                gw, streamed, plain = (statistics.median(rates[k]) for k in rates)
+                ratios = [g / d for g, d in zip(rates["gateway"], rates["streamed"], strict=True)]
+                rows.append(
+                    (
+                        f"throughput c={c}: gateway / direct streamed (target >= 0.97)",
+                        f"{statistics.median(ratios):.3f} ({gw:.0f} / {streamed:.0f} tokens/s)",
                     )
+                )
+                rows.append(
+                    (
+                        f"throughput c={c}: gateway / direct not streamed",
+                        f"{gw / plain:.3f} (direct {plain:.0f} tokens/s)",
+                    )
+                )
 
 
 # ---------------------------------------------------------------- 2. added latency
@@ -153,7 +182,9 @@ def proxy_app(upstream: str) -> web.Application:
     session: dict[str, aiohttp.ClientSession] = {}
 
     async def forward(request: web.Request) -> web.Response:
-        http = session.setdefault("s", aiohttp.ClientSession())
+        if "s" not in session:
+            session["s"] = aiohttp.ClientSession()
+        http = session["s"]
         async with http.post(upstream + request.path, data=await request.read()) as resp:
             return web.Response(body=await resp.read(), content_type="application/json")
 

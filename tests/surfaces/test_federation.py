@@ -213,3 +213,23 @@ async def test_an_entry_altered_in_transit_fails_the_leaf_hash(pair: Pair) -> No
         await runner.cleanup()
     assert report.failed == 1
     assert "inclusion proof fails" in (report.results[0].reason or "")
+
+
+@pytest.mark.parametrize(
+    ("member", "problem"),
+    [
+        ('tally = true\nurl = "http://127.0.0.1:9/v1"', "tally_key"),
+        ('url = "http://127.0.0.1:9/v1"\ntally_key = "not a key"', "C2SP verifier key"),
+    ],
+)
+def test_a_tally_member_needs_a_well_formed_pinned_key(member: str, problem: str) -> None:
+    from roster import RosterError
+    from roster.loading import load_roster_text
+
+    text = _second_roster("http://127.0.0.1:9/v1", "x+00000000+" + "A" * 43 + "=")
+    start, end = text.index("[[models]]"), text.index("[tiers]")
+    text = text[:start] + f'[[models]]\nname = "first"\n{member}\n\n' + text[end:]
+    with pytest.raises(RosterError) as caught:
+        load_roster_text(text)
+    assert problem in str(caught.value)
+    assert "roster.toml:" in str(caught.value)

@@ -530,7 +530,9 @@ class RemoteVerifyIn(_In):
     run: str | None = Field(
         default=None, min_length=1, max_length=128, description="Only this run's calls."
     )
-    limit: int = Field(default=1000, ge=1, le=100_000, description="Check at most this many.")
+    limit: Annotated[int, Field(ge=1, le=100_000), Whole] = Field(
+        default=1000, description="Check at most this many."
+    )
 
 
 class RemoteCheckOut(_Out):

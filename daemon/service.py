@@ -29,6 +29,7 @@ from pathlib import Path
 from daemon.clients import ClientStore
 from daemon.config import Settings
 from daemon.errors import TallyError
+from daemon.gateway import Gateway
 from daemon.ledger import Ledger, LedgerUnwritable
 from daemon.routing import Router
 from daemon.runs import snapshot as snapshots
@@ -49,6 +50,7 @@ class Daemon:
         self._engine: Engine | None = None
         self._roster: Roster | None = None
         self._router: Router | None = None
+        self._gateway: Gateway | None = None
         self._checkpoints: asyncio.Task[None] | None = None
         self._snapshots: asyncio.Task[None] | None = None
         self._checkup: asyncio.Task[None] | None = None
@@ -74,6 +76,11 @@ class Daemon:
     def engine(self) -> Engine:
         assert self._engine is not None, "Daemon.start() first"
         return self._engine
+
+    @property
+    def gateway(self) -> Gateway:
+        assert self._gateway is not None, "Daemon.start() first"
+        return self._gateway
 
     @property
     def roster(self) -> Roster:
@@ -104,6 +111,7 @@ class Daemon:
                 roster, settings.state_dir, on_event=self._on_slot_event, options=options
             )
             await self._pool.start()
+            self._gateway = Gateway(self._pool, self._ledger, roster)
             self._engine = Engine(
                 self._ledger,
                 self._pool,
@@ -188,6 +196,7 @@ class Daemon:
         self._router = Router(roster)
         self.engine.router = self._router
         self.engine.set_roster(roster)
+        self.gateway.set_roster(roster)
         await self.pool.reload(roster)
         await self._witness_command_policy(roster)
         await self.ledger.append(

@@ -30,6 +30,7 @@ from daemon.errors import (
     TallyError,
     Unavailable,
 )
+from daemon.gateway import REPLY as GATEWAY_REPLY
 from daemon.ledger.canonical import MAX_SAFE_INT
 from daemon.planning import Plan, Task, problems, waves
 from daemon.runs import entries as k
@@ -525,6 +526,41 @@ async def ledger_verify(daemon: Daemon, data: VerifyIn, ctx: ToolContext) -> Ver
     )
 
 
+class RemoteVerifyIn(_In):
+    run: str | None = Field(
+        default=None, min_length=1, max_length=128, description="Only this run's calls."
+    )
+    limit: Annotated[int, Field(ge=1, le=100_000), Whole] = Field(
+        default=1000, description="Check at most this many."
+    )
+
+
+class RemoteCheckOut(_Out):
+    seq: int = Field(description="Our model.reply entry.")
+    member: str
+    remote_seq: int = Field(description="The other daemon's gateway.reply entry.")
+    status: Literal["ok", "failed", "pending"]
+    reason: str | None = None
+    checkpoint_size: int | None = None
+
+
+class RemoteVerifyOut(_Out):
+    checked: int
+    ok: int
+    failed: int
+    pending: int = Field(description="Calls its latest signed checkpoint does not cover yet.")
+    results: list[RemoteCheckOut]
+
+
+async def ledger_verify_remote(
+    daemon: Daemon, data: RemoteVerifyIn, ctx: ToolContext
+) -> RemoteVerifyOut:
+    from daemon.remotes import verify_remote
+
+    report = await verify_remote(daemon.ledger, daemon.roster, data.run, data.limit)
+    return RemoteVerifyOut.model_validate(report.model_dump())
+
+
 class EntriesIn(_In):
     start: Seq = Field(default=0, description="First seq to return.")
     limit: Annotated[int, Field(ge=1, le=1000), Whole] = 100
@@ -684,6 +720,14 @@ class ClientUsage(_Out):
     entries: int = Field(default=0, description="Entries of its runs and of its own requests.")
 
 
+class GatewayUsage(_Out):
+    calls: int = Field(default=0, description="Answered gateway calls (gateway.reply, no error).")
+    errors: int = Field(default=0, description="Attempts that ended in an error.")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    ms: int = Field(default=0, description="Time the answered calls took, summed.")
+
+
 class SummaryIn(_In):
     run: str | None = Field(default=None, description="One run's summary; default: all.")
     client: str | None = Field(
@@ -706,6 +750,9 @@ class SummaryOut(_Out):
     by_client: dict[str, ClientUsage] = Field(
         default={}, description="Runs submitted and entries caused, by named client."
     )
+    gateway: dict[str, dict[str, GatewayUsage]] = Field(
+        default={}, description="OpenAI-gateway traffic by client, then by model asked for."
+    )
     verify: VerifyOut | None = None
     checkpoint: dict[str, Any] | None = None
 
@@ -717,7 +764,7 @@ def _int(value: Any) -> int:
 class _Tally:
     """Accumulates a summary from entries in seq order; bodies only of the kinds it reads."""
 
-    READS = frozenset({k.MODEL_CALL, k.MODEL_REPLY, k.ROUTE, k.STATE, k.REQUEST})
+    READS = frozenset({k.MODEL_CALL, k.MODEL_REPLY, k.ROUTE, k.STATE, k.REQUEST, GATEWAY_REPLY})
     SYSTEM = frozenset({"daemon", "pool", k.ACTOR})
     """Actors that are tally itself: their entries belong to no client unless in a run."""
 
@@ -731,6 +778,7 @@ class _Tally:
         self.route_escalations = 0
         self.states: dict[str, int] = {}
         self.calls: dict[int, int] = {}  # model.call seq -> its ts (µs), until the reply
+        self.gateway: dict[str, dict[str, GatewayUsage]] = {}
 
     def member(self, name: Any) -> MemberUsage:
         return self.members.setdefault(str(name or "unknown"), MemberUsage())
@@ -777,6 +825,21 @@ class _Tally:
         elif entry.kind == k.STATE:
             state = str(body.get("state"))
             self.states[state] = self.states.get(state, 0) + 1
+        elif entry.kind == GATEWAY_REPLY:
+            self.gateway_reply(body)
+
+    def gateway_reply(self, body: dict[str, Any]) -> None:
+        models = self.gateway.setdefault(str(body.get("client")), {})
+        usage = models.setdefault(str(body.get("model")), GatewayUsage())
+        if body.get("error") is not None:
+            usage.errors += 1
+            return
+        usage.calls += 1
+        tokens = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        assert isinstance(tokens, dict)
+        usage.prompt_tokens += _int(tokens.get("prompt_tokens"))
+        usage.completion_tokens += _int(tokens.get("completion_tokens"))
+        usage.ms += _int(body.get("duration_us")) // 1000
 
 
 async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> SummaryOut:
@@ -812,6 +875,7 @@ async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> S
         route_escalations=acc.route_escalations,
         runs_by_state=acc.states,
         by_client=acc.by_client,
+        gateway=acc.gateway,
         verify=report,
         checkpoint=None if cp is None else cp.model_dump(mode="json"),
     )
@@ -1065,6 +1129,16 @@ def _tools() -> list[Tool[Any, Any]]:
             VerifyIn,
             VerifyOut,
             ledger_verify,
+        ),
+        Tool(
+            "ledger_verify_remote",
+            "Prove the calls other tally daemons answered for us (roster members with "
+            "tally = true) are in their ledgers: each one's signed checkpoint is checked "
+            "against the key pinned in the roster, then the entry's inclusion proof and the "
+            "answer's hash. Calls a checkpoint does not cover yet are `pending`.",
+            RemoteVerifyIn,
+            RemoteVerifyOut,
+            ledger_verify_remote,
         ),
         Tool(
             "ledger_entries",

@@ -21,6 +21,7 @@ from pydantic import (
 PLACEHOLDERS = ("{python}", "{model}", "{port}", "{slots}", "{ctx}")
 _PLACEHOLDER = re.compile(r"\{[a-z_]+\}")
 NAME = r"^[a-z0-9][a-z0-9_.-]*$"
+_VKEY = re.compile(r"^[^+\s]{1,255}\+[0-9a-f]{8}\+[A-Za-z0-9+/]{40,60}={0,2}$")
 
 # Every number a roster (or a client's budget) can set is finite and bounded: they reach
 # timers, counters and the ledger, which holds integers within ±(2**53 - 1) only.
@@ -76,6 +77,11 @@ class Member(_Strict):
     ready_timeout_s: float = Field(default=60.0, gt=0, le=DAY_S)
     request_timeout_s: float = Field(default=300.0, gt=0, le=DAY_S)
     sampling: Sampling = Sampling()
+    tally: bool = False
+    """The `url` is another tally daemon's gateway (`http://host:port/v1`): each call records
+    where that daemon's ledger has it, and `tally ledger verify --remote` proves it there."""
+    tally_key: str | None = Field(default=None, max_length=512)
+    """That daemon's checkpoint verifier key (`tally ledger key` prints it), pinned here."""
 
     @field_validator("command")
     @classmethod
@@ -121,6 +127,13 @@ class Member(_Strict):
         uses_model = self.command is not None and any("{model}" in p for p in self.command)
         if uses_model and self.model is None:
             raise ValueError("'command' uses {model} but no 'model' is given")
+        if self.tally and (self.url is None or self.tally_key is None):
+            raise ValueError(
+                "a 'tally = true' member needs 'url' (the other daemon's /v1) and 'tally_key' "
+                "(its verifier key, from `tally ledger key` there)"
+            )
+        if self.tally_key is not None and not _VKEY.match(self.tally_key):
+            raise ValueError("'tally_key' must be a C2SP verifier key: name+hexid+base64")
         return self
 
     @property
@@ -228,9 +241,30 @@ class Policy(_Strict):
     command: CommandPolicy = CommandPolicy()
 
 
+class Gateway(_Strict):
+    """The OpenAI-compatible endpoint (`/v1/chat/completions`, `/v1/models`) over the pool."""
+
+    enabled: bool = True
+    bodies: Literal["store", "hashes"] = "store"
+    """"store": request and response bodies go into the ledger's body store (redactable);
+    "hashes": only their SHA-256 and sizes, for an audit trail without the content."""
+    queue_timeout_s: float = Field(default=60.0, gt=0, le=DAY_S)
+    """A call waiting this long for a slot gets 504."""
+    max_waiting: Annotated[int, Field(ge=0, le=65_536), Whole] = 64
+    """Gateway calls that may wait for a slot at once; one more gets 429 with Retry-After, so
+    gateway traffic cannot fill the queues the runs use."""
+    retries: Annotated[int, Field(ge=0, le=8), Whole] = 1
+    """Failed attempts retried (on a `lane:` model, one tier up) while no token was sent."""
+    affinity: bool = True
+    """Keep a conversation on the slot that holds its KV cache (see daemon.gateway)."""
+    max_tokens: Annotated[int, Field(ge=1, le=1 << 20), Whole] = 4096
+    """The most a call may ask for (`max_tokens`), and what it gets if it does not say."""
+
+
 class Roster(_Strict):
     version: Literal[1] = 1
     policy: Policy = Policy()
+    gateway: Gateway = Gateway()
     models: list[Member] = Field(min_length=1)
     tiers: Tiers
     lanes: list[Lane] = Field(min_length=1)

@@ -40,6 +40,7 @@ from daemon.errors import Busy, TallyError
 from daemon.tools import ERRORS, TOOLS, SubmitIn, Tool, ToolContext
 from surfaces import metrics
 from surfaces.auth import bearer_ok
+from surfaces.gateway import add_routes as gateway_routes
 from surfaces.notify import sd_notify, watchdog_task
 
 if TYPE_CHECKING:
@@ -622,6 +623,7 @@ def create_app(daemon: Daemon, options: HttpOptions | None = None) -> web.Applic
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/openapi.json", get_openapi)
     app.router.add_get("/healthz", healthz)
+    gateway_routes(app)
     return app
 
 

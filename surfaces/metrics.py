@@ -49,6 +49,7 @@ def render(daemon: Daemon) -> str:
     _runs(out, daemon)
     _slots(out, daemon)
     _ledger(out, daemon)
+    _gateway(out, daemon)
     return "\n".join(out.lines) + "\n"
 
 
@@ -141,3 +142,39 @@ def _ledger(out: _Text, daemon: Daemon) -> None:
         out.sample(f"{name}_bucket", stats.fsync_count, le="+Inf")
     out.sample(f"{name}_sum", float(stats.fsync_seconds_sum))
     out.sample(f"{name}_count", stats.fsync_count)
+
+
+def _histogram(
+    out: _Text, name: str, buckets: list[tuple[float, int]], total: float, **labels: str
+) -> None:
+    for bound, count in buckets:
+        le = "+Inf" if math.isinf(bound) else repr(float(bound))
+        out.sample(f"{name}_bucket", count, **labels, le=le)
+    out.sample(f"{name}_sum", float(total), **labels)
+    out.sample(f"{name}_count", buckets[-1][1] if buckets else 0, **labels)
+
+
+def _gateway(out: _Text, daemon: Daemon) -> None:
+    """OpenAI-gateway traffic by client and model asked for, since the daemon started."""
+    usage = sorted(daemon.gateway.usage.items())
+    out.family("tally_gateway_calls_total", "counter", "Gateway calls answered.")
+    for (client, model), u in usage:
+        out.sample("tally_gateway_calls_total", u.calls, client=client, model=model)
+    out.family("tally_gateway_errors_total", "counter", "Gateway attempts that ended in an error.")
+    for (client, model), u in usage:
+        out.sample("tally_gateway_errors_total", u.errors, client=client, model=model)
+    name = "tally_gateway_tokens_total"
+    out.family(name, "counter", "Tokens of answered gateway calls, by kind.")
+    for (client, model), u in usage:
+        out.sample(name, u.prompt_tokens, client=client, model=model, kind="prompt")
+        out.sample(name, u.completion_tokens, client=client, model=model, kind="completion")
+    families = (
+        ("tally_gateway_ttft_seconds", "Time to the first token of gateway calls.", "ttft"),
+        ("tally_gateway_latency_seconds", "Duration of answered gateway calls.", "latency"),
+        ("tally_gateway_tokens_per_second", "Generation speed of gateway calls.", "rate"),
+    )
+    for name, text, attr in families:
+        out.family(name, "histogram", text)
+        for (client, model), u in usage:
+            h = getattr(u, attr)
+            _histogram(out, name, h.cumulative(), h.total, client=client, model=model)

@@ -31,6 +31,7 @@ from daemon.runs.replay import RedactedAfterSnapshot, apply, replay
 from daemon.runs.sandbox import Confinement, admit_commands
 from daemon.runs.snapshot import Snapshot
 from daemon.runs.state import FINAL, STOPPED, Census, Limits, RunEvent, RunView
+from daemon.slots.records import ledger_timings
 from roster.models import Budget, Lane, Roster
 
 RESULT_CAP = 64 * 1024
@@ -841,6 +842,9 @@ class Engine:
                 "sent": _differs(request, sent),
                 "error": None,
             } | where
+            remote = getattr(result, "remote", None)
+            if remote is not None:  # another tally daemon served it: where its record has it
+                reply["remote"] = {"member": lease.member, **remote}
             reply_seq = await self._witness(ctx.id, k.MODEL_REPLY, reply, call_seq)
         ctx.meter.check_tokens()
         return result, reply_seq
@@ -1129,26 +1133,6 @@ def _depth(nodes: list[Node]) -> int:
         return memo[node_id]
 
     return max((depth(n.id) for n in nodes), default=0)
-
-
-def ledger_timings(raw: object) -> dict[str, int]:
-    """llama.cpp's timings as ledger integers: `*_ms` durations become `*_us`, counts stay.
-
-    Hashed bodies hold no floats; the per-token and per-second rates are dropped because they
-    follow from the counts and durations.
-    """
-    out: dict[str, int] = {}
-    for name, value in dict(raw or {}).items():  # type: ignore[call-overload]
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            continue
-        name = str(name)
-        if name.endswith(("_per_token_ms", "_per_second")):
-            continue
-        if name.endswith("_ms"):
-            out[name[:-3] + "_us"] = round(value * 1000)
-        else:
-            out[name] = round(value)
-    return out
 
 
 def _differs(witnessed: object, sent: object) -> object:

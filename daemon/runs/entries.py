@@ -60,7 +60,9 @@ cached_tokens} (ints or null = not reported), timings: {name: int} (llama.cpp's,
 sent: null|{...}, error: str|null}  (an error reply has text "" and the error, no `sent`; its
 tokens count as 0). `sent` is null when the pool sent exactly model.call's `request` (or did not
 say what it sent); otherwise it is the body the pool did send, minus messages (`safe`) — e.g. an
-external server without slots gets no id_slot."""
+external server without slots gets no id_slot. When the member is another tally daemon's
+gateway (`tally = true` in the roster), `remote` = {member, seq: its gateway.reply entry,
+checkpoint: its latest signed checkpoint size then}: `ledger_verify_remote` proves it there."""
 
 COMMAND_RUN: Final = "command.run"
 """[task.start] {task, argv: [str], exit_code: int|null, timed_out: bool, stdout: str, stderr: str,

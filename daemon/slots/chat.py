@@ -18,11 +18,16 @@ from typing import Any
 
 import aiohttp
 
-from daemon.slots.errors import ModelError
+from daemon.slots.errors import ConsumerGone, ModelError
 from daemon.slots.records import Usage
 from roster import Member
 
 OnDelta = Callable[[str], object]
+OnChunk = Callable[[dict[str, Any]], object]
+"""Called with each streamed chunk as parsed (a gateway relays them to its own client)."""
+
+REMOTE_SEQ = "X-Tally-Seq"
+REMOTE_CHECKPOINT = "X-Tally-Checkpoint"
 
 
 def request_body(
@@ -63,9 +68,25 @@ def parse_usage(raw: Any) -> Usage:
 
 
 class Completion:
-    """What came back: text, finish reason, usage, llama.cpp timings, model."""
+    """What came back: text, finish reason, usage, llama.cpp timings, model.
 
-    __slots__ = ("finish_reason", "model", "text", "timings", "usage")
+    Also what a relay needs to answer in OpenAI's shape: the whole JSON of a non-streamed
+    reply (`whole`), the id, creation time and tool calls of a streamed one, and — when the
+    server is another tally daemon's gateway — its ledger seq and checkpoint size (`remote`).
+    """
+
+    __slots__ = (
+        "created",
+        "finish_reason",
+        "id",
+        "model",
+        "remote",
+        "text",
+        "timings",
+        "tool_calls",
+        "usage",
+        "whole",
+    )
 
     def __init__(self) -> None:
         self.text = ""
@@ -73,6 +94,33 @@ class Completion:
         self.usage = Usage()
         self.timings: dict[str, Any] = {}
         self.model: str | None = None
+        self.whole: dict[str, Any] | None = None
+        self.id: str | None = None
+        self.created: int | None = None
+        self.tool_calls: list[dict[str, Any]] = []
+        self.remote: dict[str, int] | None = None
+
+    def response(self) -> dict[str, Any]:
+        """The reply as one OpenAI `chat.completion` object (built from chunks if streamed)."""
+        if self.whole is not None:
+            return self.whole
+        message: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        usage = self.usage
+        return {
+            "id": self.id or "chatcmpl-tally",
+            "object": "chat.completion",
+            "created": self.created or 0,
+            "model": self.model or "",
+            "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
+            "usage": {
+                "prompt_tokens": usage.prompt_tokens,
+                "completion_tokens": usage.completion_tokens,
+                "total_tokens": usage.total_tokens,
+                "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+            },
+        }
 
 
 class ChatClient:
@@ -108,12 +156,30 @@ class ChatClient:
             except ValueError:
                 return resp.status, None
 
+    async def post_json(
+        self, url: str, body: dict[str, Any], headers: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        """POST a JSON body and read a JSON object back (embeddings); ModelError on >= 400."""
+        async with self.session.post(url, json=body, headers=headers) as resp:
+            if resp.status >= 400:
+                text = (await resp.content.read(2000)).decode("utf-8", "replace")
+                raise ModelError(
+                    f"model server answered {resp.status}",
+                    status_code=resp.status,
+                    details={"body": text},
+                )
+            data = await resp.json(content_type=None)
+        if not isinstance(data, dict):
+            raise ModelError("the model server's answer is not a JSON object", status_code=502)
+        return data
+
     async def complete(
         self,
         url: str,
         body: dict[str, Any],
         headers: Mapping[str, str] | None = None,
         on_delta: OnDelta | None = None,
+        on_chunk: OnChunk | None = None,
     ) -> Completion:
         try:
             resp = await self.session.post(url, json=body, headers=headers)
@@ -130,9 +196,10 @@ class ChatClient:
                     details={"body": text},
                 )
             if body.get("stream"):
-                result = await _read_stream(resp, on_delta)
+                result = await _read_stream(resp, on_delta, on_chunk)
             else:
                 result = _read_whole(await resp.json(content_type=None))
+            result.remote = result.remote or _remote(resp.headers)
         except BaseException:
             _reset(resp)  # drop the connection: the server stops generating
             raise
@@ -161,10 +228,56 @@ def _read_whole(data: Any) -> Completion:
     result.usage = parse_usage(data.get("usage"))
     result.timings = data.get("timings") or {}
     result.model = data.get("model")
+    result.tool_calls = list(message.get("tool_calls") or [])
+    result.whole = data
     return result
 
 
-async def _read_stream(resp: aiohttp.ClientResponse, on_delta: OnDelta | None) -> Completion:
+def _remote(headers: Mapping[str, str]) -> dict[str, int] | None:
+    """A tally gateway's witness of this call: its reply entry's seq and checkpoint size."""
+    return _remote_of(
+        {"seq": headers.get(REMOTE_SEQ), "checkpoint": headers.get(REMOTE_CHECKPOINT)}
+    )
+
+
+def _remote_of(raw: Any) -> dict[str, int] | None:
+    if not isinstance(raw, dict):
+        return None
+    out: dict[str, int] = {}
+    for key in ("seq", "checkpoint"):
+        value = raw.get(key)
+        if isinstance(value, str) and value.isdigit() and len(value) < 16:
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**53:
+            return None
+        out[key] = value
+    return out
+
+
+def _merge_tool_calls(calls: list[dict[str, Any]], deltas: Any) -> None:
+    """Streamed tool calls arrive in pieces keyed by index; the arguments are concatenated."""
+    for delta in deltas if isinstance(deltas, list) else ():
+        if not isinstance(delta, dict):
+            continue
+        index = delta.get("index")
+        index = index if isinstance(index, int) and 0 <= index < 128 else len(calls)
+        while len(calls) <= index:
+            calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        call = calls[index]
+        if isinstance(delta.get("id"), str):
+            call["id"] = delta["id"]
+        if isinstance(delta.get("type"), str):
+            call["type"] = delta["type"]
+        function = delta.get("function")
+        if isinstance(function, dict):
+            for key in ("name", "arguments"):
+                if isinstance(function.get(key), str):
+                    call["function"][key] += function[key]
+
+
+async def _read_stream(
+    resp: aiohttp.ClientResponse, on_delta: OnDelta | None, on_chunk: OnChunk | None = None
+) -> Completion:
     result = Completion()
     parts: list[str] = []
     done = False
@@ -178,12 +291,32 @@ async def _read_stream(resp: aiohttp.ClientResponse, on_delta: OnDelta | None) -
             await resp.read()  # consume the end of the body so the connection can be reused
             break
         chunk = json.loads(payload)
+        if not isinstance(chunk, dict):
+            raise aiohttp.ClientPayloadError("a stream chunk is not a JSON object")
+        if chunk.get("error") is not None:  # a server that failed mid-stream says so in-band
+            raise ModelError(
+                "the model server failed mid-stream", status_code=502, details={"body": chunk}
+            )
         if chunk.get("usage"):
             result.usage = parse_usage(chunk["usage"])
         if chunk.get("timings"):
             result.timings = chunk["timings"]
+        if chunk.get("tally") is not None:
+            result.remote = _remote_of(chunk["tally"])
         result.model = chunk.get("model") or result.model
+        if result.id is None and isinstance(chunk.get("id"), str):
+            result.id = chunk["id"]
+        if result.created is None and isinstance(chunk.get("created"), int):
+            result.created = chunk["created"]
+        if on_chunk is not None:
+            try:
+                relayed = on_chunk(chunk)
+                if inspect.isawaitable(relayed):
+                    await relayed
+            except (ConnectionError, aiohttp.ClientError) as err:
+                raise ConsumerGone(str(err)) from err
         for choice in chunk.get("choices") or ():
+            _merge_tool_calls(result.tool_calls, (choice.get("delta") or {}).get("tool_calls"))
             delta = (choice.get("delta") or {}).get("content")
             if delta:
                 parts.append(delta)

@@ -58,3 +58,11 @@ class ServerStartError(Unavailable):
     """A model server did not become ready; `details["log_tail"]` holds the end of its log."""
 
     code = "server_start_failed"
+
+
+class ConsumerGone(Exception):
+    """The caller's own chunk callback failed (its client went away): not the server's fault.
+
+    Raised instead of whatever the callback raised, so a write error of the caller's client
+    (aiohttp's ClientConnectionResetError is an aiohttp.ClientError too) is never taken for a
+    lost connection to the model server; the upstream request is cut all the same."""

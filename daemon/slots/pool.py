@@ -35,7 +35,7 @@ from typing import Any
 
 import aiohttp
 
-from daemon.slots.chat import ChatClient, OnDelta, request_body
+from daemon.slots.chat import ChatClient, Completion, OnChunk, OnDelta, request_body
 from daemon.slots.digest import DigestCache
 from daemon.slots.discovery import connection_problem
 from daemon.slots.errors import (
@@ -124,21 +124,75 @@ class Lease:
         extra: dict[str, Any] | None = None,
     ) -> ChatResult:
         """POST /v1/chat/completions on this slot; streams (SSE) when `on_delta` is given."""
+        body = self.request(messages, max_tokens, response_format, stream=on_delta is not None)
+        if extra:
+            body.update(extra)
+        done = await self.send(body, on_delta=on_delta)
+        return ChatResult(
+            text=done.text,
+            finish_reason=done.finish_reason,
+            usage=done.usage,
+            timings=done.timings,
+            member=self.member,
+            instance=self.instance,
+            id_slot=self.id_slot,
+            request=body,
+            model=done.model,
+            remote=done.remote,
+        )
+
+    def relay_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A client's own request body as this slot's server gets it: the member's model id,
+        the slot pinned and its cache kept; a server tally spawns is always streamed (see
+        `request`), and a stream always reports usage (the ledger meters it)."""
+        spec = self._member.spec
+        sent = dict(body)
+        for key, value in spec.sampling.model_dump(exclude_none=True).items():
+            sent.setdefault(key, value)  # the member's defaults; the client's values win
+        sent["model"] = spec.model_id or spec.name
+        sent["cache_prompt"] = True
+        if self._slot.instance.send_id_slot:
+            sent["id_slot"] = self.id_slot
+        if sent.get("stream") or spec.url is None:
+            sent["stream"] = True
+            sent["stream_options"] = {**(sent.get("stream_options") or {}), "include_usage": True}
+        return sent
+
+    async def embed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/embeddings on this slot's server with the member's model id."""
+        instance = self._slot.instance
+        spec = self._member.spec
+        url = instance.chat_url.removesuffix("/chat/completions") + "/embeddings"
+        sent = {**body, "model": spec.model_id or spec.name}
+        try:
+            async with asyncio.timeout(spec.request_timeout_s):
+                return await instance.ctx.client.post_json(url, sent, instance.headers)
+        except (TimeoutError, aiohttp.ClientError) as err:
+            raise SlotLost(
+                f"embeddings on {self.member}/{self.instance} failed: {err!r}",
+                details={"member": self.member, "instance": self.instance},
+            ) from None
+
+    async def send(
+        self,
+        body: dict[str, Any],
+        *,
+        on_delta: OnDelta | None = None,
+        on_chunk: OnChunk | None = None,
+    ) -> Completion:
+        """POST `body` as is to this slot's server; faults become SlotLost (see `chat`)."""
         if self._lost is not None:
             raise self._lost_error()
         if self._released:
             raise RuntimeError("the lease has ended")
         instance = self._slot.instance
         spec = self._member.spec
-        body = self.request(messages, max_tokens, response_format, stream=on_delta is not None)
-        if extra:
-            body.update(extra)
         task = asyncio.current_task()
         self._task = task
         try:
             async with asyncio.timeout(spec.request_timeout_s):
-                done = await instance.ctx.client.complete(
-                    instance.chat_url, body, instance.headers, on_delta
+                return await instance.ctx.client.complete(
+                    instance.chat_url, body, instance.headers, on_delta, on_chunk
                 )
         except asyncio.CancelledError:
             # Our own cancel from lose() becomes SlotLost; a caller's cancel stays a cancel.
@@ -170,17 +224,6 @@ class Lease:
             raise
         finally:
             self._task = None
-        return ChatResult(
-            text=done.text,
-            finish_reason=done.finish_reason,
-            usage=done.usage,
-            timings=done.timings,
-            member=self.member,
-            instance=self.instance,
-            id_slot=self.id_slot,
-            request=body,
-            model=done.model,
-        )
 
     def release(self) -> None:
         if not self._released:
@@ -322,6 +365,18 @@ class Pool:
             retry_after=min(err.retry_after for err in tried),
             details={"target": target, "members": why},
         )
+
+    def try_acquire(self, target: str, affinity: str | None = None) -> Lease | None:
+        """A free slot of `target` at once, or None (nobody waits; no server starts)."""
+        queue = self._targets.get(target)
+        if queue is None:
+            raise NoSuchTarget(f"no tier or member named {target!r}", details={"target": target})
+        if self._stopping:
+            raise PoolBusy("the pool is stopping")
+        try:
+            return self._grab(queue, affinity)
+        except NoHealthyMember:
+            return None  # `acquire` climbs the ladder or explains
 
     def _grab(self, queue: WaitQueue, affinity: str | None) -> Lease | None:
         """A free slot at once (the fast path: no await), or None; NoHealthyMember if no

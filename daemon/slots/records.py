@@ -86,6 +86,9 @@ class ChatResult(BaseModel):
     id_slot: int
     request: dict[str, Any]
     model: str | None = None
+    remote: dict[str, int] | None = None
+    """When the member is another tally daemon's gateway: its reply entry's `seq` and the size
+    of its latest signed checkpoint (`checkpoint`), so the call can be proven in its ledger."""
 
 
 # "unhealthy": an external server that does not answer; it is probed (with backoff), never
@@ -158,3 +161,23 @@ class PoolStatus(BaseModel):
 
     def member(self, name: str) -> MemberStatus | None:
         return next((m for m in self.members if m.name == name), None)
+
+
+def ledger_timings(raw: object) -> dict[str, int]:
+    """llama.cpp's timings as ledger integers: `*_ms` durations become `*_us`, counts stay.
+
+    Hashed bodies hold no floats; the per-token and per-second rates are dropped because they
+    follow from the counts and durations.
+    """
+    out: dict[str, int] = {}
+    for name, value in dict(raw or {}).items():  # type: ignore[call-overload]
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        name = str(name)
+        if name.endswith(("_per_token_ms", "_per_second")):
+            continue
+        if name.endswith("_ms"):
+            out[name[:-3] + "_us"] = round(value * 1000)
+        else:
+            out[name] = round(value)
+    return out

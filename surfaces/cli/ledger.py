@@ -83,6 +83,14 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         metavar="CHECKPOINT_FILE",
         help="prove consistency from a saved checkpoint (the note, or `checkpoint --json` output)",
     )
+    verify.add_argument(
+        "--remote",
+        action="store_true",
+        help="also prove the calls other tally daemons answered are in their ledgers",
+    )
+    verify.add_argument(
+        "--roster", metavar="FILE", help="--remote: the roster with their keys (default: ours)"
+    )
     verify.set_defaults(run=_runner(_verify, tail_check=0, reports=True))
 
     show = sub.add_parser("show", parents=[common], help="list entries")
@@ -336,8 +344,37 @@ async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
             "root": latest.root,
             "signature": _signature(latest.note, ledger.vkey),
         }
+    if getattr(args, "remote", False):
+        checked["remote"] = await _remote(ledger, args)
     _emit_report(args, report, since, checked)
-    return 0 if report.ok else 1
+    if checked.get("remote") and not getattr(args, "json", False):
+        _print_remote(checked["remote"])
+    remote_ok = not checked.get("remote") or checked["remote"]["failed"] == 0
+    return 0 if report.ok and remote_ok else 1
+
+
+async def _remote(ledger: Ledger, args: argparse.Namespace) -> dict[str, Any]:
+    """`--remote`: each call a `tally = true` member answered, proven in that daemon's ledger."""
+    from daemon.remotes import verify_remote
+    from roster import RosterError, load_roster
+    from roster.loading import default_roster_path
+
+    path = Path(args.roster) if args.roster else default_roster_path()
+    try:
+        roster = load_roster(path)
+    except RosterError as err:
+        raise UsageError(str(err)) from err
+    return (await verify_remote(ledger, roster)).model_dump()
+
+
+def _print_remote(report: dict[str, Any]) -> None:
+    for r in report["results"]:
+        where = f"seq {r['seq']} -> {r['member']} seq {r['remote_seq']}"
+        print(f"  remote {r['status']}: {where}" + (f" ({r['reason']})" if r["reason"] else ""))
+    print(
+        f"  remote:     {report['checked']} calls checked, {report['ok']} ok, "
+        f"{report['failed']} failed, {report['pending']} pending"
+    )
 
 
 def _broken(report: VerifyReport) -> bool:

@@ -10,9 +10,10 @@ import asyncio
 from typing import Any
 
 from daemon.runs import entries as k
-from daemon.runs.engine import Engine, EngineOptions, ledger_timings
+from daemon.runs.engine import Engine, EngineOptions
 from daemon.runs.replay import replay
 from daemon.runs.state import Census
+from daemon.slots.records import ledger_timings
 from tests.runs.fakes import KeywordRouter, MemoryLedger, ScriptedPool, make_roster
 
 

@@ -69,6 +69,7 @@ class FakeServer:
             self.app.router.add_get("/slots", self.slots_view)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_post("/v1/chat/completions", self.chat)
+        self.app.router.add_post("/v1/embeddings", self.embeddings)
         self.app.router.add_post("/_fault", self.fault)
 
     @property
@@ -162,6 +163,21 @@ class FakeServer:
             if not self._locks[i].locked():
                 return i
         return 0
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        """One short vector per input, derived from its text (no model: a fixed shape)."""
+        body = await request.json()
+        self.requests.append(body)
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        data = [
+            {"object": "embedding", "index": i, "embedding": [len(str(x)) / 10, 0.5, -0.25]}
+            for i, x in enumerate(inputs)
+        ]
+        tokens = sum(len(str(x).split()) for x in inputs)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return web.json_response(
+            {"object": "list", "data": data, "model": body.get("model"), "usage": usage}
+        )
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         await self._gate()

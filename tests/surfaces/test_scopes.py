@@ -32,6 +32,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "run_cancel": {"run_id": "nope"},
     "run_resume": {"run_id": "nope"},
     "ledger_verify": {},
+    "ledger_verify_remote": {"limit": 1},
     "ledger_entries": {"limit": 1},
     "ledger_get": {"seq": 0},
     "ledger_proof": {"kind": "inclusion", "seq": 0},

@@ -1,0 +1,220 @@
+"""Other tally daemons used as pool members, and proving our calls in their ledgers.
+
+A roster member with `tally = true` is another daemon's gateway. Each reply it gives names
+its `gateway.reply` entry (`X-Tally-Seq`, or the `tally` object of a stream's last chunk),
+which the engine keeps in its own `model.reply` as `remote`. Checking one such call:
+1. fetch the other daemon's latest signed checkpoint and verify its note against the
+   `tally_key` pinned in our roster (a key the other side could change proves nothing);
+2. if the checkpoint does not cover the seq yet, the call is `pending` (checked next time);
+3. fetch the entry and its RFC 9162 inclusion proof at the checkpoint's size, rebuild the
+   entry's canonical line and its leaf hash, and check the path leads to the signed root;
+4. check it is a `gateway.reply` whose answered text hashes to the text we recorded.
+Everything the other daemon sends is treated as hostile: sizes are capped, shapes checked,
+and any surprise is a `failed` result with its reason, never an exception.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import TYPE_CHECKING, Any, Literal
+
+import aiohttp
+from pydantic import BaseModel
+
+from daemon.ledger.canonical import canonical_bytes
+from daemon.ledger.checkpoint import CheckpointError, verify_note
+from daemon.ledger.entry import Entry
+from daemon.ledger.merkle import leaf_hash, verify_inclusion
+from daemon.slots.discovery import split_url
+from roster import Member
+
+if TYPE_CHECKING:
+    from daemon.ledger import Ledger
+    from roster import Roster
+
+Status = Literal["ok", "failed", "pending"]
+_MAX_ANSWER = 1 << 20  # a proof, an entry or a checkpoint is far smaller
+_TIMEOUT_S = 10.0
+
+
+class RemoteCheck(BaseModel):
+    """One call of ours checked against the other daemon's ledger."""
+
+    seq: int
+    """Our `model.reply` entry."""
+    member: str
+    remote_seq: int
+    status: Status
+    reason: str | None = None
+    checkpoint_size: int | None = None
+
+
+class RemoteReport(BaseModel):
+    checked: int
+    ok: int
+    failed: int
+    pending: int
+    results: list[RemoteCheck]
+
+
+class _Remote:
+    """One tally member's tool endpoint, with its token and pinned key."""
+
+    def __init__(self, member: Member, session: aiohttp.ClientSession) -> None:
+        assert member.url is not None
+        assert member.tally_key is not None
+        self.member = member
+        self.root, _ = split_url(member.url)
+        self.key = member.tally_key
+        env = member.api_key_env
+        token = os.environ.get(env) if env else None
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.session = session
+        self._checkpoint: Any = None
+
+    async def tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        url = f"{self.root}/v1/tools/{name}"
+        timeout = aiohttp.ClientTimeout(total=_TIMEOUT_S)
+        async with self.session.post(
+            url, json=arguments, headers=self.headers, timeout=timeout, allow_redirects=False
+        ) as resp:
+            raw = await resp.content.read(_MAX_ANSWER + 1)
+            if len(raw) > _MAX_ANSWER:
+                raise ValueError(f"{name}: the answer is over {_MAX_ANSWER} bytes")
+            if resp.status != 200:
+                raise ValueError(
+                    f"{name}: HTTP {resp.status}: {raw[:200].decode('utf-8', 'replace')}"
+                )
+        data = _json_object(raw)
+        if data is None:
+            raise ValueError(f"{name}: the answer is not a JSON object")
+        return data
+
+    async def checkpoint(self) -> Any:
+        """The other daemon's latest checkpoint, its signature checked (fetched once)."""
+        if self._checkpoint is None:
+            answer = await self.tool("ledger_checkpoint", {})
+            note = (answer.get("checkpoint") or {}).get("note")
+            if not isinstance(note, str):
+                return None  # none signed yet: every call is pending
+            self._checkpoint = verify_note(note, self.key)
+        return self._checkpoint
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+async def check_call(remote: _Remote, seq: int, remote_seq: int, text: str) -> RemoteCheck:
+    """Steps 1-4 of the module docstring for one call."""
+    result = RemoteCheck(seq=seq, member=remote.member.name, remote_seq=remote_seq, status="ok")
+    try:
+        checkpoint = await remote.checkpoint()
+    except CheckpointError as err:
+        return _failed(result, f"the checkpoint's signature does not verify: {err}")
+    if checkpoint is None or remote_seq >= checkpoint.size:
+        size = checkpoint.size if checkpoint is not None else 0
+        result.status = "pending"
+        result.reason = f"its latest signed checkpoint (size {size}) does not cover it yet"
+        return result
+    result.checkpoint_size = checkpoint.size
+    got = await remote.tool("ledger_get", {"seq": remote_seq, "bodies": True})
+    content = got.pop("content", None)
+    fields = {k: got.get(k) for k in ("v", "seq", "ts", "actor", "kind", "run", "parent", "body")}
+    fields["prev"] = got.get("prev")
+    try:
+        line = canonical_bytes(fields)
+        Entry.from_line(line)
+    except ValueError as err:
+        return _failed(result, f"the entry is not a valid ledger entry: {err}")
+    proof = await remote.tool(
+        "ledger_proof", {"kind": "inclusion", "seq": remote_seq, "size": checkpoint.size}
+    )
+    try:
+        path = [bytes.fromhex(h) for h in proof.get("path") or []]
+    except (TypeError, ValueError):
+        return _failed(result, "the proof's path is not hex hashes")
+    root = bytes.fromhex(checkpoint.root)
+    if not verify_inclusion(remote_seq, checkpoint.size, leaf_hash(line), path, root):
+        return _failed(result, "the entry is not in the signed tree (inclusion proof fails)")
+    if fields["kind"] != "gateway.reply" or fields["seq"] != remote_seq:
+        return _failed(result, f"entry {remote_seq} is a {fields['kind']!r}, not a gateway.reply")
+    return _content_matches(result, fields, content, text)
+
+
+def _content_matches(
+    result: RemoteCheck, fields: dict[str, Any], content: Any, text: str
+) -> RemoteCheck:
+    if not isinstance(content, dict):
+        result.reason = "the entry's body is redacted there: its text was not compared"
+        return result
+    if hashlib.sha256(canonical_bytes(content)).hexdigest() != fields["body"]:
+        return _failed(result, "the body it served does not hash to the entry's body")
+    if content.get("text_sha256") != hashlib.sha256(text.encode()).hexdigest():
+        return _failed(result, "the answer it recorded is not the answer we received")
+    return result
+
+
+def _failed(result: RemoteCheck, reason: str) -> RemoteCheck:
+    result.status = "failed"
+    result.reason = reason
+    return result
+
+
+async def verify_remote(
+    ledger: Ledger, roster: Roster, run: str | None = None, limit: int = 1000
+) -> RemoteReport:
+    """Check every call of ours (or of one run) that another tally daemon answered."""
+    results: list[RemoteCheck] = []
+    remotes: dict[str, _Remote] = {}
+    async with aiohttp.ClientSession() as session:
+        for entry, body in await _remote_replies(ledger, run, limit):
+            info = body["remote"]
+            name = str(info.get("member"))
+            check = RemoteCheck(
+                seq=entry.seq, member=name, remote_seq=int(info["seq"]), status="failed"
+            )
+            member = roster.member(name)
+            if member is None or not member.tally or member.tally_key is None:
+                results.append(_failed(check, f"{name!r} is no longer a tally member with a key"))
+                continue
+            remote = remotes.setdefault(name, _Remote(member, session))
+            try:
+                results.append(
+                    await check_call(remote, entry.seq, check.remote_seq, str(body["text"]))
+                )
+            except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+                results.append(_failed(check, f"asking {name} failed: {err}"))
+    return RemoteReport(
+        checked=len(results),
+        ok=sum(r.status == "ok" for r in results),
+        failed=sum(r.status == "failed" for r in results),
+        pending=sum(r.status == "pending" for r in results),
+        results=results,
+    )
+
+
+async def _remote_replies(
+    ledger: Ledger, run: str | None, limit: int
+) -> list[tuple[Any, dict[str, Any]]]:
+    found: list[tuple[Any, dict[str, Any]]] = []
+    start = 0
+    while len(found) < limit:
+        batch = await ledger.entries(start=start, limit=1000, kind="model.reply", run=run)
+        for entry in batch:
+            body = await ledger.body(entry.body) if entry.body else None
+            if not isinstance(body, dict):
+                continue
+            remote = body.get("remote")
+            if isinstance(remote, dict) and isinstance(remote.get("seq"), int):
+                found.append((entry, body))
+        if len(batch) < 1000:
+            break
+        start = batch[-1].seq + 1
+    return found[:limit]

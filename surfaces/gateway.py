@@ -1,0 +1,226 @@
+"""OpenAI-compatible routes on the daemon's own listeners: GET /v1/models,
+POST /v1/chat/completions, POST /v1/embeddings.
+
+An adapter like the tool routes: `daemon.gateway` resolves, leases, witnesses and relays; this
+module reads the body, checks the scope, writes JSON or SSE, and turns every error into
+OpenAI's shape (`{"error": {"message", "type", "param", "code"}}`) so SDKs report it as
+theirs. The listeners' guard (Host, Origin, token over TCP, body size) ran before any of it.
+
+A client that goes away cancels its call: a streamed answer notices at its next write, and a
+watcher notices a closed connection within `DISCONNECT_POLL_S` while nothing is being written
+(a long prompt, a queue wait), so the upstream request is cut and the slot freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from daemon.clients import OWNER, Client
+from daemon.errors import Busy, DeadlineExceeded, Forbidden, InvalidInput, NotFound, TallyError
+from daemon.slots.errors import ModelError, NoHealthyMember
+
+if TYPE_CHECKING:
+    from daemon.gateway import Answer
+    from daemon.service import Daemon
+
+DISCONNECT_POLL_S = 0.25
+
+
+def openai_error(
+    status: int,
+    message: str,
+    *,
+    kind: str,
+    code: str | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+def error_for(err: TallyError) -> web.Response:
+    """A TallyError as OpenAI would answer it (status, type, code, Retry-After)."""
+    param = err.details.get("param") if isinstance(err.details, dict) else None
+    code = err.details.get("code") if isinstance(err.details, dict) else None
+    if isinstance(err, InvalidInput):
+        return openai_error(400, err.message, kind="invalid_request_error", param=param)
+    if isinstance(err, NotFound):
+        return openai_error(
+            404, err.message, kind="invalid_request_error", code=code or err.code, param=param
+        )
+    if isinstance(err, Forbidden):
+        return openai_error(403, err.message, kind="permission_error", code=err.code)
+    if isinstance(err, Busy):
+        retry = {"Retry-After": str(max(1, math.ceil(err.retry_after)))}
+        # A full queue is the caller's rate to slow down (429, which SDKs retry after
+        # Retry-After); no member able to serve at all is the service being down (503).
+        status = 503 if isinstance(err, NoHealthyMember) else 429
+        kind = "server_error" if status == 503 else "rate_limit_error"
+        return openai_error(status, err.message, kind=kind, code=err.code, headers=retry)
+    if isinstance(err, DeadlineExceeded):
+        return openai_error(504, err.message, kind="timeout", code=err.code)
+    if isinstance(err, ModelError) and 400 <= err.status_code < 500:
+        upstream = err.details.get("body") if isinstance(err.details, dict) else None
+        message = f"{err.message}: {upstream}" if upstream else err.message
+        return openai_error(
+            err.status_code, message[:2000], kind="invalid_request_error", code=err.code
+        )
+    status = 502 if isinstance(err, ModelError) else err.status
+    return openai_error(status, err.message, kind="server_error", code=err.code)
+
+
+def _daemon(request: web.Request) -> Daemon:
+    from surfaces.http import DAEMON
+
+    return request.app[DAEMON]
+
+
+def _client(request: web.Request) -> Client:
+    from surfaces.http import client_of
+
+    return client_of(request) or OWNER
+
+
+def _refused(client: Client, needed: str) -> web.Response | None:
+    if client.allows(needed):  # type: ignore[arg-type]
+        return None
+    return openai_error(
+        403,
+        f"client {client.name!r} has scope {client.scope!r}; the gateway needs {needed!r}",
+        kind="permission_error",
+        code="forbidden",
+    )
+
+
+async def list_models(request: web.Request) -> web.Response:
+    refused = _refused(_client(request), "read")
+    if refused is not None:
+        return refused
+    return web.json_response({"object": "list", "data": _daemon(request).gateway.models()})
+
+
+async def _read(request: web.Request) -> bytes | web.Response:
+    from surfaces.http import OPTIONS
+
+    try:
+        async with asyncio.timeout(request.app[OPTIONS].body_timeout_s):
+            return await request.read()
+    except TimeoutError:
+        response = openai_error(408, "the request body did not arrive", kind="timeout")
+        response.force_close()
+        return response
+
+
+class _Stream:
+    """The SSE answer of one streamed call, opened by the gateway at its first chunk."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.response: web.StreamResponse | None = None
+
+    async def open(self, headers: dict[str, str]) -> None:
+        self.response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+                **headers,
+            }
+        )
+        await self.response.prepare(self.request)
+
+    async def send(self, chunk: dict[str, Any]) -> None:
+        assert self.response is not None
+        data = json.dumps(chunk, ensure_ascii=False, separators=(",", ":"))
+        await self.response.write(b"data: " + data.encode() + b"\n\n")
+
+    async def close(self, ok: bool) -> web.StreamResponse:
+        assert self.response is not None
+        if ok:
+            await self.response.write(b"data: [DONE]\n\n")
+        await self.response.write_eof()
+        return self.response
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    client = _client(request)
+    refused = _refused(client, "submit")
+    if refused is not None:
+        return refused
+    raw = await _read(request)
+    if isinstance(raw, web.Response):
+        return raw
+    stream = _Stream(request)
+    call = asyncio.ensure_future(
+        _daemon(request).gateway.chat(client, raw, stream.open, stream.send)
+    )
+    watcher = asyncio.ensure_future(_watch(request, call))
+    try:
+        answer: Answer = await call
+    except TallyError as err:
+        if stream.response is None:
+            return error_for(err)
+        with contextlib.suppress(ConnectionError):  # it failed after the stream began
+            await stream.send({"error": _error_body(err)})
+            return await stream.close(ok=False)
+        return stream.response
+    except ConnectionError:  # a write to a client that went away: the call was witnessed so
+        return stream.response or web.Response(status=499)
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if not call.cancelled() or (current is not None and current.cancelling()):
+            raise
+        return stream.response or web.Response(status=499)  # the watcher: nobody to answer
+    finally:
+        watcher.cancel()
+        if not call.done():
+            call.cancel()
+    if stream.response is None:
+        return web.Response(
+            body=answer.body, content_type="application/json", headers=answer.headers
+        )
+    with contextlib.suppress(ConnectionError):
+        return await stream.close(answer.ok)
+    return stream.response
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    client = _client(request)
+    refused = _refused(client, "submit")
+    if refused is not None:
+        return refused
+    raw = await _read(request)
+    if isinstance(raw, web.Response):
+        return raw
+    try:
+        answer = await _daemon(request).gateway.embed(client, raw)
+    except TallyError as err:
+        return error_for(err)
+    return web.Response(body=answer.body, content_type="application/json", headers=answer.headers)
+
+
+def _error_body(err: TallyError) -> dict[str, Any]:
+    return {"message": err.message, "type": "server_error", "code": err.code, "param": None}
+
+
+async def _watch(request: web.Request, call: asyncio.Future[Any]) -> None:
+    """Cancel `call` once the client's connection is gone."""
+    while not call.done():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            call.cancel()
+            return
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/embeddings", embeddings)

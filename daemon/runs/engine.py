@@ -422,9 +422,10 @@ class Engine:
         if after is not None:
             self.census.count(after)
 
-    def _delta(self, run_id: str, text: str) -> None:
+    def _delta(self, run_id: str, text: str, task: str | None = None) -> None:
+        """A streamed token: `task` names the chat task it belongs to (None: synthesis)."""
         for queue in self._listeners.get(run_id, ()):
-            queue.put_nowait(RunEvent(seq=None, kind="delta", data={"text": text}))
+            queue.put_nowait(RunEvent(seq=None, kind="delta", data={"text": text, "task": task}))
 
     def _retire(self, run_id: str) -> None:
         """Bound memory: finished runs past `keep_full` keep a summary only."""
@@ -793,7 +794,7 @@ class Engine:
         """One witnessed, metered model call through a slot lease."""
         ctx.meter.reserve_call()
         max_tokens = self.options.max_tokens
-        on_delta = (lambda text: self._delta(ctx.id, text)) if stream else None
+        on_delta = (lambda text: self._delta(ctx.id, text, task)) if stream else None
         async with self.pool.lease(target, priority=priority, affinity=affinity) as lease:
             request = k.safe(lease.request(messages, max_tokens, response_format, stream=stream))
             call_body = {
@@ -1028,6 +1029,8 @@ class Engine:
             messages=messages,
             parent=start_seq,
             affinity=lane.name,
+            response_format=_constrained(task),
+            stream=True,  # every chat task's tokens reach SSE (and MCP progress) as they come
         )
         return str(result.text), None, reply_seq
 
@@ -1133,6 +1136,15 @@ def _depth(nodes: list[Node]) -> int:
         return memo[node_id]
 
     return max((depth(n.id) for n in nodes), default=0)
+
+
+def _constrained(task: Task) -> dict[str, Any] | None:
+    """A task whose output must match a JSON schema asks the server for exactly that
+    (constrained decoding); the assertion still checks it, and a failure still escalates."""
+    for assertion in task.assertions:
+        if assertion.type == "json_schema":
+            return guard.response_format("task_output", assertion.json_schema)
+    return None
 
 
 def _differs(witnessed: object, sent: object) -> object:

@@ -31,7 +31,8 @@ async def test_model_call_witnesses_every_request_parameter(fleet: Factory) -> N
     assert request["top_k"] == 40
     assert request["seed"] == 7
     assert request["model"] == "tiny"
-    assert request["stream"] is False  # an external server, no deltas wanted
+    assert request["stream"] is True  # every chat task streams its tokens to watchers
+    assert request["stream_options"] == {"include_usage": True}
     assert request["cache_prompt"] is True
     assert request["id_slot"] == call["slot"]
     assert request["max_tokens"] > 0

@@ -27,6 +27,7 @@ from daemon.runs.budget import BudgetExhausted, Meter, limits
 from daemon.runs.dispatch import Capacity, Node, dispatch, levels
 from daemon.runs.executors import Stub, chat_messages, clip, echo_stub, run_command, upstream_block
 from daemon.runs.ports import LedgerPort, PoolPort, RouterPort
+from daemon.runs.repetition import cut_loop
 from daemon.runs.replay import RedactedAfterSnapshot, apply, replay
 from daemon.runs.sandbox import Confinement, admit_commands
 from daemon.runs.snapshot import Snapshot
@@ -790,10 +791,11 @@ class Engine:
         response_format: dict[str, Any] | None = None,
         stream: bool = False,
         priority: int = 1,
+        max_tokens: int | None = None,
     ) -> tuple[Any, int]:
         """One witnessed, metered model call through a slot lease."""
         ctx.meter.reserve_call()
-        max_tokens = self.options.max_tokens
+        max_tokens = min(max_tokens or self.options.max_tokens, self.options.max_tokens)
         on_delta = (lambda text: self._delta(ctx.id, text, task)) if stream else None
         async with self.pool.lease(target, priority=priority, affinity=affinity) as lease:
             request = k.safe(lease.request(messages, max_tokens, response_format, stream=stream))
@@ -1083,8 +1085,9 @@ class Engine:
         messages = [
             {
                 "role": "system",
-                "content": "Combine the results of the tasks below into one complete answer to "
-                "the request. Answer the request directly.",
+                "content": "Combine the task results below into a short answer to the request: "
+                "a few sentences that answer it and say which task's result holds the "
+                "details. The results follow your answer in full: do not repeat them.",
             },
             {
                 "role": "user",
@@ -1101,15 +1104,33 @@ class Engine:
                 affinity=lane.name,
                 stream=True,
                 priority=0,
+                max_tokens=SYNTHESIS_TOKENS,
             )
-            body = {"answer": str(result.text), "source": "synthesis"}
-            return await self._witness(ctx.id, k.ANSWER, body, reply_seq)
         except (BudgetExhausted, asyncio.CancelledError):
             raise
         except Exception as exc:  # the task results still answer the request
-            answer = upstream_block(results)
-            body = {"answer": answer, "source": "results", "error": _describe(exc)}
-            return await self._witness(ctx.id, k.ANSWER, body, last)
+            answer = _with_results("", done, results)
+            failed = {"answer": answer, "source": "results", "error": _describe(exc)}
+            return await self._witness(ctx.id, k.ANSWER, failed, last)
+        summary, looped = await asyncio.to_thread(cut_loop, str(result.text))
+        answered: dict[str, Any] = {
+            "answer": _with_results(summary, done, results),
+            "source": "synthesis",
+            "looped": looped,
+        }
+        return await self._witness(ctx.id, k.ANSWER, answered, reply_seq)
+
+
+SYNTHESIS_TOKENS = 320
+"""The synthesis is a short summary above the task results, not a rewrite of them."""
+
+
+def _with_results(summary: str, done: list[Any], results: Mapping[str, str]) -> str:
+    """The answer: the summary, then every task's result verbatim under its id and lane."""
+    parts = [summary.strip()] if summary.strip() else []
+    for task in done:
+        parts.append(f"## {task.id} ({task.lane})\n\n{results.get(task.id, '').strip()}")
+    return "\n\n".join(parts)
 
 
 def _ends(event: RunEvent) -> bool:

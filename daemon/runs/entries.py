@@ -92,8 +92,11 @@ CANCEL: Final = "run.cancel"
 
 ANSWER: Final = "run.answer"
 """[synthesis model.reply | the single task's task.verdict | the last entry] {answer: str,
-source: "single"|"synthesis"|"results", error: str (only with source "results": why synthesis
-failed, the task results joined stand as the answer)}"""
+source: "single"|"synthesis"|"results", looped: bool (with "synthesis": the summary was cut
+where it began to repeat itself), error: str (only with source "results": why synthesis
+failed)}. With several tasks the answer is the synthesis's short summary, then each done
+task's result verbatim under a `## <task id> (<lane>)` heading, so a poor summary never hides
+the work; "results" is the same without a summary."""
 
 INTENT: Final = "run.intent"
 """[run.answer] {coverage_ppm: int, keys: [str], missing: [str]}  (witnessed; never blocks)"""

@@ -142,7 +142,7 @@ async def test_run_shows_each_task_then_the_answer(
     assert heads[0].endswith(" s")
     assert "answer:" in out
     for task in run.tasks:
-        assert (task.result or "").splitlines()[0] in out
+        assert (task.result or "")[:200] in out
     argv = ["run", run.id, "--follow", "--socket", str(unix_server)]
     assert await asyncio.to_thread(main, argv) == 0  # a finished run: follows to its end at once
 

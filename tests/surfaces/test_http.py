@@ -389,13 +389,16 @@ async def test_sse_streams_a_real_run_with_deltas(client: Client, model: FakeSer
     answer = next(e for e in events if e.get("event") == k.ANSWER)["data"]
     assert answer["source"] == "synthesis"
     synthesis = "".join(d["text"] for d in deltas if d["task"] is None)
-    assert synthesis == answer["answer"]  # the witnessed answer is the whole streamed text
+    # the witnessed answer: the streamed summary, then each task's result verbatim
+    assert answer["answer"].startswith(synthesis.strip() + "\n\n## T1 (backend)\n\n")
+    assert answer["looped"] is False
     # every chat task streams too, its deltas naming it, each task's text its witnessed result
     results = {
         e["data"]["task"]: e["data"]["output"] for e in events if e.get("event") == k.TASK_RESULT
     }
     for task in ("T1", "T2"):
         assert "".join(d["text"] for d in deltas if d["task"] == task) == results[task]
+        assert results[task].strip() in answer["answer"]
     first_synthesis = next(
         i for i, e in enumerate(events) if e.get("event") == "delta" and e["data"]["task"] is None
     )

@@ -276,6 +276,10 @@ class Engine:
         """Runs admitted and waiting for a run slot (state `queued`)."""
         return self.census.runs["queued"]
 
+    def in_flight(self) -> int:
+        """Runs being driven right now (what a stop drains)."""
+        return sum(1 for ctx in self._runs.values() if ctx.task is not None and not ctx.task.done())
+
     async def cancel(self, run_id: str, reason: str = "cancelled by request") -> RunView:
         view = self.get(run_id)
         if view.state in FINAL:

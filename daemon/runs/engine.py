@@ -589,13 +589,26 @@ class Engine:
             return str(route.lane), seq
         if ctx.client_plan is not None:  # the client planned: its lanes decide, no model call
             return str(route.lane or ctx.client_plan.tasks[0].lane), seq
-        return await self._classify(ctx, route, seq)
+        ranked = [lane for lane, score in route.scores if score > 0 and lane in self._lanes]
+        candidates = ranked[:CANDIDATES]
+        if GENERAL in self._lanes and GENERAL not in candidates:
+            candidates.append(GENERAL)  # the classifier may say that no lane fits
+        classifier = self.roster.policy.classifier
+        if classifier is None or not ranked:
+            # No model call: the best-scoring lane, or `general` when no lane's words match.
+            lane = ranked[0] if ranked else (GENERAL if GENERAL in self._lanes else None)
+            lane = lane or (route.lane if route.lane in self._lanes else self.roster.lanes[0].name)
+            source = "scores" if ranked else "general"
+            body = {"lane": lane, "candidates": candidates, "source": source, "error": None}
+            return lane, await self._witness(ctx.id, k.CLASSIFY, body, seq)
+        return await self._classify(ctx, classifier, candidates, seq)
 
-    async def _classify(self, ctx: _Run, route: Any, parent: int) -> tuple[str, int]:
+    async def _classify(
+        self, ctx: _Run, classifier: str, candidates: builtins.list[str], parent: int
+    ) -> tuple[str, int]:
+        """The classifier model picks one of the few best-scoring lanes (or `general`)."""
         view = self._views[ctx.id]
-        ranked = [lane for lane, score in route.scores if score > 0 and lane in self._lanes][:6]
-        candidates = ranked or list(self._lanes)
-        fallback = route.lane if route.lane in self._lanes else candidates[0]
+        fallback = candidates[0]
         schema = {
             "type": "object",
             "properties": {"lane": {"type": "string", "enum": candidates}},
@@ -623,7 +636,7 @@ class Engine:
         lane, source, error, reply_seq = fallback, "fallback", None, None
         try:
             got = await self._structured(
-                ctx, "classify", self.roster.tiers.ladder[0], messages, schema, valid, parent
+                ctx, "classify", classifier, messages, schema, valid, parent
             )
             lane, source, reply_seq = got.value, "model", got.reply_seq
         except (BudgetExhausted, asyncio.CancelledError):
@@ -1124,6 +1137,11 @@ class Engine:
         }
         return await self._witness(ctx.id, k.ANSWER, answered, reply_seq)
 
+
+GENERAL = "general"
+"""The fallback lane: a request no lane's words match goes here, with no model call."""
+CANDIDATES = 4
+"""Lanes a classifier chooses among: the best-scoring few, not every lane."""
 
 SYNTHESIS_TOKENS = 320
 """The synthesis is a short summary above the task results, not a rewrite of them."""

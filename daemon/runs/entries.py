@@ -28,8 +28,11 @@ scores: [[lane, score_ppm], ...] (top 8), matched: {lane: [words]}}  (source "cl
 client named the lane; confidence 1 000 000, scores [] and matched {})"""
 
 CLASSIFY: Final = "run.classify"
-"""[classifier model.reply or run.route] {lane: str, candidates: [lane], source: "model"|"fallback",
-error: str|null}"""
+"""[classifier model.reply or run.route] {lane: str, candidates: [lane], source: "model"|
+"fallback"|"scores"|"general", error: str|null}  "model": the `[policy] classifier` chose among
+the candidates (the best-scoring few, plus `general`); "fallback": it failed and the best score
+stands; "scores": no classifier is configured, the best-scoring lane; "general": no lane's
+words matched, the `general` lane — neither of the last two calls a model."""
 
 PLAN: Final = "run.plan"
 """[run.route | run.classify | the coordinator's last model.reply] {source: "client"|"coordinator"|

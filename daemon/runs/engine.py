@@ -114,6 +114,18 @@ class Engine:
         return self.options.coordinator or self.roster.policy.coordinator
 
     @property
+    def _classifier(self) -> str | None:
+        """The roster's classifier, if it is stronger than the lanes' first rung: a tier whose
+        members all serve the first rung too would add a model call and no judgment."""
+        name = self.roster.policy.classifier
+        if name is None:
+            return None
+        tiers = self.roster.tiers
+        members = set(tiers.members.get(name, [name]))
+        first = set(tiers.members.get(tiers.ladder[0], []))
+        return name if members - first else None
+
+    @property
     def _judge_target(self) -> str | None:
         return self.options.judge or self.roster.policy.judge
 
@@ -593,7 +605,7 @@ class Engine:
         candidates = ranked[:CANDIDATES]
         if GENERAL in self._lanes and GENERAL not in candidates:
             candidates.append(GENERAL)  # the classifier may say that no lane fits
-        classifier = self.roster.policy.classifier
+        classifier = self._classifier
         if classifier is None or not ranked:
             # No model call: the best-scoring lane, or `general` when no lane's words match.
             lane = ranked[0] if ranked else (GENERAL if GENERAL in self._lanes else None)

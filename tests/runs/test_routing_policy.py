@@ -1,6 +1,7 @@
 """How a run's lane is chosen when keyword routing is unsure, on the packaged default roster:
-no classifier by default (the best-scoring lane, or `general` when nothing matches, with no
-model call), and a configured classifier that sees only the best-scoring few lanes."""
+while `capable` is the embedded model the classifier does not run (the best-scoring lane, or
+`general` when nothing matches, with no model call); pointed at a stronger member, it runs
+and sees only the best-scoring few lanes and `general`."""
 
 from __future__ import annotations
 
@@ -9,14 +10,20 @@ from typing import Any
 from daemon.routing import Router
 from daemon.runs import entries as k
 from daemon.runs.engine import Engine
+from roster import Member
 from roster.loading import default_roster_path, load_roster
 from tests.runs.fakes import MemoryLedger, ScriptedPool
 
 
-def _engine(script: Any, **policy: Any) -> tuple[Engine, MemoryLedger, ScriptedPool]:
+def _engine(script: Any, stronger: bool = False) -> tuple[Engine, MemoryLedger, ScriptedPool]:
+    """The default roster; `stronger`: `capable` pointed at another member, as a user does."""
     roster = load_roster(default_roster_path())
-    if policy:
-        roster = roster.model_copy(update={"policy": roster.policy.model_copy(update=policy)})
+    if stronger:
+        big = Member(name="big", url="http://127.0.0.1:9/v1", model_id="big")
+        tiers = roster.tiers.model_copy(
+            update={"members": {**roster.tiers.members, "capable": ["big"]}}
+        )
+        roster = roster.model_copy(update={"models": [*roster.models, big], "tiers": tiers})
     ledger = MemoryLedger()
     pool = ScriptedPool(roster, script)
     return Engine(ledger, pool, roster, Router(roster)), ledger, pool
@@ -58,7 +65,7 @@ async def test_a_classifier_sees_the_best_few_lanes_and_general() -> None:
             return '{"lane": "general"}'
         return "an answer"
 
-    engine, ledger, _ = _engine(script, classifier="capable")
+    engine, ledger, _ = _engine(script, stronger=True)
     text = "review the api docs and the test plan"
     view = await engine.wait((await engine.submit(text)).id, 5)
     route = ledger.bodies_of(k.ROUTE, view.id)[0]

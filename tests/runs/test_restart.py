@@ -96,7 +96,7 @@ async def test_a_run_interrupted_before_planning_is_routed_again_witnessed(
 ) -> None:
     # two lanes' words: the router escalates to the classifier, whose call hangs
     daemon, server = await fleet(
-        [("You route a request", '{"lane": "docs"}', 30.0)], policy={"classifier": "cheap"}
+        [("You route a request", '{"lane": "docs"}', 30.0)], policy={"classifier": "capable"}
     )
     view = await daemon.engine.submit("backend docs")
     for _ in range(500):

@@ -469,6 +469,12 @@ class ProgressSteps:
         self.last = message
         return float(self.step), None, message
 
+    def tokens(self, task: str | None, text: str) -> tuple[float, float | None, str]:
+        """A progress message carrying what a task (None: the synthesis) is writing."""
+        self.step += 1
+        tail = " ".join(text.split())[-160:]
+        return float(self.step), None, f"{task or 'answer'} writing: …{tail}"
+
 
 async def _follow(daemon: Daemon, run_id: str, progress: Progress) -> None:
     steps = ProgressSteps()

@@ -238,6 +238,10 @@ class Policy(_Strict):
     """Tier or member that plans a request the client gave no plan for; None = one task."""
     judge: str | None = None
     """Tier or member that judges chat output once its assertions pass; None = no judge."""
+    classifier: str | None = None
+    """Tier or member that picks the lane when keyword routing is unsure, among the few best
+    scoring lanes (and `general`). None = no model call for routing: the best-scoring lane,
+    or the `general` lane when no lane's words match."""
     command: CommandPolicy = CommandPolicy()
 
 

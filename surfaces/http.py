@@ -700,6 +700,7 @@ async def serve(
         async with watchdog_task():
             await stop.wait()
         sd_notify("STOPPING=1")
+        _say_stopping(daemon)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
@@ -708,6 +709,20 @@ async def serve(
         if bound_socket and listen.socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 listen.socket_path.unlink()
+
+
+def _say_stopping(daemon: Daemon) -> None:
+    """What a stop (Ctrl-C, SIGTERM) does, said once, before the drain starts."""
+    n = daemon.engine.in_flight()
+    drain = daemon.settings.drain_s
+    if n:
+        message = (
+            f"stopping: draining {n} run{'s' if n != 1 else ''}… (up to {drain:g} s; what is "
+            "still running then is interrupted and `tally resume RUN` continues it)"
+        )
+    else:
+        message = "stopping: no run in flight"
+    log.warning(message)  # `tally serve` logs to stderr: this is the line Ctrl-C prints
 
 
 def log_to_stderr(level: int = logging.INFO) -> None:

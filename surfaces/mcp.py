@@ -18,6 +18,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -160,10 +161,18 @@ class Adapter:
         run = RunOut.model_validate(await self._call("submit", arguments))
         steps = ProgressSteps()
         await self._report(ctx, steps, run)
+        written: dict[str | None, str] = {}  # streamed text per task, shown at most twice a second
+        shown = 0.0
         try:
             with anyio.move_on_after(timeout):
                 async for event in self.client.events(run.id):
                     if event.event == "delta":
+                        data = event.data if isinstance(event.data, dict) else {}
+                        task = data.get("task")
+                        written[task] = written.get(task, "")[-400:] + str(data.get("text", ""))
+                        if time.monotonic() - shown >= DELTA_EVERY_S:
+                            shown = time.monotonic()
+                            await ctx.session.report_progress(*steps.tokens(task, written[task]))
                         continue
                     run = RunOut.model_validate(
                         await self.client.call("run_get", {"run_id": run.id})
@@ -209,6 +218,10 @@ class Adapter:
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
+
+
+DELTA_EVERY_S = 0.5
+"""How often streamed tokens become a progress message (an IDE need not redraw per token)."""
 
 
 class Lines:

@@ -27,6 +27,7 @@ from daemon.runs.budget import BudgetExhausted, Meter, limits
 from daemon.runs.dispatch import Capacity, Node, dispatch, levels
 from daemon.runs.executors import Stub, chat_messages, clip, echo_stub, run_command, upstream_block
 from daemon.runs.ports import LedgerPort, PoolPort, RouterPort
+from daemon.runs.repetition import cut_loop
 from daemon.runs.replay import RedactedAfterSnapshot, apply, replay
 from daemon.runs.sandbox import Confinement, admit_commands
 from daemon.runs.snapshot import Snapshot
@@ -111,6 +112,18 @@ class Engine:
     @property
     def _coordinator(self) -> str | None:
         return self.options.coordinator or self.roster.policy.coordinator
+
+    @property
+    def _classifier(self) -> str | None:
+        """The roster's classifier, if it is stronger than the lanes' first rung: a tier whose
+        members all serve the first rung too would add a model call and no judgment."""
+        name = self.roster.policy.classifier
+        if name is None:
+            return None
+        tiers = self.roster.tiers
+        members = set(tiers.members.get(name, [name]))
+        first = set(tiers.members.get(tiers.ladder[0], []))
+        return name if members - first else None
 
     @property
     def _judge_target(self) -> str | None:
@@ -275,6 +288,10 @@ class Engine:
         """Runs admitted and waiting for a run slot (state `queued`)."""
         return self.census.runs["queued"]
 
+    def in_flight(self) -> int:
+        """Runs being driven right now (what a stop drains)."""
+        return sum(1 for ctx in self._runs.values() if ctx.task is not None and not ctx.task.done())
+
     async def cancel(self, run_id: str, reason: str = "cancelled by request") -> RunView:
         view = self.get(run_id)
         if view.state in FINAL:
@@ -422,9 +439,10 @@ class Engine:
         if after is not None:
             self.census.count(after)
 
-    def _delta(self, run_id: str, text: str) -> None:
+    def _delta(self, run_id: str, text: str, task: str | None = None) -> None:
+        """A streamed token: `task` names the chat task it belongs to (None: synthesis)."""
         for queue in self._listeners.get(run_id, ()):
-            queue.put_nowait(RunEvent(seq=None, kind="delta", data={"text": text}))
+            queue.put_nowait(RunEvent(seq=None, kind="delta", data={"text": text, "task": task}))
 
     def _retire(self, run_id: str) -> None:
         """Bound memory: finished runs past `keep_full` keep a summary only."""
@@ -583,13 +601,26 @@ class Engine:
             return str(route.lane), seq
         if ctx.client_plan is not None:  # the client planned: its lanes decide, no model call
             return str(route.lane or ctx.client_plan.tasks[0].lane), seq
-        return await self._classify(ctx, route, seq)
+        ranked = [lane for lane, score in route.scores if score > 0 and lane in self._lanes]
+        candidates = ranked[:CANDIDATES]
+        if GENERAL in self._lanes and GENERAL not in candidates:
+            candidates.append(GENERAL)  # the classifier may say that no lane fits
+        classifier = self._classifier
+        if classifier is None or not ranked:
+            # No model call: the best-scoring lane, or `general` when no lane's words match.
+            lane = ranked[0] if ranked else (GENERAL if GENERAL in self._lanes else None)
+            lane = lane or (route.lane if route.lane in self._lanes else self.roster.lanes[0].name)
+            source = "scores" if ranked else "general"
+            body = {"lane": lane, "candidates": candidates, "source": source, "error": None}
+            return lane, await self._witness(ctx.id, k.CLASSIFY, body, seq)
+        return await self._classify(ctx, classifier, candidates, seq)
 
-    async def _classify(self, ctx: _Run, route: Any, parent: int) -> tuple[str, int]:
+    async def _classify(
+        self, ctx: _Run, classifier: str, candidates: builtins.list[str], parent: int
+    ) -> tuple[str, int]:
+        """The classifier model picks one of the few best-scoring lanes (or `general`)."""
         view = self._views[ctx.id]
-        ranked = [lane for lane, score in route.scores if score > 0 and lane in self._lanes][:6]
-        candidates = ranked or list(self._lanes)
-        fallback = route.lane if route.lane in self._lanes else candidates[0]
+        fallback = candidates[0]
         schema = {
             "type": "object",
             "properties": {"lane": {"type": "string", "enum": candidates}},
@@ -617,7 +648,7 @@ class Engine:
         lane, source, error, reply_seq = fallback, "fallback", None, None
         try:
             got = await self._structured(
-                ctx, "classify", self.roster.tiers.ladder[0], messages, schema, valid, parent
+                ctx, "classify", classifier, messages, schema, valid, parent
             )
             lane, source, reply_seq = got.value, "model", got.reply_seq
         except (BudgetExhausted, asyncio.CancelledError):
@@ -789,11 +820,12 @@ class Engine:
         response_format: dict[str, Any] | None = None,
         stream: bool = False,
         priority: int = 1,
+        max_tokens: int | None = None,
     ) -> tuple[Any, int]:
         """One witnessed, metered model call through a slot lease."""
         ctx.meter.reserve_call()
-        max_tokens = self.options.max_tokens
-        on_delta = (lambda text: self._delta(ctx.id, text)) if stream else None
+        max_tokens = min(max_tokens or self.options.max_tokens, self.options.max_tokens)
+        on_delta = (lambda text: self._delta(ctx.id, text, task)) if stream else None
         async with self.pool.lease(target, priority=priority, affinity=affinity) as lease:
             request = k.safe(lease.request(messages, max_tokens, response_format, stream=stream))
             call_body = {
@@ -1028,6 +1060,8 @@ class Engine:
             messages=messages,
             parent=start_seq,
             affinity=lane.name,
+            response_format=_constrained(task),
+            stream=True,  # every chat task's tokens reach SSE (and MCP progress) as they come
         )
         return str(result.text), None, reply_seq
 
@@ -1080,8 +1114,9 @@ class Engine:
         messages = [
             {
                 "role": "system",
-                "content": "Combine the results of the tasks below into one complete answer to "
-                "the request. Answer the request directly.",
+                "content": "Combine the task results below into a short answer to the request: "
+                "a few sentences that answer it and say which task's result holds the "
+                "details. The results follow your answer in full: do not repeat them.",
             },
             {
                 "role": "user",
@@ -1098,15 +1133,38 @@ class Engine:
                 affinity=lane.name,
                 stream=True,
                 priority=0,
+                max_tokens=SYNTHESIS_TOKENS,
             )
-            body = {"answer": str(result.text), "source": "synthesis"}
-            return await self._witness(ctx.id, k.ANSWER, body, reply_seq)
         except (BudgetExhausted, asyncio.CancelledError):
             raise
         except Exception as exc:  # the task results still answer the request
-            answer = upstream_block(results)
-            body = {"answer": answer, "source": "results", "error": _describe(exc)}
-            return await self._witness(ctx.id, k.ANSWER, body, last)
+            answer = _with_results("", done, results)
+            failed = {"answer": answer, "source": "results", "error": _describe(exc)}
+            return await self._witness(ctx.id, k.ANSWER, failed, last)
+        summary, looped = await asyncio.to_thread(cut_loop, str(result.text))
+        answered: dict[str, Any] = {
+            "answer": _with_results(summary, done, results),
+            "source": "synthesis",
+            "looped": looped,
+        }
+        return await self._witness(ctx.id, k.ANSWER, answered, reply_seq)
+
+
+GENERAL = "general"
+"""The fallback lane: a request no lane's words match goes here, with no model call."""
+CANDIDATES = 4
+"""Lanes a classifier chooses among: the best-scoring few, not every lane."""
+
+SYNTHESIS_TOKENS = 320
+"""The synthesis is a short summary above the task results, not a rewrite of them."""
+
+
+def _with_results(summary: str, done: list[Any], results: Mapping[str, str]) -> str:
+    """The answer: the summary, then every task's result verbatim under its id and lane."""
+    parts = [summary.strip()] if summary.strip() else []
+    for task in done:
+        parts.append(f"## {task.id} ({task.lane})\n\n{results.get(task.id, '').strip()}")
+    return "\n\n".join(parts)
 
 
 def _ends(event: RunEvent) -> bool:
@@ -1133,6 +1191,15 @@ def _depth(nodes: list[Node]) -> int:
         return memo[node_id]
 
     return max((depth(n.id) for n in nodes), default=0)
+
+
+def _constrained(task: Task) -> dict[str, Any] | None:
+    """A task whose output must match a JSON schema asks the server for exactly that
+    (constrained decoding); the assertion still checks it, and a failure still escalates."""
+    for assertion in task.assertions:
+        if assertion.type == "json_schema":
+            return guard.response_format("task_output", assertion.json_schema)
+    return None
 
 
 def _differs(witnessed: object, sent: object) -> object:

@@ -28,8 +28,11 @@ scores: [[lane, score_ppm], ...] (top 8), matched: {lane: [words]}}  (source "cl
 client named the lane; confidence 1 000 000, scores [] and matched {})"""
 
 CLASSIFY: Final = "run.classify"
-"""[classifier model.reply or run.route] {lane: str, candidates: [lane], source: "model"|"fallback",
-error: str|null}"""
+"""[classifier model.reply or run.route] {lane: str, candidates: [lane], source: "model"|
+"fallback"|"scores"|"general", error: str|null}  "model": the `[policy] classifier` chose among
+the candidates (the best-scoring few, plus `general`); "fallback": it failed and the best score
+stands; "scores": no classifier is configured, the best-scoring lane; "general": no lane's
+words matched, the `general` lane — neither of the last two calls a model."""
 
 PLAN: Final = "run.plan"
 """[run.route | run.classify | the coordinator's last model.reply] {source: "client"|"coordinator"|
@@ -92,8 +95,11 @@ CANCEL: Final = "run.cancel"
 
 ANSWER: Final = "run.answer"
 """[synthesis model.reply | the single task's task.verdict | the last entry] {answer: str,
-source: "single"|"synthesis"|"results", error: str (only with source "results": why synthesis
-failed, the task results joined stand as the answer)}"""
+source: "single"|"synthesis"|"results", looped: bool (with "synthesis": the summary was cut
+where it began to repeat itself), error: str (only with source "results": why synthesis
+failed)}. With several tasks the answer is the synthesis's short summary, then each done
+task's result verbatim under a `## <task id> (<lane>)` heading, so a poor summary never hides
+the work; "results" is the same without a summary."""
 
 INTENT: Final = "run.intent"
 """[run.answer] {coverage_ppm: int, keys: [str], missing: [str]}  (witnessed; never blocks)"""

@@ -102,6 +102,8 @@ def _task_start(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
     task = _task(view, b)
     if task is not None:
         task.state = "running"
+        task.started_at_us = task.started_at_us or ts
+        task.ended_at_us = None
         task.attempts = int(b.get("attempt", task.attempts + 1))
         task.tier = b.get("tier")
         task.error = None
@@ -140,6 +142,8 @@ def _task_verdict(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
     task.failures = list(b.get("failures", []))
     task.verdict_seq = seq
     nxt = b.get("next")
+    if nxt in ("done", "failed"):
+        task.ended_at_us = ts
     if nxt == "done":
         task.state = "done"
     elif nxt == "failed":
@@ -154,6 +158,7 @@ def _task_skip(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
     if task is not None:
         task.state = "skipped"
         task.error = b.get("reason")
+        task.ended_at_us = ts
 
 
 def _answer(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:

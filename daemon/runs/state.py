@@ -63,6 +63,10 @@ class TaskView(BaseModel):
     error: str | None = None
     failures: list[str] = []
     verdict_seq: int | None = None
+    started_at_us: int | None = None
+    """When its first attempt started (ledger ts)."""
+    ended_at_us: int | None = None
+    """When its last verdict (done or failed) or skip was witnessed."""
 
 
 class RunView(BaseModel):

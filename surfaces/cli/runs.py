@@ -46,15 +46,23 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     _common(p)
     p.set_defaults(run=_on_daemon(runs))
 
-    for name, tool, text in (
-        ("run", "run_get", "show one run"),
-        ("cancel", "run_cancel", "cancel a run"),
-        ("resume", "run_resume", "resume an interrupted run"),
-    ):
-        p = commands.add_parser(name, help=text)
-        p.add_argument("run_id")
-        _common(p)
-        p.set_defaults(run=_on_daemon(functools.partial(one, tool=tool)))
+    p = commands.add_parser("run", help="show one run: each task, then the answer")
+    p.add_argument("run_id")
+    p.add_argument("--full", action="store_true", help="task outputs unclipped")
+    p.add_argument("--follow", action="store_true", help="follow it live, as submit does")
+    _common(p)
+    p.set_defaults(run=_on_daemon(show))
+
+    p = commands.add_parser("cancel", help="cancel a run")
+    p.add_argument("run_id")
+    _common(p)
+    p.set_defaults(run=_on_daemon(functools.partial(one, tool="run_cancel")))
+
+    p = commands.add_parser("resume", help="resume an interrupted run and follow it")
+    p.add_argument("run_id")
+    p.add_argument("--detach", action="store_true", help="print the run id and return")
+    _common(p)
+    p.set_defaults(run=_on_daemon(resume))
 
 
 def status_line(run: dict[str, Any]) -> str:
@@ -76,7 +84,6 @@ def status_line(run: dict[str, Any]) -> str:
 
 
 async def submit(args: argparse.Namespace) -> int:
-    import asyncio
 
     from surfaces.client import DaemonClient, Endpoint
 
@@ -98,34 +105,71 @@ async def submit(args: argparse.Namespace) -> int:
         if args.detach:
             print(json.dumps(run) if args.json else run["id"])
             return 0
-        if not sys.stdout.isatty():
-            # A script reading our stdout learns the id only at the end; say it now so it can
-            # `tally cancel` a run that takes too long.
-            print(f"tally: run {run['id']}", file=sys.stderr, flush=True)
-        live = sys.stderr.isatty() and not args.json
-        if live:  # the state the daemon answered with (queued, …), before any event
-            _draw(status_line(run))
-        try:
-            async for event in client.events(run["id"]):
-                if event.event == "delta":
-                    continue
-                run = await client.call("run_get", {"run_id": run["id"]})
-                if live:
-                    _draw(status_line(run))
-        except asyncio.CancelledError:
-            await asyncio.shield(client.call("run_cancel", {"run_id": run["id"]}))
-            print(f"\ncancelled run {run['id']}", file=sys.stderr)
-            raise
-        run = await client.call("run_get", {"run_id": run["id"]})
-        if live:
-            _draw(status_line(run), final=True)
-    if args.json:
+        run = await follow(client, run, args.json)
+    return _ending(run, args.json)
+
+
+async def resume(args: argparse.Namespace) -> int:
+    from surfaces.client import DaemonClient, Endpoint
+
+    async with DaemonClient(Endpoint.from_env(args.socket)) as client:
+        run = await client.call("run_resume", {"run_id": args.run_id})
+        if args.detach:
+            print(json.dumps(run) if args.json else run["id"])
+            return 0
+        run = await follow(client, run, args.json)
+    return _ending(run, args.json)
+
+
+def _ending(run: dict[str, Any], as_json: bool) -> int:
+    if as_json:
         print(json.dumps(run, ensure_ascii=False))
     elif run["state"] == "done":
         print(run.get("answer") or "")
     else:
         print(f"run {run['id']} ended {run['state']}: {run.get('error') or ''}", file=sys.stderr)
     return 0 if run["state"] == "done" else 1
+
+
+async def follow(client: Any, run: dict[str, Any], as_json: bool) -> dict[str, Any]:
+    """Follow a run to its end on stderr: one live line on a TTY, else one line per change.
+
+    Ctrl-C cancels the run (it must not go on unattended) and says so.
+    """
+    import asyncio
+
+    if not sys.stdout.isatty():
+        # A script reading our stdout learns the id only at the end; say it now so it can
+        # `tally cancel` a run that takes too long.
+        print(f"tally: run {run['id']}", file=sys.stderr, flush=True)
+    live = sys.stderr.isatty() and not as_json
+    last = status_line(run)
+    _progress(last, live)
+    try:
+        async for event in client.events(run["id"]):
+            if event.event == "delta":
+                continue
+            run = await client.call("run_get", {"run_id": run["id"]})
+            line = status_line(run)
+            if line != last:
+                _progress(line, live)
+                last = line
+    except asyncio.CancelledError:
+        await asyncio.shield(client.call("run_cancel", {"run_id": run["id"]}))
+        print(f"\ncancelled run {run['id']}", file=sys.stderr)
+        raise
+    run = dict(await client.call("run_get", {"run_id": run["id"]}))
+    if live:
+        _draw(status_line(run), final=True)
+    return run
+
+
+def _progress(line: str, live: bool) -> None:
+    """A TTY redraws one line; a log (non-TTY stderr) gets one line per state change."""
+    if live:
+        _draw(line)
+    else:
+        print(f"tally: {line}", file=sys.stderr, flush=True)
 
 
 def _draw(line: str, final: bool = False) -> None:
@@ -183,6 +227,57 @@ async def runs(args: argparse.Namespace) -> int:
     if not found:
         print("(no runs)" if not args.state else f"(no runs in state {args.state})")
     return 0
+
+
+async def show(args: argparse.Namespace) -> int:
+    """`tally run ID`: each task (lane, member, attempts, state, time, output), then the answer."""
+    from surfaces.client import DaemonClient, Endpoint
+
+    async with DaemonClient(Endpoint.from_env(args.socket)) as client:
+        run = await client.call("run_get", {"run_id": args.run_id})
+        if args.follow:
+            run = await follow(client, run, args.json)
+    if args.json:
+        print(json.dumps(run, ensure_ascii=False))
+        return 0
+    for line in run_lines(run, full=args.full):
+        print(line)
+    return 0
+
+
+CLIP = 600
+
+
+def run_lines(run: dict[str, Any], full: bool = False) -> list[str]:
+    lines = [status_line(run)]
+    if run.get("error"):
+        lines.append(f"error: {run['error']}")
+    for task in run.get("tasks") or []:
+        lines.append("")
+        lines.append(_task_head(task))
+        text = task.get("result") or ""
+        if task.get("error"):
+            lines.append(f"    error: {task['error']}")
+        if text:
+            shown = text if full or len(text) <= CLIP else text[:CLIP]
+            lines += ["    " + line for line in shown.splitlines()]
+            if len(shown) < len(text):
+                lines.append(f"    … {len(text) - len(shown)} more characters (--full shows all)")
+    if run.get("answer"):
+        lines += ["", "answer:", run["answer"]]
+    return lines
+
+
+def _task_head(task: dict[str, Any]) -> str:
+    parts = [f"task {task['id']}", task.get("state", "?"), f"lane {task.get('lane') or '-'}"]
+    if task.get("member"):
+        parts.append(f"member {task['member']}")
+    attempts = task.get("attempts") or 0
+    parts.append(f"{attempts} attempt{'s' if attempts != 1 else ''}")
+    start, end = task.get("started_at_us"), task.get("ended_at_us")
+    if isinstance(start, int) and isinstance(end, int):
+        parts.append(f"{(end - start) / 1e6:.1f} s")
+    return " · ".join(parts)
 
 
 async def one(args: argparse.Namespace, tool: str) -> int:

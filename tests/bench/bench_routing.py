@@ -22,6 +22,7 @@ PASSES = 15
 FRESH = LABELLED.with_name("fresh.jsonl")
 BLIND = LABELLED.with_name("blind.jsonl")
 WALKTHROUGH = LABELLED.with_name("walkthrough.jsonl")
+NEWUSER = LABELLED.with_name("newuser.jsonl")
 
 # The same sets routed by the router and roster of commit 53704b3 (before the router2 branch),
 # measured once; kept here so the table shows before and after side by side.
@@ -155,13 +156,15 @@ def main() -> None:
         ("blind", blind),
         ("walkthrough (tuned on)", [e for e in walkthrough if not e.holdout]),
         ("walkthrough (holdout)", [e for e in walkthrough if e.holdout]),
+        ("new user (never tuned on)", load(NEWUSER)),
     ]
     print("| set | in-roster | top-1 on decided | in-roster escalated |", end=" ")
     print("should-escalate escalated | before: top-1 | before: escalated |", end=" ")
     print("before: should-escalate |")
     print("|---|---|---|---|---|---|---|---|")
     for name, subset in sets:
-        print(f"{accuracy_row(name, evaluate(router, subset))} {BEFORE[name]} |")
+        before = BEFORE.get(name, "- | - | -")
+        print(f"{accuracy_row(name, evaluate(router, subset))} {before} |")
     print(
         "\nTargets: top-1 >= 90%, in-roster escalated <= 15%, should-escalate escalated >= 80%.\n"
         "labelled: written before the first roster, which was tuned on its non-holdout lines.\n"
@@ -175,6 +178,9 @@ def main() -> None:
         "replay, secrets, CVEs; version bumps and release notes; 'fix the login API'), written\n"
         "before router3 tuned the roster on its non-holdout lines; the holdout lines were not\n"
         "looked at until the tuning was done. 'before' is main at d567fd0 on the same lines.\n"
+        "new user: 57 requests a new user might type, one to three per lane, and 7 off-topic\n"
+        "ones (they go to the `general` lane without a model call), written before any change\n"
+        "to the router or the roster and never used to tune either.\n"
     )
 
     big = generated_roster(1000)

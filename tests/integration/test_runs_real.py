@@ -44,3 +44,37 @@ async def test_a_real_request_completes_and_the_ledger_verifies(tmp_path: Path) 
         assert (await daemon.ledger.verify(deep=True)).ok
     finally:
         await daemon.stop()
+
+
+async def test_a_schema_task_sends_its_schema_as_response_format(tmp_path: Path) -> None:
+    settings = Settings.from_env(
+        state_dir=tmp_path / "state", runtime_dir=tmp_path / "run", checkpoint_interval_s=3600
+    )
+    schema = {
+        "type": "object",
+        "properties": {"title": {"type": "string", "maxLength": 40}},
+        "required": ["title"],
+        "additionalProperties": False,
+    }
+    plan = {
+        "tasks": [
+            {
+                "id": "T1",
+                "lane": "docs",
+                "instruction": "Give a title for a page about rivers, as JSON.",
+                "assertions": [{"type": "json_schema", "schema": schema}],
+            }
+        ]
+    }
+    daemon = Daemon(settings)
+    await daemon.start()
+    try:
+        view = await daemon.engine.submit("a title", plan=plan, budget={"model_calls": 4})
+        view = await daemon.engine.wait(view.id, timeout=300)
+        assert view.state == "done", view.error
+        [call, *_] = await daemon.ledger.entries(limit=100, kind=k.MODEL_CALL, run=view.id)
+        request = (await daemon.ledger.body(call.body or ""))["request"]
+        assert request["response_format"]["json_schema"]["schema"] == schema
+        assert view.tasks[0].attempts == 1  # the grammar made the first answer valid
+    finally:
+        await daemon.stop()

@@ -128,6 +128,7 @@ async def test_garbled_plan_reply_is_rescued(fleet: Factory) -> None:
             ("You split a request", plan_replies, 0.0),
             ("Combine", "combined", 0.0),
         ],
+        policy={"classifier": "capable"},
         coordinator="big",
     )
     view = await daemon.engine.submit("plan the backend api docs")

@@ -94,9 +94,11 @@ async def test_a_snapshot_that_does_not_match_the_ledger_is_ignored(fleet: Facto
 async def test_a_run_interrupted_before_planning_is_routed_again_witnessed(
     fleet: Factory,
 ) -> None:
-    # no lane keyword: the router escalates to the classifier, whose call hangs
-    daemon, server = await fleet([("You route a request", '{"lane": "docs"}', 30.0)])
-    view = await daemon.engine.submit("something vague")
+    # two lanes' words: the router escalates to the classifier, whose call hangs
+    daemon, server = await fleet(
+        [("You route a request", '{"lane": "docs"}', 30.0)], policy={"classifier": "capable"}
+    )
+    view = await daemon.engine.submit("backend docs")
     for _ in range(500):
         if server.in_flight():
             break

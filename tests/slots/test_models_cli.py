@@ -106,7 +106,7 @@ def test_add_to_a_new_file_copies_the_default_keeps_comments_and_checks(
     out = capsys.readouterr().out
     assert "tier 'capable' = [qwen] (was [tiny])" in out
     assert "comments are kept" in out
-    assert "roster check: ok: 24 lanes, 2 tiers, 2 members" in out
+    assert "roster check: ok: 25 lanes, 2 tiers, 2 members" in out
     text = target.read_text()
     assert text.startswith("# tally's default roster")  # the default's comments, kept
     roster = load_roster(target)

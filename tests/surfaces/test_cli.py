@@ -11,6 +11,7 @@ import pytest
 
 from daemon.service import Daemon
 from surfaces.cli import main
+from tests.surfaces.conftest import two_tasks
 
 
 async def test_slots_asks_the_daemon(
@@ -113,8 +114,37 @@ async def test_submit_says_the_run_id_first_when_piped(
     assert await asyncio.to_thread(main, argv) == 0
     captured = capsys.readouterr()
     [run] = daemon.engine.list()
-    assert captured.err == f"tally: run {run.id}\n"
+    first, *progress = captured.err.splitlines()
+    assert first == f"tally: run {run.id}"
+    # a log gets one line per change of state, not a redrawn line
+    assert progress[0] == f"tally: {run.id} queued"
+    assert progress[-1].startswith(f"tally: {run.id} done")
+    assert len(progress) == len(set(progress))
+    assert "\r" not in captured.err
     assert captured.out.strip() == (run.answer or "").strip()
+
+
+async def test_run_shows_each_task_then_the_answer(
+    unix_server: Path, daemon: Daemon, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(two_tasks()))
+    argv = ["submit", "build the api", "--plan", str(plan), "--socket", str(unix_server)]
+    assert await asyncio.to_thread(main, argv) == 0
+    [run] = daemon.engine.list()
+    capsys.readouterr()
+    argv = ["run", run.id, "--socket", str(unix_server)]
+    assert await asyncio.to_thread(main, argv) == 0
+    out = capsys.readouterr().out
+    heads = [line for line in out.splitlines() if line.startswith("task ")]
+    assert len(heads) == 2
+    assert heads[0].startswith("task T1 · done · lane backend · member tiny · 1 attempt · ")
+    assert heads[0].endswith(" s")
+    assert "answer:" in out
+    for task in run.tasks:
+        assert (task.result or "")[:200] in out
+    argv = ["run", run.id, "--follow", "--socket", str(unix_server)]
+    assert await asyncio.to_thread(main, argv) == 0  # a finished run: follows to its end at once
 
 
 async def test_submit_live_line_starts_with_the_daemons_state(

@@ -385,11 +385,26 @@ async def test_sse_streams_a_real_run_with_deltas(client: Client, model: FakeSer
     assert kinds[-1] == "end"
     assert kinds[-2] == k.STATE
     assert events[-2]["data"]["state"] == "done"
-    deltas = [e["data"]["text"] for e in events if e.get("event") == "delta"]
+    deltas = [e["data"] for e in events if e.get("event") == "delta"]
     answer = next(e for e in events if e.get("event") == k.ANSWER)["data"]
     assert answer["source"] == "synthesis"
-    assert "".join(deltas) == answer["answer"]  # the witnessed answer is the whole streamed text
-    assert kinds.index("delta") > kinds.index(k.TASK_VERDICT)
+    synthesis = "".join(d["text"] for d in deltas if d["task"] is None)
+    # the witnessed answer: the streamed summary, then each task's result verbatim
+    assert answer["answer"].startswith(synthesis.strip() + "\n\n## T1 (backend)\n\n")
+    assert answer["looped"] is False
+    # every chat task streams too, its deltas naming it, each task's text its witnessed result
+    results = {
+        e["data"]["task"]: e["data"]["output"] for e in events if e.get("event") == k.TASK_RESULT
+    }
+    for task in ("T1", "T2"):
+        assert "".join(d["text"] for d in deltas if d["task"] == task) == results[task]
+        assert results[task].strip() in answer["answer"]
+    first_synthesis = next(
+        i for i, e in enumerate(events) if e.get("event") == "delta" and e["data"]["task"] is None
+    )
+    assert first_synthesis > max(
+        i for i, e in enumerate(events) if e.get("event") == k.TASK_VERDICT
+    )
     seqs = [int(e["id"]) for e in events if "id" in e]
     assert seqs == sorted(seqs)
     assert all("id" not in e for e in events if e.get("event") == "delta")

@@ -89,6 +89,8 @@ async def _call_progress_and_errors(mcp_session: ClientSession, daemon: Daemon) 
     # MCP: every notification's progress is greater than the one before
     assert all(a[0] < b[0] for a, b in itertools.pairwise(seen)), seen
     assert len({p[2] for p in seen}) == len(seen)  # and each says something new
+    # streamed tokens arrive as progress messages naming the task that writes them
+    assert any((p[2] or "").startswith("T1 writing: …t0") for p in seen), seen
 
     summary = await mcp_session.call_tool("ledger_summary", {"run": run["id"]})
     assert summary.structured_content is not None

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from daemon.errors import Busy, Conflict, InvalidInput, NotFound, TallyError
+from daemon.errors import Busy, Conflict, InvalidInput, NotFound
 from daemon.planning import Plan, Task, check_plan
 from daemon.runs import checks, guard
 from daemon.runs import entries as k
@@ -217,8 +217,8 @@ class Engine:
         client: str = "owner",
     ) -> RunView:
         """Create a run and start driving it; returns once the request is witnessed."""
-        if self._closing:
-            raise TallyError("the daemon is stopping")
+        if self._closing:  # 503 with Retry-After: a restarted daemon takes it
+            raise Busy("the daemon is stopping; retry once it is back", retry_after=5.0)
         if idempotency_key is not None and idempotency_key in self._keys:
             run_id = await asyncio.shield(self._keys[idempotency_key])
             existing = self.get(run_id)

@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
+from daemon.errors import Busy
 from daemon.runs import entries as k
 from daemon.runs.engine import Engine, EngineOptions
 from daemon.runs.replay import replay
@@ -273,3 +276,12 @@ async def test_run_reads_routing_while_its_lane_is_open() -> None:
     assert await _states(ledger, vague.id) == ["queued", "routing", "planning", "running", "done"]
     # a confident keyword route decides the lane in its own entry (see replay._route)
     assert await _states(ledger, routed.id) == ["queued", "planning", "running", "done"]
+
+
+async def test_a_stopping_daemon_answers_busy_not_an_internal_error() -> None:
+    engine, _, _ = make_engine(lambda member, messages: "x")
+    await engine.shutdown(0)
+    with pytest.raises(Busy) as caught:
+        await engine.submit("backend api")
+    assert caught.value.status == 503
+    assert caught.value.retry_after > 0

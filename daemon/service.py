@@ -30,6 +30,7 @@ from daemon.clients import ClientStore
 from daemon.config import Settings
 from daemon.errors import TallyError
 from daemon.gateway import Gateway
+from daemon.lag import LoopLag
 from daemon.ledger import Ledger
 from daemon.routing import Router
 from daemon.runs import snapshot as snapshots
@@ -59,6 +60,7 @@ class Daemon:
         """The ledger size the start-up snapshot covered (None: the whole ledger was replayed)."""
         self.start_seconds = 0.0
         self.clients = ClientStore(settings.state_dir)
+        self.lag = LoopLag()
 
     # The parts exist only between start() and stop(); asking earlier is a programming error.
     @property
@@ -139,6 +141,7 @@ class Daemon:
             await self._ledger.close()
             raise
         self._snapshots = asyncio.create_task(self._snapshot_loop(), name="run snapshots")
+        self.lag.start()
         self._checkup = asyncio.create_task(self._check_members(roster), name="member checkup")
         self.start_seconds = time.perf_counter() - started
 
@@ -213,6 +216,7 @@ class Daemon:
         return roster
 
     async def stop(self) -> None:
+        await self.lag.stop()
         for loop in (self._snapshots, self._checkup):
             if loop is not None:
                 loop.cancel()

@@ -258,6 +258,11 @@ class HealthOut(_Out):
     lanes: int
     members: int
     command_sandbox: CommandSandbox
+    loop_lag_worst_s: float = Field(
+        default=0.0,
+        description="The longest the event loop was late in the last minute (all requests "
+        "wait that long).",
+    )
 
 
 def command_sandbox(daemon: Daemon) -> Literal["bwrap", "none", "off"]:
@@ -279,6 +284,7 @@ async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
         lanes=len(daemon.roster.lanes),
         members=len(daemon.roster.models),
         command_sandbox=command_sandbox(daemon),
+        loop_lag_worst_s=round(daemon.lag.worst(), 6),
     )
 
 

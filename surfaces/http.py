@@ -355,7 +355,7 @@ async def run_events(request: web.Request) -> web.StreamResponse:
                 break
             pending = None
             await resp.write(sse_frame(event.kind, event.data, event.seq))
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionResetError:  # the client left; a cancel (shutdown) goes on up
         pass
     finally:
         request.app[STREAMS].stops.discard(stop)

@@ -50,7 +50,7 @@ class _Run:
     id: str
     meter: Meter
     task: asyncio.Task[None] | None = None
-    started: bool = False
+    started: asyncio.Event = field(default_factory=asyncio.Event)
     cancelling: bool = False
     interrupting: bool = False
     finished: asyncio.Event = field(default_factory=asyncio.Event)
@@ -404,8 +404,7 @@ class Engine:
 
     async def _abort(self, ctx: _Run) -> None:
         # A task cancelled before its first step never runs its handlers: let it start first.
-        while not ctx.started:
-            await asyncio.sleep(0)
+        await ctx.started.wait()
         if ctx.task is not None:
             ctx.task.cancel()
 
@@ -473,7 +472,7 @@ class Engine:
         ctx.task = asyncio.create_task(self._drive(ctx), name=f"run {run_id}")
 
     async def _drive(self, ctx: _Run) -> None:
-        ctx.started = True
+        ctx.started.set()
         view = self._views[ctx.id]
         try:
             elapsed_ms = view.wall_base_ms + (time.time_ns() // 1000 - view.started_at_us) // 1000

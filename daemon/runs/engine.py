@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import collections
 import contextlib
 import time
 import uuid
@@ -74,6 +75,10 @@ class EngineOptions:
     """Paths no command task may see and where task dirs go (the daemon's own dirs)."""
     max_tokens: int = 512
     guard_attempts: int = 3
+    key_ttl_s: float = 86_400.0
+    """How long an Idempotency-Key keeps returning its run; after that it starts a new one."""
+    max_keys: int = 100_000
+    """Idempotency keys remembered at once; past this the oldest are forgotten first."""
 
 
 class Engine:
@@ -95,7 +100,11 @@ class Engine:
         self._views: dict[str, RunView] = {}
         self.census = Census()
         self._runs: dict[str, _Run] = {}
-        self._keys: dict[str, asyncio.Future[str]] = {}
+        # Idempotency-Key -> (its run id, once witnessed; when it was made, wall-clock s),
+        # oldest first: bounded by max_keys, each forgotten after key_ttl_s.
+        self._keys: collections.OrderedDict[str, tuple[asyncio.Future[str], float]] = (
+            collections.OrderedDict()
+        )
         self._listeners: dict[str, set[asyncio.Queue[RunEvent]]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._closing = False
@@ -219,8 +228,9 @@ class Engine:
         """Create a run and start driving it; returns once the request is witnessed."""
         if self._closing:  # 503 with Retry-After: a restarted daemon takes it
             raise Busy("the daemon is stopping; retry once it is back", retry_after=5.0)
-        if idempotency_key is not None and idempotency_key in self._keys:
-            run_id = await asyncio.shield(self._keys[idempotency_key])
+        known = self._key(idempotency_key)
+        if known is not None:
+            run_id = await asyncio.shield(known)
             existing = self.get(run_id)
             if existing.request != request:
                 raise Conflict(
@@ -256,12 +266,12 @@ class Engine:
         claim: asyncio.Future[str] | None = None
         if idempotency_key is not None:
             claim = asyncio.get_running_loop().create_future()
-            self._keys[idempotency_key] = claim
+            self._remember(idempotency_key, claim, time.time())
         try:
             await self._witness(run_id, k.REQUEST, body, None)
         except BaseException as exc:
             if claim is not None and idempotency_key is not None:
-                del self._keys[idempotency_key]
+                self._keys.pop(idempotency_key, None)
                 claim.set_exception(exc)
                 claim.exception()  # retrieved: no "never retrieved" warning
             raise
@@ -283,6 +293,21 @@ class Engine:
                 retry_after=5.0,
                 details={"max_runs": policy.max_runs, "max_queued_runs": policy.max_queued_runs},
             )
+
+    def _key(self, key: str | None) -> asyncio.Future[str] | None:
+        """The run an Idempotency-Key names, unless it is unknown or past its TTL."""
+        if key is None or (found := self._keys.get(key)) is None:
+            return None
+        if time.time() - found[1] > self.options.key_ttl_s:
+            del self._keys[key]
+            return None
+        return found[0]
+
+    def _remember(self, key: str, run: asyncio.Future[str], at: float) -> None:
+        self._keys[key] = (run, at)
+        self._keys.move_to_end(key)
+        while len(self._keys) > self.options.max_keys:
+            self._keys.popitem(last=False)
 
     def queued(self) -> int:
         """Runs admitted and waiting for a run slot (state `queued`)."""
@@ -348,7 +373,7 @@ class Engine:
             if view.idempotency_key is not None:
                 done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
                 done.set_result(view.id)
-                self._keys[view.idempotency_key] = done
+                self._remember(view.idempotency_key, done, view.started_at_us / 1e6)
         interrupted: builtins.list[str] = []
         for view in list(views.values()):
             if view.state in STOPPED:

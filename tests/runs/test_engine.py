@@ -285,3 +285,19 @@ async def test_a_stopping_daemon_answers_busy_not_an_internal_error() -> None:
         await engine.submit("backend api")
     assert caught.value.status == 503
     assert caught.value.retry_after > 0
+
+
+async def test_an_idempotency_key_expires_after_its_ttl() -> None:
+    engine, _, _ = make_engine(lambda member, messages: "x", options=EngineOptions(key_ttl_s=0.05))
+    first = await engine.submit("backend api", idempotency_key="k1")
+    assert (await engine.submit("backend api", idempotency_key="k1")).id == first.id
+    await asyncio.sleep(0.1)
+    again = await engine.submit("backend api", idempotency_key="k1")
+    assert again.id != first.id  # past its TTL the key starts a new run
+
+
+async def test_idempotency_keys_are_bounded_oldest_first() -> None:
+    engine, _, _ = make_engine(lambda member, messages: "x", options=EngineOptions(max_keys=2))
+    runs = [await engine.submit("backend api", idempotency_key=f"k{i}") for i in range(3)]
+    assert (await engine.submit("backend api", idempotency_key="k2")).id == runs[2].id
+    assert (await engine.submit("backend api", idempotency_key="k0")).id != runs[0].id

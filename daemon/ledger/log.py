@@ -117,7 +117,6 @@ RECHECK_MAX = 1 << 18
 READ_CHUNK = 1 << 22
 FSYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
-Subscriber = Callable[[list[Entry]], Any]
 _Proof = TypeVar("_Proof", "InclusionProof", "ConsistencyProof")
 
 _set = object.__setattr__
@@ -241,7 +240,6 @@ class Ledger:
         self._prober: asyncio.Task[None] | None = None
         self._write_failures = 0
         self._closed = False
-        self._subscribers: list[Subscriber] = []
         self._stats = _Stats()
         self._latest: Checkpoint | None = None
         self._signer: Signer | None = None
@@ -609,7 +607,6 @@ class Ledger:
             for pending, entry in zip(batch, entries, strict=True):
                 if not pending.future.done():
                     pending.future.set_result(entry)
-            self._notify(entries)
             if stop:
                 return
 
@@ -854,23 +851,6 @@ class Ledger:
         for pending in batch:
             if not pending.future.done():
                 pending.future.set_exception(self._failed)
-
-    def _notify(self, entries: list[Entry]) -> None:
-        for callback in list(self._subscribers):
-            try:
-                callback(entries)
-            except Exception:
-                log.exception("ledger subscriber failed")
-
-    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
-        """Call `callback(entries)` on the loop after each committed batch."""
-        self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with contextlib.suppress(ValueError):
-                self._subscribers.remove(callback)
-
-        return unsubscribe
 
     # ---- redaction ------------------------------------------------------------------------
 

@@ -220,6 +220,30 @@ class _Stats:
         self.buckets[bisect.bisect_left(FSYNC_BUCKETS, seconds)] += 1
 
 
+def check_append(
+    *, actor: str, kind: str, body: Any, run: str | None, parent: int | None, size: int
+) -> bytes | None:
+    """What `Ledger.append` accepts, as one function (the engine's in-memory test ledger calls
+    it too, so both refuse the same inputs): non-empty ASCII-or-UTF-8 actor and kind, a run
+    id or None, a parent that is an existing seq, a body in the canonical JSON subset (no
+    floats, integers within ±2^53, no lone surrogates). Returns the body's canonical bytes."""
+    if not isinstance(actor, str) or not actor or not isinstance(kind, str) or not kind:
+        raise InvalidInput("actor and kind must be non-empty strings")
+    if run is not None and not isinstance(run, str):
+        raise InvalidInput("run must be a string or None")
+    if parent is not None and (
+        not isinstance(parent, int) or isinstance(parent, bool) or not 0 <= parent < size
+    ):
+        raise InvalidInput(f"parent {parent!r} is not an existing seq")
+    try:
+        for text in (actor, kind, run):
+            if text is not None and not text.isascii():  # ASCII is always UTF-8 safe
+                check_text(text)
+        return None if body is None else canonicalize(body)
+    except NotCanonical as err:
+        raise InvalidInput(f"not storable in the ledger: {err}") from err
+
+
 class Ledger:
     """Open with `await Ledger.open(state_dir)`; see the module doc for the on-disk contract."""
 
@@ -532,21 +556,9 @@ class Ledger:
             raise self._outage.error()
         if self.readonly or self._closed:
             raise LedgerFailed("the ledger is closed or read-only")
-        if not isinstance(actor, str) or not actor or not isinstance(kind, str) or not kind:
-            raise InvalidInput("actor and kind must be non-empty strings")
-        if run is not None and not isinstance(run, str):
-            raise InvalidInput("run must be a string or None")
-        if parent is not None and (
-            not isinstance(parent, int) or isinstance(parent, bool) or not 0 <= parent < self._size
-        ):
-            raise InvalidInput(f"parent {parent!r} is not an existing seq")
-        try:
-            for text in (actor, kind, run):
-                if text is not None and not text.isascii():  # ASCII is always UTF-8 safe
-                    check_text(text)
-            data = None if body is None else canonicalize(body)
-        except NotCanonical as err:
-            raise InvalidInput(f"not storable in the ledger: {err}") from err
+        data = check_append(
+            actor=actor, kind=kind, body=body, run=run, parent=parent, size=self._size
+        )
         return await self._enqueue(actor, kind, run, parent, data, None)
 
     def _enqueue(

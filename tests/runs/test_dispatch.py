@@ -14,18 +14,6 @@ from daemon.runs.executors import run_command, upstream_block
 from daemon.runs.guard import GuardFailed, first_balanced_object, parse_json, structured
 
 
-def timed(durations: dict[str, float], log: list[tuple[str, float, float]]):
-    origin = time.monotonic()
-
-    async def execute(task_id: str) -> bool:
-        start = time.monotonic() - origin
-        await asyncio.sleep(durations[task_id])
-        log.append((task_id, start, time.monotonic() - origin))
-        return True
-
-    return execute
-
-
 async def test_a_task_starts_when_its_needs_are_done_not_at_a_wave_boundary() -> None:
     # a -> c, b independent: c must start after a, while b still runs. b finishes only once c
     # has started, so a dispatcher that waited for the wave (a and b) would never finish.

@@ -177,10 +177,10 @@ class Daemon:
             await asyncio.sleep(0.005)
         size, views = taken
         if size == self._snapshot_size:
-            return True
-        # Serialized now, before any await: the views are the live ones.
-        data = snapshots.encode(snapshots.stamp(self.ledger, size, views))
-        await asyncio.to_thread(snapshots.save, self.settings.state_dir, data)
+            return True  # nothing changed since the last one
+        stamped = snapshots.stamp(self.ledger, size, views)  # the ledger is read on the loop
+        # The views are copies (see Engine.snapshot): encode and write them off the loop.
+        await asyncio.to_thread(snapshots.write, self.settings.state_dir, stamped)
         self._snapshot_size = size
         return True
 

@@ -401,15 +401,22 @@ class Engine:
         return interrupted
 
     def snapshot(self) -> tuple[int, builtins.list[RunView]] | None:
-        """(ledger size, every run view) at one instant, or None while an append is in flight.
+        """(ledger size, a copy of every run view) at one instant, or None while an append is
+        in flight.
 
         With no run entry between its append and its apply, the views are exactly the
         reduction of the ledger's first `size` entries (only the engine writes run entries).
-        The views are the live ones: serialize them before the next await.
+        Nothing in the list changes afterwards, so it can be encoded off the loop: a finished
+        run's view is never changed again (no entry follows its final state, and `_retire`
+        replaces a view rather than editing it), and a run still going is copied.
         """
         if self._appending:
             return None
-        return self.ledger.size, list(self._views.values())
+        views = [
+            view if view.state in FINAL else view.model_copy(deep=True)
+            for view in self._views.values()
+        ]
+        return self.ledger.size, views
 
     async def shutdown(self, drain_s: float = 5.0) -> None:
         """Let runs finish for `drain_s`, then interrupt the rest (witnessed, resumable)."""
@@ -474,11 +481,8 @@ class Engine:
         while len(self._finished) > self.options.keep_full:
             old, _ = self._finished.popitem(last=False)
             view = self._views.get(old)
-            if view is not None:
-                view.plan = None
-                view.request = clip(view.request, 2000)
-                for task in view.tasks:
-                    task.result = None
+            if view is not None:  # replaced, not edited: a snapshot may be encoding it
+                self._views[old] = view.compacted()
 
     # ---------------------------------------------------------------- driving a run
 

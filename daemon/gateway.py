@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from daemon.clients import Client
 from daemon.errors import InvalidInput, NotFound, TallyError
+from daemon.histogram import SECONDS, Histogram
 from daemon.runs.entries import safe
 from daemon.slots.errors import ConsumerGone, ModelError, PoolBusy, SlotLost
 from daemon.slots.records import ledger_timings
@@ -201,34 +202,8 @@ def affinity_key(request: ChatRequest) -> str:
 # ---------------------------------------------------------------- statistics
 
 
-BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+BUCKETS_S = SECONDS
 RATE_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0)
-
-
-@dataclass
-class Histogram:
-    """Cumulative-ready counts per upper bound (the last count is +Inf)."""
-
-    bounds: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    n: int = 0
-
-    def observe(self, value: float) -> None:
-        if not self.counts:
-            self.counts = [0] * (len(self.bounds) + 1)
-        i = next((i for i, b in enumerate(self.bounds) if value <= b), len(self.bounds))
-        self.counts[i] += 1
-        self.total += value
-        self.n += 1
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        counts = self.counts or [0] * (len(self.bounds) + 1)
-        out, running = [], 0
-        for bound, count in zip((*self.bounds, float("inf")), counts, strict=True):
-            running += count
-            out.append((bound, running))
-        return out
 
 
 @dataclass

@@ -30,7 +30,8 @@ from daemon.clients import ClientStore
 from daemon.config import Settings
 from daemon.errors import TallyError
 from daemon.gateway import Gateway
-from daemon.ledger import Ledger, LedgerUnwritable
+from daemon.lag import LoopLag
+from daemon.ledger import Ledger
 from daemon.routing import Router
 from daemon.runs import snapshot as snapshots
 from daemon.runs.engine import Engine, EngineOptions
@@ -51,7 +52,6 @@ class Daemon:
         self._roster: Roster | None = None
         self._router: Router | None = None
         self._gateway: Gateway | None = None
-        self._checkpoints: asyncio.Task[None] | None = None
         self._snapshots: asyncio.Task[None] | None = None
         self._checkup: asyncio.Task[None] | None = None
         self._snapshot_size = -1
@@ -60,6 +60,7 @@ class Daemon:
         """The ledger size the start-up snapshot covered (None: the whole ledger was replayed)."""
         self.start_seconds = 0.0
         self.clients = ClientStore(settings.state_dir)
+        self.lag = LoopLag()
 
     # The parts exist only between start() and stop(); asking earlier is a programming error.
     @property
@@ -101,7 +102,11 @@ class Daemon:
         started = time.perf_counter()
         settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         roster = load_roster(self.roster_path)  # a bad roster at start is fatal: nothing to keep
-        self._ledger = await Ledger.open(settings.state_dir)
+        # The ledger's own timer is the one checkpoint timer: it signs every interval, and
+        # only when the tree grew since the last checkpoint.
+        self._ledger = await Ledger.open(
+            settings.state_dir, checkpoint_interval=settings.checkpoint_interval_s
+        )
         try:
             self._roster = roster
             self._router = Router(roster)
@@ -135,8 +140,8 @@ class Daemon:
         except BaseException:
             await self._ledger.close()
             raise
-        self._checkpoints = asyncio.create_task(self._checkpoint_loop(), name="checkpoints")
         self._snapshots = asyncio.create_task(self._snapshot_loop(), name="run snapshots")
+        self.lag.start()
         self._checkup = asyncio.create_task(self._check_members(roster), name="member checkup")
         self.start_seconds = time.perf_counter() - started
 
@@ -172,10 +177,10 @@ class Daemon:
             await asyncio.sleep(0.005)
         size, views = taken
         if size == self._snapshot_size:
-            return True
-        # Serialized now, before any await: the views are the live ones.
-        data = snapshots.encode(snapshots.stamp(self.ledger, size, views))
-        await asyncio.to_thread(snapshots.save, self.settings.state_dir, data)
+            return True  # nothing changed since the last one
+        stamped = snapshots.stamp(self.ledger, size, views)  # the ledger is read on the loop
+        # The views are copies (see Engine.snapshot): encode and write them off the loop.
+        await asyncio.to_thread(snapshots.write, self.settings.state_dir, stamped)
         self._snapshot_size = size
         return True
 
@@ -211,7 +216,8 @@ class Daemon:
         return roster
 
     async def stop(self) -> None:
-        for loop in (self._checkpoints, self._snapshots, self._checkup):
+        await self.lag.stop()
+        for loop in (self._snapshots, self._checkup):
             if loop is not None:
                 loop.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -272,13 +278,3 @@ class Daemon:
                 await self.write_snapshot()
             except Exception:  # derived data: logged, the next period retries
                 log.exception("run snapshot failed")
-
-    async def _checkpoint_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.checkpoint_interval_s)
-            try:
-                await self.ledger.checkpoint()
-            except LedgerUnwritable as err:  # a full disk: one line, not a traceback a minute
-                log.warning("checkpoint failed: %s", err.message)
-            except Exception:  # a failed checkpoint is logged; the next one retries
-                log.exception("checkpoint failed")

@@ -1,4 +1,7 @@
-"""THE tool set: one registry that HTTP, OpenAPI, MCP and the CLI are generated from.
+"""THE tool set: one registry that HTTP, OpenAPI and MCP are generated from.
+
+The CLI calls these tools over the daemon's socket; most of its commands are written by hand
+for a terminal (`submit`, `run`, `route`, `plan`, `slots`, `ledger`...), not generated.
 
 Each tool is a name, a description written for a model choosing a tool inside an IDE, a
 pydantic input model, a pydantic output model and an async handler on the Daemon. Output
@@ -48,8 +51,6 @@ if TYPE_CHECKING:
 In = TypeVar("In", bound=BaseModel)
 Out = TypeVar("Out", bound=BaseModel)
 
-Progress = Callable[[float, float | None, str], Awaitable[None]]
-
 HEX64 = r"^[0-9a-f]{64}$"
 # A request must hold something besides spaces, tabs and line breaks. Spelled out (not `\S`)
 # because JSON Schema's regex dialect, Python's and pydantic's disagree on what `\s` covers.
@@ -59,10 +60,8 @@ STARTED = time.monotonic()
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a surface lends a handler: who is calling (resolved from the transport) and a
-    progress sink (None when the caller cannot show it)."""
+    """What a surface lends a handler: who is calling (resolved from the transport)."""
 
-    progress: Progress | None = None
     client: Client = OWNER
 
 
@@ -76,11 +75,6 @@ class Tool(Generic[In, Out]):
     scope: Scope = "read"
     """The least scope a client needs to call it (see daemon.clients); surfaces enforce it
     before validating the arguments, so a refused client learns nothing from validation."""
-
-    async def call(self, daemon: Daemon, arguments: Any, ctx: ToolContext | None = None) -> Out:
-        """Validate raw arguments, run the handler; pydantic's ValidationError escapes as is."""
-        data = self.input.model_validate(arguments if arguments is not None else {})
-        return await self.handler(daemon, data, ctx or ToolContext())
 
 
 class _In(BaseModel):
@@ -258,6 +252,11 @@ class HealthOut(_Out):
     lanes: int
     members: int
     command_sandbox: CommandSandbox
+    loop_lag_worst_s: float = Field(
+        default=0.0,
+        description="The longest the event loop was late in the last minute (all requests "
+        "wait that long).",
+    )
 
 
 def command_sandbox(daemon: Daemon) -> Literal["bwrap", "none", "off"]:
@@ -279,6 +278,7 @@ async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
         lanes=len(daemon.roster.lanes),
         members=len(daemon.roster.models),
         command_sandbox=command_sandbox(daemon),
+        loop_lag_worst_s=round(daemon.lag.worst(), 6),
     )
 
 
@@ -441,8 +441,6 @@ async def submit(daemon: Daemon, data: SubmitIn, ctx: ToolContext) -> RunOut:
     run_id = view.id
     try:
         async with asyncio.timeout(data.timeout_s):
-            if ctx.progress is not None:
-                await _follow(daemon, run_id, ctx.progress)
             return run_out(await daemon.engine.wait(run_id))
     except (TimeoutError, DeadlineExceeded):
         return run_out(daemon.engine.get(run_id))
@@ -474,16 +472,6 @@ class ProgressSteps:
         self.step += 1
         tail = " ".join(text.split())[-160:]
         return float(self.step), None, f"{task or 'answer'} writing: …{tail}"
-
-
-async def _follow(daemon: Daemon, run_id: str, progress: Progress) -> None:
-    steps = ProgressSteps()
-    async for event in daemon.engine.events(run_id):
-        if event.seq is None:
-            continue
-        report = steps.next(run_out(daemon.engine.get(run_id)))
-        if report is not None:
-            await progress(*report)
 
 
 async def run_get(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -255,8 +256,19 @@ def tool_listing() -> list[dict[str, Any]]:
     ]
 
 
+@functools.cache
+def _listing_body() -> bytes:
+    """Built once: the registry is fixed for the process (a roster reload changes no schema)."""
+    return json.dumps({"tools": tool_listing()}, ensure_ascii=False).encode()
+
+
+@functools.cache
+def _openapi_body() -> bytes:
+    return json.dumps(openapi_document(), ensure_ascii=False).encode()
+
+
 async def list_tools(request: web.Request) -> web.Response:
-    return web.json_response({"tools": tool_listing()})
+    return web.Response(body=_listing_body(), content_type="application/json")
 
 
 async def call_tool(request: web.Request) -> web.Response:
@@ -343,7 +355,7 @@ async def run_events(request: web.Request) -> web.StreamResponse:
                 break
             pending = None
             await resp.write(sse_frame(event.kind, event.data, event.seq))
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionResetError:  # the client left; a cancel (shutdown) goes on up
         pass
     finally:
         request.app[STREAMS].stops.discard(stop)
@@ -574,7 +586,7 @@ def openapi_document() -> dict[str, Any]:
 
 
 async def get_openapi(request: web.Request) -> web.Response:
-    return web.json_response(openapi_document())
+    return web.Response(body=_openapi_body(), content_type="application/json")
 
 
 # ---------------------------------------------------------------- app and server

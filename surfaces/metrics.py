@@ -50,6 +50,10 @@ def render(daemon: Daemon) -> str:
     _slots(out, daemon)
     _ledger(out, daemon)
     _gateway(out, daemon)
+    lag = daemon.lag.histogram
+    name = "tally_event_loop_lag_seconds"
+    out.family(name, "histogram", "How late the event loop woke a 100 ms timer.")
+    _histogram(out, name, lag.cumulative(), lag.total)
     return "\n".join(out.lines) + "\n"
 
 

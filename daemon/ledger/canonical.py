@@ -118,8 +118,3 @@ def canonicalize(value: object) -> bytes:
 def check_text(text: str) -> None:
     """A str field of an entry: it must be UTF-8 encodable."""
     _check_text(text, "$")
-
-
-def encode_string(text: str) -> str:
-    """The canonical JSON form of one string (the same C encoder `json.dumps` uses)."""
-    return _encode_basestring(text)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from json.encoder import encode_basestring as _encode_basestring
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,9 +35,6 @@ class Entry(BaseModel):
     body: Hex32 | None = None
     prev: Hex32
     hash: Hex32 = Field(exclude=True)
-
-    def fields(self) -> dict[str, Any]:
-        return self.model_dump()
 
     def line(self) -> bytes:
         """The entry's canonical JSON, exactly as stored (without the newline)."""
@@ -96,18 +93,3 @@ def encode_line(
     """
     head, tail = line_template(actor=actor, kind=kind, run=run, parent=parent, body=body)
     return fill_line(head, tail, seq, ts, prev)
-
-
-def entry_from_fields(fields: dict[str, Any], digest: bytes) -> Entry:
-    """Build an `Entry` from fields the writer produced itself (no re-validation).
-
-    What `model_construct` does, minus its per-field default handling: the writer's hot path
-    builds one per append and every field is already set and valid.
-    """
-    entry = Entry.__new__(Entry)
-    values = {**fields, "hash": digest.hex()}
-    object.__setattr__(entry, "__dict__", values)
-    object.__setattr__(entry, "__pydantic_fields_set__", set(values))
-    object.__setattr__(entry, "__pydantic_extra__", None)
-    object.__setattr__(entry, "__pydantic_private__", None)
-    return entry

@@ -117,7 +117,6 @@ RECHECK_MAX = 1 << 18
 READ_CHUNK = 1 << 22
 FSYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
-Subscriber = Callable[[list[Entry]], Any]
 _Proof = TypeVar("_Proof", "InclusionProof", "ConsistencyProof")
 
 _set = object.__setattr__
@@ -221,6 +220,30 @@ class _Stats:
         self.buckets[bisect.bisect_left(FSYNC_BUCKETS, seconds)] += 1
 
 
+def check_append(
+    *, actor: str, kind: str, body: Any, run: str | None, parent: int | None, size: int
+) -> bytes | None:
+    """What `Ledger.append` accepts, as one function (the engine's in-memory test ledger calls
+    it too, so both refuse the same inputs): non-empty ASCII-or-UTF-8 actor and kind, a run
+    id or None, a parent that is an existing seq, a body in the canonical JSON subset (no
+    floats, integers within ±2^53, no lone surrogates). Returns the body's canonical bytes."""
+    if not isinstance(actor, str) or not actor or not isinstance(kind, str) or not kind:
+        raise InvalidInput("actor and kind must be non-empty strings")
+    if run is not None and not isinstance(run, str):
+        raise InvalidInput("run must be a string or None")
+    if parent is not None and (
+        not isinstance(parent, int) or isinstance(parent, bool) or not 0 <= parent < size
+    ):
+        raise InvalidInput(f"parent {parent!r} is not an existing seq")
+    try:
+        for text in (actor, kind, run):
+            if text is not None and not text.isascii():  # ASCII is always UTF-8 safe
+                check_text(text)
+        return None if body is None else canonicalize(body)
+    except NotCanonical as err:
+        raise InvalidInput(f"not storable in the ledger: {err}") from err
+
+
 class Ledger:
     """Open with `await Ledger.open(state_dir)`; see the module doc for the on-disk contract."""
 
@@ -241,7 +264,6 @@ class Ledger:
         self._prober: asyncio.Task[None] | None = None
         self._write_failures = 0
         self._closed = False
-        self._subscribers: list[Subscriber] = []
         self._stats = _Stats()
         self._latest: Checkpoint | None = None
         self._signer: Signer | None = None
@@ -534,21 +556,9 @@ class Ledger:
             raise self._outage.error()
         if self.readonly or self._closed:
             raise LedgerFailed("the ledger is closed or read-only")
-        if not isinstance(actor, str) or not actor or not isinstance(kind, str) or not kind:
-            raise InvalidInput("actor and kind must be non-empty strings")
-        if run is not None and not isinstance(run, str):
-            raise InvalidInput("run must be a string or None")
-        if parent is not None and (
-            not isinstance(parent, int) or isinstance(parent, bool) or not 0 <= parent < self._size
-        ):
-            raise InvalidInput(f"parent {parent!r} is not an existing seq")
-        try:
-            for text in (actor, kind, run):
-                if text is not None and not text.isascii():  # ASCII is always UTF-8 safe
-                    check_text(text)
-            data = None if body is None else canonicalize(body)
-        except NotCanonical as err:
-            raise InvalidInput(f"not storable in the ledger: {err}") from err
+        data = check_append(
+            actor=actor, kind=kind, body=body, run=run, parent=parent, size=self._size
+        )
         return await self._enqueue(actor, kind, run, parent, data, None)
 
     def _enqueue(
@@ -609,7 +619,6 @@ class Ledger:
             for pending, entry in zip(batch, entries, strict=True):
                 if not pending.future.done():
                     pending.future.set_result(entry)
-            self._notify(entries)
             if stop:
                 return
 
@@ -854,23 +863,6 @@ class Ledger:
         for pending in batch:
             if not pending.future.done():
                 pending.future.set_exception(self._failed)
-
-    def _notify(self, entries: list[Entry]) -> None:
-        for callback in list(self._subscribers):
-            try:
-                callback(entries)
-            except Exception:
-                log.exception("ledger subscriber failed")
-
-    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
-        """Call `callback(entries)` on the loop after each committed batch."""
-        self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with contextlib.suppress(ValueError):
-                self._subscribers.remove(callback)
-
-        return unsubscribe
 
     # ---- redaction ------------------------------------------------------------------------
 

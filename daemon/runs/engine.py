@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import collections
 import contextlib
 import time
 import uuid
@@ -19,7 +20,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from daemon.errors import Busy, Conflict, InvalidInput, NotFound, TallyError
+from daemon.errors import Busy, Conflict, InvalidInput, NotFound
 from daemon.planning import Plan, Task, check_plan
 from daemon.runs import checks, guard
 from daemon.runs import entries as k
@@ -50,7 +51,7 @@ class _Run:
     id: str
     meter: Meter
     task: asyncio.Task[None] | None = None
-    started: bool = False
+    started: asyncio.Event = field(default_factory=asyncio.Event)
     cancelling: bool = False
     interrupting: bool = False
     finished: asyncio.Event = field(default_factory=asyncio.Event)
@@ -74,6 +75,10 @@ class EngineOptions:
     """Paths no command task may see and where task dirs go (the daemon's own dirs)."""
     max_tokens: int = 512
     guard_attempts: int = 3
+    key_ttl_s: float = 86_400.0
+    """How long an Idempotency-Key keeps returning its run; after that it starts a new one."""
+    max_keys: int = 100_000
+    """Idempotency keys remembered at once; past this the oldest are forgotten first."""
 
 
 class Engine:
@@ -95,7 +100,11 @@ class Engine:
         self._views: dict[str, RunView] = {}
         self.census = Census()
         self._runs: dict[str, _Run] = {}
-        self._keys: dict[str, asyncio.Future[str]] = {}
+        # Idempotency-Key -> (its run id, once witnessed; when it was made, wall-clock s),
+        # oldest first: bounded by max_keys, each forgotten after key_ttl_s.
+        self._keys: collections.OrderedDict[str, tuple[asyncio.Future[str], float]] = (
+            collections.OrderedDict()
+        )
         self._listeners: dict[str, set[asyncio.Queue[RunEvent]]] = {}
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._closing = False
@@ -217,10 +226,11 @@ class Engine:
         client: str = "owner",
     ) -> RunView:
         """Create a run and start driving it; returns once the request is witnessed."""
-        if self._closing:
-            raise TallyError("the daemon is stopping")
-        if idempotency_key is not None and idempotency_key in self._keys:
-            run_id = await asyncio.shield(self._keys[idempotency_key])
+        if self._closing:  # 503 with Retry-After: a restarted daemon takes it
+            raise Busy("the daemon is stopping; retry once it is back", retry_after=5.0)
+        known = self._key(idempotency_key)
+        if known is not None:
+            run_id = await asyncio.shield(known)
             existing = self.get(run_id)
             if existing.request != request:
                 raise Conflict(
@@ -256,12 +266,12 @@ class Engine:
         claim: asyncio.Future[str] | None = None
         if idempotency_key is not None:
             claim = asyncio.get_running_loop().create_future()
-            self._keys[idempotency_key] = claim
+            self._remember(idempotency_key, claim, time.time())
         try:
             await self._witness(run_id, k.REQUEST, body, None)
         except BaseException as exc:
             if claim is not None and idempotency_key is not None:
-                del self._keys[idempotency_key]
+                self._keys.pop(idempotency_key, None)
                 claim.set_exception(exc)
                 claim.exception()  # retrieved: no "never retrieved" warning
             raise
@@ -283,6 +293,21 @@ class Engine:
                 retry_after=5.0,
                 details={"max_runs": policy.max_runs, "max_queued_runs": policy.max_queued_runs},
             )
+
+    def _key(self, key: str | None) -> asyncio.Future[str] | None:
+        """The run an Idempotency-Key names, unless it is unknown or past its TTL."""
+        if key is None or (found := self._keys.get(key)) is None:
+            return None
+        if time.time() - found[1] > self.options.key_ttl_s:
+            del self._keys[key]
+            return None
+        return found[0]
+
+    def _remember(self, key: str, run: asyncio.Future[str], at: float) -> None:
+        self._keys[key] = (run, at)
+        self._keys.move_to_end(key)
+        while len(self._keys) > self.options.max_keys:
+            self._keys.popitem(last=False)
 
     def queued(self) -> int:
         """Runs admitted and waiting for a run slot (state `queued`)."""
@@ -348,7 +373,7 @@ class Engine:
             if view.idempotency_key is not None:
                 done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
                 done.set_result(view.id)
-                self._keys[view.idempotency_key] = done
+                self._remember(view.idempotency_key, done, view.started_at_us / 1e6)
         interrupted: builtins.list[str] = []
         for view in list(views.values()):
             if view.state in STOPPED:
@@ -376,15 +401,22 @@ class Engine:
         return interrupted
 
     def snapshot(self) -> tuple[int, builtins.list[RunView]] | None:
-        """(ledger size, every run view) at one instant, or None while an append is in flight.
+        """(ledger size, a copy of every run view) at one instant, or None while an append is
+        in flight.
 
         With no run entry between its append and its apply, the views are exactly the
         reduction of the ledger's first `size` entries (only the engine writes run entries).
-        The views are the live ones: serialize them before the next await.
+        Nothing in the list changes afterwards, so it can be encoded off the loop: a finished
+        run's view is never changed again (no entry follows its final state, and `_retire`
+        replaces a view rather than editing it), and a run still going is copied.
         """
         if self._appending:
             return None
-        return self.ledger.size, list(self._views.values())
+        views = [
+            view if view.state in FINAL else view.model_copy(deep=True)
+            for view in self._views.values()
+        ]
+        return self.ledger.size, views
 
     async def shutdown(self, drain_s: float = 5.0) -> None:
         """Let runs finish for `drain_s`, then interrupt the rest (witnessed, resumable)."""
@@ -404,8 +436,7 @@ class Engine:
 
     async def _abort(self, ctx: _Run) -> None:
         # A task cancelled before its first step never runs its handlers: let it start first.
-        while not ctx.started:
-            await asyncio.sleep(0)
+        await ctx.started.wait()
         if ctx.task is not None:
             ctx.task.cancel()
 
@@ -450,11 +481,8 @@ class Engine:
         while len(self._finished) > self.options.keep_full:
             old, _ = self._finished.popitem(last=False)
             view = self._views.get(old)
-            if view is not None:
-                view.plan = None
-                view.request = clip(view.request, 2000)
-                for task in view.tasks:
-                    task.result = None
+            if view is not None:  # replaced, not edited: a snapshot may be encoding it
+                self._views[old] = view.compacted()
 
     # ---------------------------------------------------------------- driving a run
 
@@ -473,7 +501,7 @@ class Engine:
         ctx.task = asyncio.create_task(self._drive(ctx), name=f"run {run_id}")
 
     async def _drive(self, ctx: _Run) -> None:
-        ctx.started = True
+        ctx.started.set()
         view = self._views[ctx.id]
         try:
             elapsed_ms = view.wall_base_ms + (time.time_ns() // 1000 - view.started_at_us) // 1000

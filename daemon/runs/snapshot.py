@@ -13,11 +13,11 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from daemon.runs.state import RunView
+from daemon.runs.state import FINAL, RunView
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,22 @@ def stamp(ledger: StampedLedger, size: int, views: list[RunView]) -> Snapshot:
 
 def encode(snapshot: Snapshot) -> bytes:
     return snapshot.model_dump_json().encode()
+
+
+COMPACT: Any = {"plan": True, "tasks": {"__all__": {"result"}}}
+"""What a finished run's view leaves out of the snapshot: replay reads it back on demand."""
+
+
+def write(state_dir: Path, snapshot: Snapshot) -> None:
+    """Encode and save, in a worker thread: no view in `snapshot` may change meanwhile (see
+    Engine.snapshot). A finished run is written compacted; one at a time, so the event loop
+    gets the GIL back between views instead of waiting for the whole encode."""
+    head = snapshot.model_dump_json(exclude={"views"}).encode()[:-1]  # without its "}"
+    views = [
+        v.model_dump_json(exclude=COMPACT if v.state in FINAL else None).encode()
+        for v in snapshot.views
+    ]
+    save(state_dir, head + b',"views":[' + b",".join(views) + b"]}")
 
 
 def save(state_dir: Path, data: bytes) -> None:

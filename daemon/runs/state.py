@@ -100,6 +100,23 @@ class RunView(BaseModel):
     def task(self, task_id: str) -> TaskView | None:
         return next((t for t in self.tasks if t.id == task_id), None)
 
+    def compacted(self, request_chars: int = 2000) -> RunView:
+        """A copy without what replay can read back from the ledger on demand: the plan, the
+        task results and all but the start of a long request (`Engine.detail` restores them).
+        Shares no mutable part with this view."""
+        tasks = [
+            t.model_copy(update={"result": None, "failures": list(t.failures)}) for t in self.tasks
+        ]
+        return self.model_copy(
+            update={
+                "plan": None,
+                "request": self.request[:request_chars],
+                "tasks": tasks,
+                "spent": self.spent.model_copy(),
+                "budget": self.budget.model_copy(),
+            }
+        )
+
 
 class RunEvent(BaseModel):
     """One event of a run's stream: a ledger entry (seq set) or an answer token (`delta`)."""

@@ -249,7 +249,6 @@ def test_default_roster_path_is_inside_the_package() -> None:
     assert path.parent.name == "roster"
 
 
-@pytest.mark.skipif(not default_roster_path().exists(), reason="default.toml not merged yet")
 def test_the_packaged_default_roster_loads_cleanly() -> None:
     roster = load_roster(default_roster_path())
     assert isinstance(roster, Roster)

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from daemon.ledger.log import check_append
 from roster.models import Roster
 
 
@@ -18,17 +19,6 @@ def canonical(obj: Any) -> bytes:
     return json.dumps(
         obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
     ).encode()
-
-
-def _no_floats(obj: Any) -> None:
-    if isinstance(obj, float):
-        raise TypeError("floats are not allowed in ledger data")
-    if isinstance(obj, dict):
-        for value in obj.values():
-            _no_floats(value)
-    if isinstance(obj, list):
-        for value in obj:
-            _no_floats(value)
 
 
 @dataclass
@@ -46,12 +36,12 @@ class Entry:
 
 
 class MemoryLedger:
-    """The ledger contract in memory: seq order, body hashes, subscribe, causal chains."""
+    """The ledger contract in memory: seq order, body hashes, causal chains. It accepts exactly
+    what the real one does (`check_append`, shared; `tests/ledger/test_parity.py` proves it)."""
 
     def __init__(self, delay: float = 0.0) -> None:
         self.log: list[Entry] = []
         self.bodies: dict[str, Any] = {}
-        self.subscribers: list[Callable[[list[Entry]], None]] = []
         self.delay = delay
 
     @property
@@ -67,13 +57,15 @@ class MemoryLedger:
         run: str | None = None,
         parent: int | None = None,
     ) -> Entry:
-        _no_floats(body)
+        data = check_append(
+            actor=actor, kind=kind, body=body, run=run, parent=parent, size=len(self.log)
+        )
         if self.delay:
             await asyncio.sleep(self.delay)
         digest = None
-        if body is not None:
-            digest = hashlib.sha256(canonical(body)).hexdigest()
-            self.bodies[digest] = json.loads(canonical(body))
+        if data is not None:
+            digest = hashlib.sha256(data).hexdigest()
+            self.bodies[digest] = json.loads(data)
         prev = self.log[-1].hash if self.log else "0" * 64
         entry = Entry(
             1, len(self.log), time.time_ns() // 1000, actor, kind, run, parent, digest, prev
@@ -82,8 +74,6 @@ class MemoryLedger:
             b"\x00" + canonical(entry.__dict__ | {"hash": None})
         ).hexdigest()
         self.log.append(entry)
-        for callback in list(self.subscribers):
-            callback([entry])
         return entry
 
     async def get(self, seq: int) -> Entry:
@@ -121,10 +111,6 @@ class MemoryLedger:
         while chain[-1].parent is not None:
             chain.append(self.log[chain[-1].parent])
         return list(reversed(chain))
-
-    def subscribe(self, callback: Callable[[list[Entry]], None]) -> Callable[[], None]:
-        self.subscribers.append(callback)
-        return lambda: self.subscribers.remove(callback)
 
     def kinds(self, run: str | None = None) -> list[str]:
         return [e.kind for e in self.log if run is None or e.run == run]

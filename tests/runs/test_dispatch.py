@@ -14,32 +14,38 @@ from daemon.runs.executors import run_command, upstream_block
 from daemon.runs.guard import GuardFailed, first_balanced_object, parse_json, structured
 
 
-def timed(durations: dict[str, float], log: list[tuple[str, float, float]]):
-    origin = time.monotonic()
+async def test_a_task_starts_when_its_needs_are_done_not_at_a_wave_boundary() -> None:
+    # a -> c, b independent: c must start after a, while b still runs. b finishes only once c
+    # has started, so a dispatcher that waited for the wave (a and b) would never finish.
+    nodes = [Node("a", "x"), Node("b", "x"), Node("c", "x", ("a",))]
+    order: list[str] = []
+    c_started = asyncio.Event()
 
     async def execute(task_id: str) -> bool:
-        start = time.monotonic() - origin
-        await asyncio.sleep(durations[task_id])
-        log.append((task_id, start, time.monotonic() - origin))
+        order.append(f"start {task_id}")
+        if task_id == "c":
+            c_started.set()
+        if task_id == "b":
+            await c_started.wait()
+        order.append(f"end {task_id}")
         return True
 
-    return execute
-
-
-async def test_a_task_starts_when_its_needs_are_done_not_at_a_wave_boundary() -> None:
-    # a -> c, b slow: c must start right after a, while b still runs
-    nodes = [Node("a", "x"), Node("b", "x"), Node("c", "x", ("a",))]
-    log: list[tuple[str, float, float]] = []
-    out = await dispatch(nodes, timed({"a": 0.02, "b": 0.2, "c": 0.02}, log), max_parallel=4)
+    out = await asyncio.wait_for(dispatch(nodes, execute, max_parallel=4), 5)
     assert out.done == {"a", "b", "c"}
-    spans = {t: (s, e) for t, s, e in log}
-    assert spans["c"][0] < spans["b"][1]
-    barrier_log: list[tuple[str, float, float]] = []
-    await dispatch(
-        nodes, timed({"a": 0.02, "b": 0.2, "c": 0.02}, barrier_log), max_parallel=4, barrier=True
+    assert order.index("end a") < order.index("start c") < order.index("end b")
+    barrier_order: list[str] = []
+
+    async def logged(task_id: str) -> bool:
+        barrier_order.append(f"start {task_id}")
+        await asyncio.sleep(0)
+        barrier_order.append(f"end {task_id}")
+        return True
+
+    await dispatch(nodes, logged, max_parallel=4, barrier=True)
+    # with a barrier, the second wave (c) starts only after the whole first wave (a, b) ended
+    assert barrier_order.index("start c") > max(
+        barrier_order.index("end a"), barrier_order.index("end b")
     )
-    barrier = {t: (s, e) for t, s, e in barrier_log}
-    assert barrier["c"][0] >= barrier["b"][1] - 0.005
 
 
 async def test_caps_bound_concurrency() -> None:

@@ -7,9 +7,14 @@ through the real Daemon, ledger and pool in `test_daemon_runs.py`.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from daemon.errors import Busy
 from daemon.runs import entries as k
+from daemon.runs import snapshot as snapshots
 from daemon.runs.engine import Engine, EngineOptions
 from daemon.runs.replay import replay
 from daemon.runs.state import Census
@@ -273,3 +278,47 @@ async def test_run_reads_routing_while_its_lane_is_open() -> None:
     assert await _states(ledger, vague.id) == ["queued", "routing", "planning", "running", "done"]
     # a confident keyword route decides the lane in its own entry (see replay._route)
     assert await _states(ledger, routed.id) == ["queued", "planning", "running", "done"]
+
+
+async def test_a_stopping_daemon_answers_busy_not_an_internal_error() -> None:
+    engine, _, _ = make_engine(lambda member, messages: "x")
+    await engine.shutdown(0)
+    with pytest.raises(Busy) as caught:
+        await engine.submit("backend api")
+    assert caught.value.status == 503
+    assert caught.value.retry_after > 0
+
+
+async def test_an_idempotency_key_expires_after_its_ttl() -> None:
+    engine, _, _ = make_engine(lambda member, messages: "x", options=EngineOptions(key_ttl_s=0.05))
+    first = await engine.submit("backend api", idempotency_key="k1")
+    assert (await engine.submit("backend api", idempotency_key="k1")).id == first.id
+    await asyncio.sleep(0.1)
+    again = await engine.submit("backend api", idempotency_key="k1")
+    assert again.id != first.id  # past its TTL the key starts a new run
+
+
+async def test_idempotency_keys_are_bounded_oldest_first() -> None:
+    engine, _, _ = make_engine(lambda member, messages: "x", options=EngineOptions(max_keys=2))
+    runs = [await engine.submit("backend api", idempotency_key=f"k{i}") for i in range(3)]
+    assert (await engine.submit("backend api", idempotency_key="k2")).id == runs[2].id
+    assert (await engine.submit("backend api", idempotency_key="k0")).id != runs[0].id
+
+
+async def test_a_snapshot_is_written_compacted_from_views_nothing_changes(
+    tmp_path: Path,
+) -> None:
+    engine, _, _ = make_engine(dag_script)
+    done = await engine.wait((await engine.submit("api", plan=DAG)).id, timeout=5)
+    assert done.state == "done"
+    taken = engine.snapshot()
+    assert taken is not None
+    size, views = taken
+    [view] = [v for v in views if v.id == done.id]
+    assert view.model_dump() == done.model_dump()
+    snapshots.write(tmp_path, snapshots.Snapshot(size=size, root="", leaf="", views=views))
+    loaded = snapshots.Snapshot.model_validate_json((tmp_path / snapshots.FILE).read_bytes())
+    [back] = [v for v in loaded.views if v.id == done.id]
+    assert back.plan is None  # replay reads the plan and the results back on demand
+    assert [t.result for t in back.tasks] == [None, None, None]
+    assert back == done.compacted()

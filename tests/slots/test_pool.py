@@ -107,11 +107,13 @@ async def test_full_queue_answers_busy_at_once(fake: FakeServer, make_pool: Pool
     held = await pool.acquire("ext")
     waiting = [asyncio.ensure_future(pool.acquire("ext")) for _ in range(2)]
     await asyncio.sleep(0.01)
-    started = time.monotonic()
+    refused = asyncio.ensure_future(pool.acquire("ext"))
+    await asyncio.sleep(0)  # one loop tick: "at once" means it never waits for anything
+    assert refused.done()
     with pytest.raises(PoolBusy) as err:
-        await pool.acquire("ext")
-    assert time.monotonic() - started < 0.05
+        await refused
     assert err.value.status == 503
+    assert pool.status().member("ext").queue == 2  # type: ignore[union-attr]
     held.release()
     for fut in waiting:
         (await fut).release()
@@ -125,7 +127,7 @@ async def test_deadline_times_out_and_leaves_the_queue(
     started = time.monotonic()
     with pytest.raises(PoolTimeout) as err:
         await pool.acquire("ext", deadline=time.monotonic() + 0.1)
-    assert 0.08 < time.monotonic() - started < 0.5
+    assert time.monotonic() - started >= 0.1  # not before its deadline (how late is load)
     assert err.value.status == 504
     with pytest.raises(PoolTimeout):
         await pool.acquire("ext", deadline=time.monotonic() - 1)
@@ -241,10 +243,8 @@ async def test_request_timeout_is_slot_lost(fake: FakeServer, make_pool: PoolFac
     fake.token_delay_s = 0.5
     pool = make_pool(ext(fake.url, slots=1, request_timeout_s=0.2))
     async with pool.lease("ext") as lease:
-        started = time.monotonic()
-        with pytest.raises(SlotLost, match="hung"):
-            await lease.chat(MSG, max_tokens=10)
-        assert time.monotonic() - started < 0.5
+        with pytest.raises(SlotLost, match=r"hung: no reply within 0\.2 s"):
+            await lease.chat(MSG, max_tokens=10)  # 10 tokens would take 5 s
 
 
 async def test_external_member_waits_through_loading(

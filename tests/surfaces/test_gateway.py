@@ -451,6 +451,8 @@ async def test_metrics_and_summary_count_calls_by_client_and_model(gw: Setup) ->
     assert f'tally_gateway_tokens_total{{{labels},kind="completion"}} 6' in text
     assert f'tally_gateway_latency_seconds_bucket{{{labels},le="+Inf"}} 2' in text
     assert 'tally_gateway_ttft_seconds_count{client="default",model="tiny"} 1' in text
+    assert "# TYPE tally_event_loop_lag_seconds histogram" in text
+    assert 'tally_event_loop_lag_seconds_bucket{le="+Inf"}' in text
     usage = summary["gateway"]["default"]
     assert usage["tier:cheap"]["calls"] == 2
     assert usage["tier:cheap"]["completion_tokens"] == 6

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,11 @@ from daemon.runs.sandbox import Confinement, admit_commands
 from daemon.runs.snapshot import Snapshot
 from daemon.runs.state import FINAL, STOPPED, Census, Limits, RunEvent, RunView
 from roster.models import Budget, Lane, Roster
+
+log = logging.getLogger(__name__)
+
+Watcher = Callable[[str, int, int, str, dict[str, Any]], None]
+"""Sees each witnessed run entry: (run id, seq, ts in µs, kind, body)."""
 
 RESULT_CAP = 64 * 1024
 """A task output kept in the record and in memory is cut to this many characters."""
@@ -95,6 +101,7 @@ class Engine:
         self._runs: dict[str, _Run] = {}
         self._keys: dict[str, asyncio.Future[str]] = {}
         self._listeners: dict[str, set[asyncio.Queue[RunEvent]]] = {}
+        self._watchers: builtins.list[Watcher] = []
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._closing = False
         self._appending = 0
@@ -188,6 +195,12 @@ class Engine:
                 listeners.discard(queue)
                 if not listeners:
                     del self._listeners[run_id]
+
+    def watch(self, watcher: Watcher) -> Callable[[], None]:
+        """Call `watcher(run, seq, ts, kind, body)` after every entry the engine witnesses
+        (metrics, traces, the console's run feed); returns the function that stops it."""
+        self._watchers.append(watcher)
+        return lambda: self._watchers.remove(watcher) if watcher in self._watchers else None
 
     # ---------------------------------------------------------------- control
 
@@ -404,6 +417,11 @@ class Engine:
             self._apply(entry.seq, entry.ts, kind, run_id, body)
         finally:
             self._appending -= 1
+        for watcher in self._watchers:
+            try:
+                watcher(run_id, entry.seq, entry.ts, kind, body)
+            except Exception:  # an observer's fault must never fail the run it observes
+                log.exception("a run watcher failed on %s", kind)
         listeners = self._listeners.get(run_id)
         if listeners:
             event = RunEvent(seq=entry.seq, kind=kind, data=body)

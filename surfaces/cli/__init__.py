@@ -28,6 +28,7 @@ from types import ModuleType
 
 from surfaces.cli import (
     clients,
+    console,
     doctor,
     ledger,
     mcp,
@@ -42,7 +43,8 @@ from surfaces.cli import (
 )
 
 GROUPS: list[ModuleType] = [
-    version, serve, mcp, runs, ledger, roster, route, plan, slots, models, doctor, clients
+    version, serve, mcp, runs, ledger, roster, route, plan, slots, models, doctor, clients,
+    console,
 ]  # fmt: skip
 
 _GC_DEFAULT = gc.get_threshold()

@@ -75,9 +75,10 @@ export async function rootFromInclusion(index, size, leaf, path) {
 
 // A C2SP verifier key: name+hexid+base64(0x01 || 32-byte ed25519 key).
 export async function parseVkey(vkey) {
-  const parts = String(vkey).trim().split("+");
-  if (parts.length !== 3) throw new Error("a verifier key is name+id+key");
-  const [name, id, b64] = parts;
+  // base64 may itself hold "+": only the first two separate fields (as `split("+", 2)`)
+  const m = /^([^+]+)\+([0-9a-f]{8})\+(.+)$/.exec(String(vkey).trim());
+  if (!m) throw new Error("a verifier key is name+id+key");
+  const [, name, id, b64] = m;
   const raw = unbase64(b64);
   if (raw.length !== 33 || raw[0] !== 1) throw new Error("not an ed25519 verifier key");
   const key = raw.slice(1);

@@ -34,6 +34,7 @@ from surfaces.cli import (
     mcp,
     models,
     plan,
+    reading,
     roster,
     route,
     runs,
@@ -44,7 +45,7 @@ from surfaces.cli import (
 
 GROUPS: list[ModuleType] = [
     version, serve, mcp, runs, ledger, roster, route, plan, slots, models, doctor, clients,
-    console,
+    console, reading,
 ]  # fmt: skip
 
 _GC_DEFAULT = gc.get_threshold()

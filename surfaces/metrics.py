@@ -49,6 +49,7 @@ def render(daemon: Daemon) -> str:
     _runs(out, daemon)
     _slots(out, daemon)
     _ledger(out, daemon)
+    _histograms(out, daemon)
     return "\n".join(out.lines) + "\n"
 
 
@@ -141,3 +142,16 @@ def _ledger(out: _Text, daemon: Daemon) -> None:
         out.sample(f"{name}_bucket", stats.fsync_count, le="+Inf")
     out.sample(f"{name}_sum", float(stats.fsync_seconds_sum))
     out.sample(f"{name}_count", stats.fsync_count)
+
+
+def _histograms(out: _Text, daemon: Daemon) -> None:
+    for h in daemon.timings.histograms:
+        out.family(h.name, "histogram", h.help)
+        for label in sorted(h.counts):
+            labels = {h.label: label}
+            pairs = h.cumulative(label)
+            for bound, count in pairs:
+                le = "+Inf" if math.isinf(bound) else repr(float(bound))
+                out.sample(f"{h.name}_bucket", count, **labels, le=le)
+            out.sample(f"{h.name}_sum", float(h.sums[label]), **labels)
+            out.sample(f"{h.name}_count", pairs[-1][1], **labels)

@@ -27,7 +27,7 @@ from daemon.runs import entries as k
 from daemon.runs.budget import BudgetExhausted, Meter, limits
 from daemon.runs.dispatch import Capacity, Node, dispatch, levels
 from daemon.runs.executors import Stub, chat_messages, clip, echo_stub, run_command, upstream_block
-from daemon.runs.ports import LedgerPort, PoolPort, RouterPort
+from daemon.runs.ports import EntryLike, LedgerPort, PoolPort, RouterPort
 from daemon.runs.replay import RedactedAfterSnapshot, apply, replay
 from daemon.runs.sandbox import Confinement, admit_commands
 from daemon.runs.snapshot import Snapshot
@@ -36,8 +36,8 @@ from roster.models import Budget, Lane, Roster
 
 log = logging.getLogger(__name__)
 
-Watcher = Callable[[str, int, int, str, dict[str, Any]], None]
-"""Sees each witnessed run entry: (run id, seq, ts in µs, kind, body)."""
+Watcher = Callable[[EntryLike, dict[str, Any]], None]
+"""Sees each run entry the engine witnesses (seq, ts, kind, run, parent) with its body."""
 
 RESULT_CAP = 64 * 1024
 """A task output kept in the record and in memory is cut to this many characters."""
@@ -197,7 +197,7 @@ class Engine:
                     del self._listeners[run_id]
 
     def watch(self, watcher: Watcher) -> Callable[[], None]:
-        """Call `watcher(run, seq, ts, kind, body)` after every entry the engine witnesses
+        """Call `watcher(entry, body)` after every entry the engine witnesses
         (metrics, traces, the console's run feed); returns the function that stops it."""
         self._watchers.append(watcher)
         return lambda: self._watchers.remove(watcher) if watcher in self._watchers else None
@@ -419,7 +419,7 @@ class Engine:
             self._appending -= 1
         for watcher in self._watchers:
             try:
-                watcher(run_id, entry.seq, entry.ts, kind, body)
+                watcher(entry, body)
             except Exception:  # an observer's fault must never fail the run it observes
                 log.exception("a run watcher failed on %s", kind)
         listeners = self._listeners.get(run_id)

@@ -35,6 +35,7 @@ from daemon.runs.state import TASK_ENDED
 
 if TYPE_CHECKING:
     from daemon.runs.engine import Engine
+    from daemon.runs.ports import EntryLike
     from daemon.runs.state import RunView
 
 STATIC = Path(__file__).parent / "static"
@@ -275,8 +276,8 @@ class RunFeed:
             self._unwatch()
             self._unwatch = None
 
-    def _changed(self, run: str, seq: int, ts: int, kind: str, body: dict[str, Any]) -> None:
-        self.dirty[run] = None
+    def _changed(self, entry: EntryLike, body: dict[str, Any]) -> None:
+        self.dirty[str(entry.run)] = None
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(FLUSH_S, self._flush)
 

@@ -135,3 +135,14 @@ def test_node_and_python_agree_on_every_vector(tmp_path: Path) -> None:
             assert got["steps"][-1]["ok"] is False
     assert results["tampered signature"]["steps"][-1]["step"].startswith("checkpoint signature")
     assert results["tampered proof"]["steps"][-1]["step"] == "root equals the signed root"
+
+
+def test_every_console_module_parses_as_an_es_module(tmp_path: Path) -> None:
+    static = ROOT / "surfaces/console/static"
+    for module in sorted(static.glob("*.js")):
+        copy = tmp_path / f"{module.stem}.mjs"  # .mjs: Node parses it as a module, as browsers do
+        copy.write_text(module.read_text())
+        done = subprocess.run(
+            [NODE or "node", "--check", str(copy)], capture_output=True, text=True, check=False
+        )
+        assert done.returncode == 0, f"{module.name}: {done.stderr}"

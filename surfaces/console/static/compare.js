@@ -18,7 +18,7 @@ export async function comparePage(main, a = "", b = "") {
     out.append(h("table", { id: "compare" },
       h("thead", {}, h("tr", {}, h("th", {}, ""), h("th", {}, c.a.id), h("th", {}, c.b.id))),
       h("tbody", {}, ROWS.map(([label, key]) => h("tr", {}, h("th", {}, label),
-        h("td", {}, h("pre", {}, String(c.a[key] ?? ""))), h("td", {}, h("pre", {}, String(c.b[key] ?? "")))))));
+        h("td", {}, h("pre", {}, String(c.a[key] ?? ""))), h("td", {}, h("pre", {}, String(c.b[key] ?? ""))))))));
   } catch (err) {
     fail(out, err);
   }

@@ -22,7 +22,7 @@ export async function poolPage(main) {
         h("td", {}, m.queue), h("td", {}, m.restarts), h("td", {}, rate(m.name)), h("td", {}, m.last_error || ""))))),
     h("h2", {}, "Tiers"),
     h("table", { id: "tiers" }, h("thead", {}, h("tr", {}, ["tier", "members", "queue", "failovers"].map((c) => h("th", {}, c)))),
-      h("tbody", {}, (slots.tiers || []).map((t) => h("tr", {}, h("td", {}, t.name), h("td", {}, (t.members || []).join(", ")), h("td", {}, t.queue), h("td", {}, t.failovers)))))),
+      h("tbody", {}, (slots.tiers || []).map((t) => h("tr", {}, h("td", {}, t.name), h("td", {}, (t.members || []).join(", ")), h("td", {}, t.queue), h("td", {}, t.failovers))))),
   );
   const recent = await tool("ledger_entries", { actor: "pool", start: Math.max(0, health.ledger_size - 5000), limit: 1000 });
   main.append(h("h2", {}, "Recent slot events"),

@@ -120,6 +120,7 @@ export async function runPage(main, id) {
     taskList.replaceChildren(...run.tasks.map((t) => h("section", { class: "task", "data-task": t.id },
       h("h3", {}, `${t.id} · ${t.lane} · ${t.state}`), (per.get(t.id) || []).map(attemptView))));
     answer.replaceChildren(run.answer ? h("pre", { id: "answer-text" }, run.answer) : h("p", {}, "no answer yet"));
+    live.hidden = Boolean(run.answer) || !live.textContent; // the streamed answer, until it is witnessed
   };
   const refresh = async () => {
     run = await tool("run_get", { run_id: id });

@@ -439,9 +439,10 @@ class Engine:
         if after is not None:
             self.census.count(after)
 
-    def _delta(self, run_id: str, text: str) -> None:
+    def _delta(self, run_id: str, text: str, task: str | None = None) -> None:
+        data = {"text": text} if task is None else {"text": text, "task": task}
         for queue in self._listeners.get(run_id, ()):
-            queue.put_nowait(RunEvent(seq=None, kind="delta", data={"text": text}))
+            queue.put_nowait(RunEvent(seq=None, kind="delta", data=data))
 
     def _retire(self, run_id: str) -> None:
         """Bound memory: finished runs past `keep_full` keep a summary only."""
@@ -810,9 +811,14 @@ class Engine:
         """One witnessed, metered model call through a slot lease."""
         ctx.meter.reserve_call()
         max_tokens = self.options.max_tokens
-        on_delta = (lambda text: self._delta(ctx.id, text)) if stream else None
         async with self.pool.lease(target, priority=priority, affinity=affinity) as lease:
             request = k.safe(lease.request(messages, max_tokens, response_format, stream=stream))
+            # A task's tokens go to the run's listeners too when the server streams anyway (a
+            # spawned one always does): the request is the same, and watchers see it live.
+            live = stream or (
+                task is not None and isinstance(request, dict) and request.get("stream") is True
+            )
+            on_delta = (lambda text: self._delta(ctx.id, text, task)) if live else None
             call_body = {
                 "purpose": purpose,
                 "task": task,

@@ -74,7 +74,8 @@ async def _pages(served: Served, big_run: str) -> tuple[list[float], list[float]
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=chromium, headless=True)
         try:
-            page = await browser.new_page(viewport={"width": 1400, "height": 900})
+            # bypass_csp: only so wait_for_function may evaluate its predicate in the page
+            page = await browser.new_page(viewport={"width": 1400, "height": 900}, bypass_csp=True)
             await page.goto(await served.login_url())
             await page.wait_for_selector("#runs tbody tr")
             for _ in range(LOADS):

@@ -8,6 +8,7 @@ screenshot of each page; any console error in the browser fails the test."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import AsyncIterator
@@ -72,11 +73,22 @@ async def test_the_console_in_a_browser(real: Served, tmp_path: Path) -> None:
             assert page.url == f"{real.url}/"
             await page.wait_for_selector("#runs")
             view = await real.daemon.engine.submit("a README for tally", plan=PLAN)
+            deltas: list[dict[str, Any]] = []
+
+            async def collect() -> None:
+                async for event in real.daemon.engine.events(view.id):
+                    if event.kind == "delta" and event.data is not None:
+                        deltas.append(event.data)
+
+            collector = asyncio.create_task(collect())
             row = page.locator(f'tr[data-run="{view.id}"]')
             await row.wait_for()  # appeared live, over the run feed
             await page.locator(f'tr[data-run="{view.id}"].state-done').wait_for(timeout=600_000)
             await page.screenshot(path=shots / "runs.png", full_page=True)
 
+            await asyncio.wait_for(collector, 60)
+            # the spawned server streams: each task's tokens reach the run's stream live
+            assert {d.get("task") for d in deltas} >= {"outline", "intro", None}
             await row.locator("a").click()
             await page.wait_for_selector("#run-state.state-done")
             assert await page.locator("#dag .node").count() == len(PLAN["tasks"])

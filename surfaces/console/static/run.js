@@ -74,7 +74,7 @@ function timeline(entries, tasks) {
     rows);
 }
 
-function attemptView(a) {
+function attemptView(a, streaming) {
   const calls = a.calls.map((c) => {
     const u = c.usage || {};
     const ms = c.done ? ((c.done - c.at) / 1000).toFixed(0) : "…";
@@ -87,12 +87,15 @@ function attemptView(a) {
     v ? h("div", { class: v.ok ? "ok" : "bad" }, `verdict: ${v.ok ? "pass" : "fail"} → ${v.next}`, v.failures?.length ? ` (${v.failures.join("; ")})` : "", v.judge ? ` · judge: ${v.judge.reason || v.judge.ok}` : "") : null,
     a.escalate ? h("div", { class: "bad" }, `escalated ${a.escalate.from} → ${a.escalate.to}: ${a.escalate.reason}`) : null,
     a.error ? h("div", { class: "bad" }, `error: ${a.error}`) : null,
-    h("details", { class: "output" }, h("summary", {}, "output"), h("pre", {}, a.output ?? "(running)")));
+    h("details", { class: "output", open: a.output === undefined && streaming ? true : undefined },
+      h("summary", {}, a.output === undefined ? "output (streaming)" : "output"),
+      h("pre", {}, a.output ?? (streaming || "(running)"))));
 }
 
 export async function runPage(main, id) {
   let entries = [];
   let run = null;
+  const streaming = new Map(); // task id -> the tokens streamed so far by its running attempt
   const head = h("div", { id: "run-head" });
   const graph = h("div", { id: "graph" });
   const time = h("div");
@@ -118,7 +121,8 @@ export async function runPage(main, id) {
     graph.replaceChildren(dag(run.tasks));
     time.replaceChildren(timeline(entries, per));
     taskList.replaceChildren(...run.tasks.map((t) => h("section", { class: "task", "data-task": t.id },
-      h("h3", {}, `${t.id} · ${t.lane} · ${t.state}`), (per.get(t.id) || []).map(attemptView))));
+      h("h3", {}, `${t.id} · ${t.lane} · ${t.state}`),
+      (per.get(t.id) || []).map((a, i, all) => attemptView(a, i === all.length - 1 ? streaming.get(t.id) : undefined)))));
     answer.replaceChildren(run.answer ? h("pre", { id: "answer-text" }, run.answer) : h("p", {}, "no answer yet"));
     live.hidden = Boolean(run.answer) || !live.textContent; // the streamed answer, until it is witnessed
   };
@@ -128,10 +132,21 @@ export async function runPage(main, id) {
     draw();
   };
   let timer = null;
-  const soon = () => { timer ||= setTimeout(() => { timer = null; refresh().catch((e) => fail(note, e)); }, 250); };
+  const soon = (ev) => {
+    if (ev && ev.type === "task.start") streaming.delete(JSON.parse(ev.data).task);
+    timer ||= setTimeout(() => { timer = null; refresh().catch((e) => fail(note, e)); }, 250); };
   await refresh();
   const source = stream(`/v1/runs/${encodeURIComponent(id)}/events?after=${entries.length ? entries.at(-1).seq : ""}`, {
-    delta: (d) => { live.textContent += d.text; },
+    delta: (d) => {
+      if (!d.task) {
+        live.textContent += d.text;
+        live.hidden = false;
+        return;
+      }
+      streaming.set(d.task, (streaming.get(d.task) || "") + d.text);
+      const pre = taskList.querySelector(`section[data-task="${CSS.escape(d.task)}"] .attempt:last-child details.output pre`);
+      if (pre && pre.parentElement.firstChild.textContent !== "output") pre.textContent = streaming.get(d.task);
+    },
     end: () => { source.close(); soon(); },
   });
   source.onmessage = soon;

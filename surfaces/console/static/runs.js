@@ -48,7 +48,7 @@ export async function runsPage(main) {
     });
   };
   const load = async () => {
-    const list = await tool("runs_list", { limit: 200, ...(state.value ? { state: state.value } : {}) });
+    const list = await tool("runs_list", { limit: 100, ...(state.value ? { state: state.value } : {}) });
     for (const run of list.runs) runs.set(run.id, summary(run));
     draw();
   };
@@ -57,8 +57,10 @@ export async function runsPage(main) {
   tool("roster_get").then((r) => {
     for (const l of r.roster.lanes || []) lane.append(h("option", { value: l.name }, l.name));
   }).catch(() => {});
+  let connected = 0;
   const source = stream("/v1/events", {
-    ready: () => load().catch(() => {}), // (re)connected: catch up, then follow
+    // opened before the first load, so nothing falls between; a reconnect catches up
+    ready: () => (connected++ ? load().catch(() => {}) : null),
     run: (run) => { runs.set(run.id, run); draw(); },
   });
   const ticker = setInterval(draw, 5000);

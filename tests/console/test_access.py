@@ -154,3 +154,20 @@ async def test_the_run_feed_streams_run_changes(served: Served) -> None:
     assert view is not None
     assert {s["id"] for s in seen} == {view.id}
     assert seen[-1]["tasks_total"] == seen[-1]["tasks_done"] == 2
+
+
+async def test_redaction_needs_an_admin_session_and_a_reason(served: Served) -> None:
+    view = await served.daemon.engine.submit("the api", plan=two_tasks())
+    await served.daemon.engine.wait(view.id, timeout=30)
+    request = (await served.daemon.ledger.entries(run=view.id, limit=1))[0]
+    assert request.body is not None
+    read, admin = await served.cookie(), await served.cookie("--admin")
+    body = {"body_hash": request.body, "reason": "a secret in the prompt"}
+    status, _ = await _post(served, "ledger_redact", body, read)
+    assert status == 403
+    status, answer = await _post(served, "ledger_redact", {"body_hash": request.body}, admin)
+    assert status == 422  # no reason, no redaction
+    status, answer = await _post(served, "ledger_redact", body, admin)
+    assert status == 200
+    assert answer["actor"] == "console-admin"
+    assert await served.daemon.ledger.body(request.body) is None

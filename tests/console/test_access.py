@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 
 from surfaces import console
-from tests.console.conftest import Served
+from surfaces.http import HttpOptions, create_app
+from tests.console.conftest import ROOT, Served
 from tests.slots.fake_server import FakeServer
 from tests.surfaces.conftest import two_tasks
 
@@ -171,3 +175,24 @@ async def test_redaction_needs_an_admin_session_and_a_reason(served: Served) -> 
     assert status == 200
     assert answer["actor"] == "console-admin"
     assert await served.daemon.ledger.body(request.body) is None
+
+
+async def test_console_without_a_tcp_listener_says_how_to_get_one(
+    served: Served, tmp_path: Path
+) -> None:
+    path = tmp_path / "only-unix.sock"
+    runner = web.AppRunner(create_app(served.daemon, HttpOptions()))
+    await runner.setup()
+    await web.UnixSite(runner, str(path)).start()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "surfaces", "console", "--socket", str(path),
+            cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        await runner.cleanup()
+    assert proc.returncode == 2
+    assert out == b""
+    assert b"tally serve --tcp" in err
+    assert b"Traceback" not in err

@@ -28,10 +28,11 @@ $(NODE_TOOLS): tests/e2e/package.json
 		echo "npm not found: skipping the MCP Inspector, tests/e2e will be skipped"; \
 	fi
 
-# System packages the tests use: bubblewrap (the command-task sandbox). Installed with apt-get
-# when we are root (CI) or have passwordless sudo; otherwise say what to install.
-SYSTEM_PACKAGES := bubblewrap
-SYSTEM_TOOLS := bwrap
+# System packages the tests use: bubblewrap (the command-task sandbox) and chromium (the
+# console's browser test, driven by Playwright with this executable: no browser download).
+# Installed with apt-get when we are root (CI) or have passwordless sudo; otherwise say what.
+SYSTEM_PACKAGES := bubblewrap chromium
+SYSTEM_TOOLS := bwrap chromium
 
 system-packages:
 	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null 2>&1 || missing=1; done; \

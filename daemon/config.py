@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -70,6 +71,11 @@ class Settings(BaseModel):
     """Tier or member that judges task outputs after their assertions; None = no judge."""
     max_tasks: int = 256
     """Tasks in flight across all runs."""
+    otlp_endpoint: str | None = None
+    """OpenTelemetry traces URL (OTLP/HTTP); None = no traces. See daemon.tracing."""
+    otlp_headers: tuple[tuple[str, str], ...] = ()
+    otel_capture_content: bool = False
+    """Put prompts and replies in the chat spans (off by default)."""
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -88,6 +94,28 @@ class Settings(BaseModel):
             )
         if "TALLY_ROSTER" in os.environ and "roster_path" not in overrides:
             overrides["roster_path"] = Path(os.environ["TALLY_ROSTER"])
+        if "otlp_endpoint" not in overrides:
+            overrides.update(_otel_from_env())
         return cls(
             state_dir=state_dir, runtime_dir=runtime_dir, socket_path=socket_path, **overrides
         )
+
+
+def _otel_from_env() -> dict[str, Any]:
+    """The standard OpenTelemetry variables, read only when the caller sets none itself."""
+    env = os.environ
+    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return {}
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if not endpoint and env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        endpoint = env["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
+    if not endpoint:
+        return {}
+    raw = env.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or env.get("OTEL_EXPORTER_OTLP_HEADERS", "")
+    headers = tuple(
+        (name.strip(), unquote(value.strip()))
+        for name, sep, value in (pair.partition("=") for pair in raw.split(","))
+        if sep and name.strip()
+    )
+    capture = env.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").lower() == "true"
+    return {"otlp_endpoint": endpoint, "otlp_headers": headers, "otel_capture_content": capture}

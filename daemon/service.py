@@ -25,11 +25,13 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from daemon.clients import ClientStore
 from daemon.config import Settings
 from daemon.errors import TallyError
 from daemon.gateway import Gateway
+from daemon.histograms import RunTimings
 from daemon.lag import LoopLag
 from daemon.ledger import Ledger
 from daemon.routing import Router
@@ -61,6 +63,9 @@ class Daemon:
         self.start_seconds = 0.0
         self.clients = ClientStore(settings.state_dir)
         self.lag = LoopLag()
+        self.timings = RunTimings()
+        """Latency histograms (/metrics), fed by the engine as it witnesses run entries."""
+        self._tracer: Any = None
 
     # The parts exist only between start() and stop(); asking earlier is a programming error.
     @property
@@ -129,6 +134,8 @@ class Daemon:
                     judge=settings.judge,
                 ),
             )
+            self._engine.watch(self.timings)
+            self._tracer = self._start_tracing()
             await asyncio.to_thread(clear_task_dirs, self.confinement().tasks_root)
             await self._witness_command_policy(roster)
             base = snapshots.load(settings.state_dir, self._ledger)
@@ -144,6 +151,25 @@ class Daemon:
         self.lag.start()
         self._checkup = asyncio.create_task(self._check_members(roster), name="member checkup")
         self.start_seconds = time.perf_counter() - started
+
+    def _start_tracing(self) -> Any:
+        """The OTLP exporter, if configured (the SDK is imported only then)."""
+        settings = self.settings
+        if not settings.otlp_endpoint:
+            return None
+        try:
+            from daemon.tracing import OtlpOptions, RunTracer
+        except ImportError as exc:
+            log.warning("OTLP traces asked for, but %s: pip install 'tallyd[otel]'", exc)
+            return None
+        tracer = RunTracer(
+            OtlpOptions(
+                settings.otlp_endpoint, settings.otlp_headers, settings.otel_capture_content
+            )
+        )
+        self.engine.watch(tracer)
+        log.info("exporting run traces to %s", settings.otlp_endpoint)
+        return tracer
 
     def confinement(self) -> Confinement:
         """What command tasks must never see: the daemon's state, socket, key and home dirs."""
@@ -224,6 +250,9 @@ class Daemon:
                     await loop
         if self._engine is not None:
             await self._engine.shutdown(self.settings.drain_s)
+        if self._tracer is not None:
+            tracer, self._tracer = self._tracer, None
+            await asyncio.to_thread(tracer.shutdown)  # flushes the last spans (HTTP)
         if self._pool is not None:
             # Before the snapshot: stopping servers witnesses slot.stopped entries, and a
             # snapshot that covers the whole ledger makes the next start replay nothing.

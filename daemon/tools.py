@@ -37,6 +37,7 @@ from daemon.gateway import REPLY as GATEWAY_REPLY
 from daemon.ledger.canonical import MAX_SAFE_INT
 from daemon.planning import Plan, Task, problems, waves
 from daemon.runs import entries as k
+from daemon.runs.replay import replay
 from daemon.runs.state import STOPPED as TERMINAL
 from daemon.runs.state import TASK_ENDED, RunState
 from daemon.version import package_version
@@ -122,6 +123,7 @@ class RunOut(_Out):
     state: RunState
     request: str
     lane: str | None = None
+    client: str | None = Field(default=None, description="The named client that submitted it.")
     tasks: list[TaskOut] = []
     answer: str | None = None
     spent: SpentOut = SpentOut()
@@ -172,6 +174,11 @@ class EntryOut(_Out):
         default=None, description="The body's JSON when requested and present."
     )
     redacted: bool = Field(default=False, description="True if the body was redacted.")
+    line: str | None = Field(
+        default=None,
+        description="The entry's line as stored (its RFC 9162 leaf is SHA-256(0x00 || line)), "
+        "when requested.",
+    )
 
 
 def entry_out(entry: Entry, content: Any = None, *, redacted: bool = False) -> EntryOut:
@@ -507,6 +514,83 @@ async def run_resume(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
     return run_out(await daemon.engine.resume(data.run_id))
 
 
+class ReplayIn(RunIdIn):
+    at: Seq | None = Field(
+        default=None, description="The ledger seq to stop at (inclusive); default: the end."
+    )
+
+
+async def run_replay(daemon: Daemon, data: ReplayIn, ctx: ToolContext) -> RunOut:
+    view = (await replay(daemon.ledger, run=data.run_id, until=data.at)).get(data.run_id)
+    if view is None:
+        where = "" if data.at is None else f" at seq {data.at}"
+        raise NotFound(f"no run {data.run_id}{where}", details={"run": data.run_id})
+    return run_out(view)
+
+
+class CompareIn(_In):
+    a: str = Field(min_length=1, max_length=128, description="One run's id.")
+    b: str = Field(min_length=1, max_length=128, description="The other run's id.")
+
+
+class CompareSide(_Out):
+    id: str
+    state: RunState
+    lane: str | None = None
+    request: str
+    tasks: int
+    model_calls: int
+    tokens: int
+    wall_ms: int
+    escalations: int = Field(description="task.escalate entries.")
+    verdicts_ok: int
+    verdicts_failed: int
+    answer: str | None = None
+
+
+class CompareOut(_Out):
+    a: CompareSide
+    b: CompareSide
+
+
+async def _compare_side(daemon: Daemon, run_id: str) -> CompareSide:
+    daemon.engine.get(run_id)  # NotFound for a run the daemon does not know
+    view = (await replay(daemon.ledger, run=run_id)).get(run_id)
+    if view is None:
+        raise NotFound(f"no run {run_id}", details={"run": run_id})
+    counts = {k.TASK_ESCALATE: 0, "ok": 0, "failed": 0}
+    start = view.request_seq
+    while True:
+        batch = await daemon.ledger.entries(start=start, limit=1000, run=run_id)
+        for e in batch:
+            if e.kind == k.TASK_ESCALATE:
+                counts[k.TASK_ESCALATE] += 1
+            elif e.kind == k.TASK_VERDICT and e.body is not None:
+                body = await daemon.ledger.body(e.body)
+                counts["ok" if isinstance(body, dict) and body.get("ok") else "failed"] += 1
+        if len(batch) < 1000:
+            break
+        start = batch[-1].seq + 1
+    return CompareSide(
+        id=view.id,
+        state=view.state,
+        lane=view.lane,
+        request=view.request,
+        tasks=len(view.tasks),
+        model_calls=view.spent.model_calls,
+        tokens=view.spent.tokens,
+        wall_ms=view.spent.wall_ms,
+        escalations=counts[k.TASK_ESCALATE],
+        verdicts_ok=counts["ok"],
+        verdicts_failed=counts["failed"],
+        answer=view.answer,
+    )
+
+
+async def run_compare(daemon: Daemon, data: CompareIn, ctx: ToolContext) -> CompareOut:
+    return CompareOut(a=await _compare_side(daemon, data.a), b=await _compare_side(daemon, data.b))
+
+
 # ---------------------------------------------------------------- ledger
 
 
@@ -576,11 +660,17 @@ async def ledger_entries(daemon: Daemon, data: EntriesIn, ctx: ToolContext) -> E
 class SeqIn(_In):
     seq: Seq = Field(description="The entry's sequence number.")
     bodies: bool = Field(default=True, description="Include body content.")
+    line: bool = Field(
+        default=False, description="Include the stored line, to check its inclusion yourself."
+    )
 
 
 async def ledger_get(daemon: Daemon, data: SeqIn, ctx: ToolContext) -> EntryOut:
     entry = await daemon.ledger.get(data.seq)
-    return (await _with_bodies(daemon, [entry], data.bodies))[0]
+    out = (await _with_bodies(daemon, [entry], data.bodies))[0]
+    if data.line:
+        out.line = entry.line().decode()
+    return out
 
 
 _PROOF_SHAPES: JsonDict = {
@@ -666,13 +756,20 @@ class CheckpointOut(_Out):
     checkpoint: dict[str, Any] | None = Field(
         description="Signed tree head (size, root, time, signed note); null if none yet."
     )
+    vkey: str | None = Field(
+        default=None,
+        description="The signer's C2SP verifier key, as the daemon says: pin it out of band "
+        "(`checkpoint.vkey` in the state dir) before trusting what it verifies.",
+    )
 
 
 async def ledger_checkpoint(daemon: Daemon, data: CheckpointIn, ctx: ToolContext) -> CheckpointOut:
     if data.create:
         require(ctx, "admin", "signing a checkpoint (create=true)")
     cp = await daemon.ledger.checkpoint() if data.create else daemon.ledger.latest_checkpoint()
-    return CheckpointOut(checkpoint=None if cp is None else cp.model_dump(mode="json"))
+    return CheckpointOut(
+        checkpoint=None if cp is None else cp.model_dump(mode="json"), vkey=daemon.ledger.vkey
+    )
 
 
 class ChainIn(_In):
@@ -1116,6 +1213,24 @@ def _tools() -> list[Tool[Any, Any]]:
             scope="submit",
         ),
         Tool(
+            "run_replay",
+            "Rebuild a run's state from the ledger alone as it stood after entry `at` (default: "
+            "now), without calling any model: model replies are in the record. Use it to see "
+            "what a run looked like at a point in its history.",
+            ReplayIn,
+            RunOut,
+            run_replay,
+        ),
+        Tool(
+            "run_compare",
+            "Compare two runs side by side from the record: state, tasks, model calls, tokens, "
+            "wall time, escalations, verdicts and answers. Use it to show that a change to a "
+            "roster, model or prompt helped.",
+            CompareIn,
+            CompareOut,
+            run_compare,
+        ),
+        Tool(
             "ledger_verify",
             "Verify the ledger: the hash chain, the Merkle tree and (deep=true) every stored "
             "body. Reports the first bad entry, redacted and tampered bodies. Use it to check "
@@ -1261,6 +1376,8 @@ ERRORS: dict[str, tuple[type[TallyError], ...]] = {
     "run_get": (NotFound,),
     "run_cancel": (NotFound, Unavailable),
     "run_resume": (NotFound, Conflict, Unavailable),
+    "run_replay": (NotFound,),
+    "run_compare": (NotFound,),
     "ledger_get": (NotFound,),
     "ledger_proof": (NotFound,),
     "ledger_checkpoint": (Unavailable,),

@@ -123,6 +123,14 @@ class DaemonClient:
                 raise DaemonError(503, "disconnected", "the daemon closed the connection") from None
             raise DaemonDown(self.endpoint.where) from None
 
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST JSON to a route that is not a tool (e.g. /v1/console/code)."""
+        try:
+            async with self.session().post(f"{self.base}{path}", json=body) as resp:
+                return await _json_or_raise(resp)
+        except (aiohttp.ClientConnectionError, FileNotFoundError, ConnectionRefusedError):
+            raise DaemonDown(self.endpoint.where) from None
+
     async def get_text(self, path: str) -> str:
         try:
             async with self.session().get(f"{self.base}{path}") as resp:

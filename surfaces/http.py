@@ -39,7 +39,7 @@ from pydantic_core import to_jsonable_python
 from daemon.clients import DEFAULT, OWNER, Client, Scope
 from daemon.errors import Busy, TallyError
 from daemon.tools import ERRORS, TOOLS, SubmitIn, Tool, ToolContext
-from surfaces import metrics
+from surfaces import console, metrics
 from surfaces.auth import bearer_ok
 from surfaces.gateway import add_routes as gateway_routes
 from surfaces.notify import sd_notify, watchdog_task
@@ -169,9 +169,19 @@ def _refuse(request: web.Request, options: HttpOptions) -> web.Response | None:
         request[CLIENT] = OWNER
     else:
         client = _bearer_client(request, options)
+        if client is None and console.COOKIE in request.cookies:
+            known = {r.name for r in request.app[DAEMON].clients.records()}
+            client = console.cookie_client(request, known)
+            # A cookie rides along with requests other pages make (another local port is the
+            # same "site"): a POST needs the console's own Origin, and no other Origin passes.
+            crossed = origin is not None or request.method not in ("GET", "HEAD")
+            if client is not None and crossed and not console.same_origin(request):
+                return error_response(
+                    403, "forbidden_origin", "a console request needs the console's own Origin"
+                )
         if client is None:
-            if request.path == "/healthz":  # liveness for probes: no token, no details
-                return None
+            if request.path == "/healthz" or request.path in console.PUBLIC:
+                return None  # liveness for probes (no details); the console's code exchange
             return error_response(
                 401,
                 "unauthorized",
@@ -636,6 +646,7 @@ def create_app(daemon: Daemon, options: HttpOptions | None = None) -> web.Applic
     app.router.add_get("/openapi.json", get_openapi)
     app.router.add_get("/healthz", healthz)
     gateway_routes(app)
+    console.register(app)
     return app
 
 
@@ -706,6 +717,7 @@ async def serve(
             host, port = parse_tcp(listen.tcp)
             await web.TCPSite(runner, host, port).start()
             where.append(f"http://{listen.tcp}")
+            console.set_base(runner.app, f"http://{listen.tcp}")
         if announce is not None:
             announce(where)
         sd_notify(f"READY=1\nSTATUS=listening on {', '.join(where)}")

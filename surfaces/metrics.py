@@ -54,6 +54,7 @@ def render(daemon: Daemon) -> str:
     name = "tally_event_loop_lag_seconds"
     out.family(name, "histogram", "How late the event loop woke a 100 ms timer.")
     _histogram(out, name, lag.cumulative(), lag.total)
+    _histograms(out, daemon)
     return "\n".join(out.lines) + "\n"
 
 
@@ -182,3 +183,16 @@ def _gateway(out: _Text, daemon: Daemon) -> None:
         for (client, model), u in usage:
             h = getattr(u, attr)
             _histogram(out, name, h.cumulative(), h.total, client=client, model=model)
+
+
+def _histograms(out: _Text, daemon: Daemon) -> None:
+    for h in daemon.timings.histograms:
+        out.family(h.name, "histogram", h.help)
+        for label in sorted(h.counts):
+            labels = {h.label: label}
+            pairs = h.cumulative(label)
+            for bound, count in pairs:
+                le = "+Inf" if math.isinf(bound) else repr(float(bound))
+                out.sample(f"{h.name}_bucket", count, **labels, le=le)
+            out.sample(f"{h.name}_sum", float(h.sums[label]), **labels)
+            out.sample(f"{h.name}_count", pairs[-1][1], **labels)

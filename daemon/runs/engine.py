@@ -13,10 +13,11 @@ import asyncio
 import builtins
 import collections
 import contextlib
+import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ from daemon.runs import entries as k
 from daemon.runs.budget import BudgetExhausted, Meter, limits
 from daemon.runs.dispatch import Capacity, Node, dispatch, levels
 from daemon.runs.executors import Stub, chat_messages, clip, echo_stub, run_command, upstream_block
-from daemon.runs.ports import LedgerPort, PoolPort, RouterPort
+from daemon.runs.ports import EntryLike, LedgerPort, PoolPort, RouterPort
 from daemon.runs.repetition import cut_loop
 from daemon.runs.replay import RedactedAfterSnapshot, apply, replay
 from daemon.runs.sandbox import Confinement, admit_commands
@@ -35,6 +36,11 @@ from daemon.runs.snapshot import Snapshot
 from daemon.runs.state import FINAL, STOPPED, Census, Limits, RunEvent, RunView
 from daemon.slots.records import ledger_timings
 from roster.models import Budget, Lane, Roster
+
+log = logging.getLogger(__name__)
+
+Watcher = Callable[[EntryLike, dict[str, Any]], None]
+"""Sees each run entry the engine witnesses (seq, ts, kind, run, parent) with its body."""
 
 RESULT_CAP = 64 * 1024
 """A task output kept in the record and in memory is cut to this many characters."""
@@ -106,6 +112,7 @@ class Engine:
             collections.OrderedDict()
         )
         self._listeners: dict[str, set[asyncio.Queue[RunEvent]]] = {}
+        self._watchers: builtins.list[Watcher] = []
         self._finished: OrderedDict[str, None] = OrderedDict()
         self._closing = False
         self._appending = 0
@@ -211,6 +218,12 @@ class Engine:
                 listeners.discard(queue)
                 if not listeners:
                     del self._listeners[run_id]
+
+    def watch(self, watcher: Watcher) -> Callable[[], None]:
+        """Call `watcher(entry, body)` after every entry the engine witnesses
+        (metrics, traces, the console's run feed); returns the function that stops it."""
+        self._watchers.append(watcher)
+        return lambda: self._watchers.remove(watcher) if watcher in self._watchers else None
 
     # ---------------------------------------------------------------- control
 
@@ -453,6 +466,11 @@ class Engine:
             self._apply(entry.seq, entry.ts, kind, run_id, body)
         finally:
             self._appending -= 1
+        for watcher in self._watchers:
+            try:
+                watcher(entry, body)
+            except Exception:  # an observer's fault must never fail the run it observes
+                log.exception("a run watcher failed on %s", kind)
         listeners = self._listeners.get(run_id)
         if listeners:
             event = RunEvent(seq=entry.seq, kind=kind, data=body)

@@ -28,11 +28,13 @@ from types import ModuleType
 
 from surfaces.cli import (
     clients,
+    console,
     doctor,
     ledger,
     mcp,
     models,
     plan,
+    reading,
     roster,
     route,
     runs,
@@ -42,7 +44,8 @@ from surfaces.cli import (
 )
 
 GROUPS: list[ModuleType] = [
-    version, serve, mcp, runs, ledger, roster, route, plan, slots, models, doctor, clients
+    version, serve, mcp, runs, ledger, roster, route, plan, slots, models, doctor, clients,
+    console, reading,
 ]  # fmt: skip
 
 _GC_DEFAULT = gc.get_threshold()

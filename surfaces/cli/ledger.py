@@ -122,6 +122,10 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     checkpoint = sub.add_parser("checkpoint", parents=[common], help="the latest checkpoint")
     checkpoint.set_defaults(run=_runner(_checkpoint))
 
+    from surfaces.cli.reading import register_summary  # stdlib only at import, as this module
+
+    register_summary(sub)
+
 
 def _runner(
     command: Command, tail_check: int | None = None, reports: bool = False

@@ -1,0 +1,138 @@
+"""Latency histograms read off the run entries as the engine witnesses them (an Engine
+watcher), so /metrics costs O(buckets) and the figures agree with the record:
+
+- run latency by final state: run.request → the run.state that ends it;
+- model-call latency by member: model.call → its model.reply;
+- time to first token by member: the server's prompt time (llama.cpp `timings.prompt_us`);
+- tokens per second by member: `predicted_n / predicted_us` (else completion tokens / latency);
+- queue wait by tier: task.start → the task's model.call (the slot lease happens in between).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from daemon.runs import entries as k
+from daemon.runs.ports import EntryLike
+from daemon.runs.state import FINAL
+
+SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+RATES = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0)
+PENDING_CAP = 100_000
+"""Open calls and starts remembered at most (a lost reply must not grow memory forever)."""
+
+
+@dataclass
+class Histogram:
+    name: str
+    help: str
+    label: str
+    bounds: tuple[float, ...]
+    counts: dict[str, list[int]] = field(default_factory=dict)
+    sums: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, label: str, value: float) -> None:
+        counts = self.counts.setdefault(label, [0] * (len(self.bounds) + 1))
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                counts[i] += 1
+                break
+        else:
+            counts[-1] += 1
+        self.sums[label] = self.sums.get(label, 0.0) + value
+
+    def cumulative(self, label: str) -> list[tuple[float, int]]:
+        """(le, count) pairs ending with +Inf, as Prometheus wants them."""
+        total, out = 0, []
+        for bound, n in zip((*self.bounds, float("inf")), self.counts[label], strict=True):
+            total += n
+            out.append((bound, total))
+        return out
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class RunTimings:
+    """The engine watcher that keeps the histograms."""
+
+    def __init__(self) -> None:
+        self.run_seconds = Histogram(
+            "tally_run_seconds", "Run latency, request to final state.", "state", SECONDS
+        )
+        self.call_seconds = Histogram(
+            "tally_model_call_seconds", "Model call latency, call to reply.", "member", SECONDS
+        )
+        self.ttft_seconds = Histogram(
+            "tally_model_ttft_seconds",
+            "Time to first token (the server's prompt processing time).",
+            "member",
+            SECONDS,
+        )
+        self.tokens_per_second = Histogram(
+            "tally_model_tokens_per_second", "Generation speed per call.", "member", RATES
+        )
+        self.queue_seconds = Histogram(
+            "tally_queue_wait_seconds", "Task start to its model call (slot wait).", "tier", SECONDS
+        )
+        self.histograms = (
+            self.run_seconds,
+            self.call_seconds,
+            self.ttft_seconds,
+            self.tokens_per_second,
+            self.queue_seconds,
+        )
+        self._runs: dict[str, int] = {}
+        self._calls: dict[int, tuple[str, int]] = {}
+        self._starts: dict[tuple[str, str], tuple[str, int]] = {}
+
+    def __call__(self, entry: EntryLike, body: dict[str, Any]) -> None:
+        run, seq, ts, kind = str(entry.run), entry.seq, entry.ts, entry.kind
+        if kind == k.REQUEST:
+            self._remember(self._runs, run, ts)
+        elif kind == k.STATE and body.get("state") in FINAL:
+            started = self._runs.pop(run, None)
+            if started is not None:
+                self.run_seconds.observe(str(body["state"]), (ts - started) / 1e6)
+        elif kind == k.INTERRUPTED:
+            self._runs.pop(run, None)
+        elif kind == k.TASK_START and body.get("tier"):
+            self._remember(self._starts, (run, str(body.get("task"))), (str(body["tier"]), ts))
+        elif kind == k.MODEL_CALL:
+            self._model_call(run, seq, ts, body)
+        elif kind == k.MODEL_REPLY:
+            self._model_reply(entry.parent, ts, body)
+
+    def _remember(self, table: dict[Any, Any], key: Any, value: Any) -> None:
+        if len(table) >= PENDING_CAP:
+            table.pop(next(iter(table)))
+        table[key] = value
+
+    def _model_call(self, run: str, seq: int, ts: int, body: dict[str, Any]) -> None:
+        self._remember(self._calls, seq, (str(body.get("member")), ts))
+        if body.get("purpose") == "task":
+            start = self._starts.pop((run, str(body.get("task"))), None)
+            if start is not None:
+                self.queue_seconds.observe(start[0], (ts - start[1]) / 1e6)
+
+    def _model_reply(self, parent: int | None, ts: int, body: dict[str, Any]) -> None:
+        call = self._calls.pop(parent, None) if parent is not None else None
+        if call is None or body.get("error") is not None:
+            return
+        member, called = call
+        latency = (ts - called) / 1e6
+        self.call_seconds.observe(member, latency)
+        timings = body.get("timings") if isinstance(body.get("timings"), dict) else {}
+        assert isinstance(timings, dict)
+        prompt_us = _int(timings.get("prompt_us"))
+        if prompt_us is not None:
+            self.ttft_seconds.observe(member, prompt_us / 1e6)
+        n, us = _int(timings.get("predicted_n")), _int(timings.get("predicted_us"))
+        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        assert isinstance(usage, dict)
+        if n and us:
+            self.tokens_per_second.observe(member, n / (us / 1e6))
+        elif _int(usage.get("completion_tokens")) and latency > 0:
+            self.tokens_per_second.observe(member, usage["completion_tokens"] / latency)

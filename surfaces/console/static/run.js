@@ -1,0 +1,159 @@
+// A run: the DAG with live states, a timeline, each task's attempts and output, the answer,
+// cancel and resume. Live over the run's SSE stream; the rest through the tool registry.
+import { runEntries, stream, tool } from "./api.js";
+import { fail, h, json } from "./dom.js";
+import { dag } from "./graph.js";
+
+// Per task, its attempts as the record tells them.
+export function attempts(entries) {
+  const tasks = new Map();
+  const byCall = new Map();
+  let current = null;
+  const task = (id) => {
+    if (!tasks.has(id)) tasks.set(id, []);
+    return tasks.get(id);
+  };
+  for (const e of entries) {
+    const b = e.content || {};
+    if (e.kind === "task.start") {
+      current = { attempt: b.attempt, tier: b.tier, start: e.ts, calls: [], seq: e.seq };
+      task(b.task).push(current);
+    } else if (e.kind === "model.call" && b.task) {
+      const att = task(b.task).at(-1);
+      const call = { member: b.member, instance: b.instance, slot: b.slot, at: e.ts, seq: e.seq };
+      if (att) att.calls.push(call);
+      byCall.set(e.seq, call);
+    } else if (e.kind === "model.reply") {
+      const call = byCall.get(e.parent);
+      if (call) {
+        call.done = e.ts;
+        call.usage = b.usage;
+        call.timings = b.timings;
+        call.error = b.error;
+      }
+    } else if (["task.result", "task.verdict", "task.escalate", "command.run"].includes(e.kind)) {
+      const att = task(b.task).at(-1);
+      if (!att) continue;
+      if (e.kind === "task.result") Object.assign(att, { end: e.ts, output: b.output, error: b.error, ok: b.ok });
+      if (e.kind === "task.verdict") att.verdict = { ok: b.ok, failures: b.failures, judge: b.judge, next: b.next };
+      if (e.kind === "task.escalate") att.escalate = { from: b.from_tier, to: b.to_tier, reason: b.reason };
+      if (e.kind === "command.run") att.command = { exit: b.exit_code, ms: b.duration_ms };
+    }
+  }
+  return tasks;
+}
+
+function timeline(entries, tasks) {
+  if (!entries.length) return h("p", {}, "no entries yet");
+  const t0 = entries[0].ts;
+  const t1 = Math.max(entries.at(-1).ts, t0 + 1);
+  const pct = (t) => `${(((t - t0) / (t1 - t0)) * 100).toFixed(2)}%`;
+  const rows = [];
+  let peak = 0;
+  const spans = [];
+  for (const [id, list] of tasks) {
+    const bars = [];
+    for (const a of list) {
+      const end = a.end || entries.at(-1).ts;
+      spans.push([a.start, end]);
+      const first = a.calls[0];
+      const queued = first ? first.at : end;
+      const wait = h("span", { class: "bar wait", title: `queue wait ${((queued - a.start) / 1000).toFixed(0)} ms` });
+      wait.style.left = pct(a.start);
+      wait.style.width = pct(t0 + queued - a.start);
+      const model = h("span", { class: "bar model", title: `attempt ${a.attempt}: ${((end - queued) / 1000).toFixed(0)} ms` });
+      model.style.left = pct(queued);
+      model.style.width = pct(t0 + Math.max(end - queued, 0));
+      bars.push(wait, model);
+    }
+    rows.push(h("div", { class: "tl-row" }, h("span", { class: "tl-label" }, id), h("span", { class: "tl-track" }, bars)));
+  }
+  for (const [s] of spans) peak = Math.max(peak, spans.filter(([a, b]) => a <= s && s < b).length);
+  return h("div", { id: "timeline" },
+    h("p", {}, `makespan ${((t1 - t0) / 1000).toFixed(0)} ms · peak parallelism ${peak} · grey = queue wait, blue = model/executor`),
+    rows);
+}
+
+function attemptView(a, streaming) {
+  const calls = a.calls.map((c) => {
+    const u = c.usage || {};
+    const ms = c.done ? ((c.done - c.at) / 1000).toFixed(0) : "…";
+    return h("li", {}, `${c.member} #${c.instance} slot ${c.slot} · ${u.prompt_tokens ?? "?"}+${u.completion_tokens ?? "?"} tokens · ${ms} ms`, c.error ? ` · error: ${c.error}` : "");
+  });
+  const v = a.verdict;
+  return h("div", { class: "attempt" },
+    h("div", {}, `attempt ${a.attempt}${a.tier ? ` on ${a.tier}` : ""}`, a.command ? ` · exit ${a.command.exit} in ${a.command.ms} ms` : ""),
+    h("ul", {}, calls),
+    v ? h("div", { class: v.ok ? "ok" : "bad" }, `verdict: ${v.ok ? "pass" : "fail"} → ${v.next}`, v.failures?.length ? ` (${v.failures.join("; ")})` : "", v.judge ? ` · judge: ${v.judge.reason || v.judge.ok}` : "") : null,
+    a.escalate ? h("div", { class: "bad" }, `escalated ${a.escalate.from} → ${a.escalate.to}: ${a.escalate.reason}`) : null,
+    a.error ? h("div", { class: "bad" }, `error: ${a.error}`) : null,
+    h("details", { class: "output", open: a.output === undefined && streaming ? true : undefined },
+      h("summary", {}, a.output === undefined ? "output (streaming)" : "output"),
+      h("pre", {}, a.output ?? (streaming || "(running)"))));
+}
+
+export async function runPage(main, id) {
+  let entries = [];
+  let run = null;
+  const streaming = new Map(); // task id -> the tokens streamed so far by its running attempt
+  const head = h("div", { id: "run-head" });
+  const graph = h("div", { id: "graph" });
+  const time = h("div");
+  const taskList = h("div", { id: "tasks" });
+  const live = h("pre", { id: "live" });
+  const answer = h("div", { id: "answer" });
+  const note = h("div");
+  main.append(h("h1", {}, "Run ", h("code", {}, id)), head, note,
+    h("h2", {}, "Tasks"), graph, h("h2", {}, "Timeline"), time, h("h2", {}, "Attempts"), taskList,
+    h("h2", {}, "Answer"), live, answer);
+  const act = (name) => async () => {
+    note.replaceChildren();
+    try { await tool(name, { run_id: id }); await refresh(); } catch (err) { fail(note, err); }
+  };
+  const draw = () => {
+    const per = attempts(entries);
+    head.replaceChildren(
+      h("p", {}, h("span", { id: "run-state", class: `state-${run.state}` }, run.state), ` · lane ${run.lane || "?"} · client ${run.client || "?"} · ${run.spent.model_calls} calls · ${run.spent.tokens} tokens · ${run.spent.wall_ms} ms`),
+      h("p", { class: "request" }, run.request),
+      h("button", { id: "cancel", onclick: act("run_cancel") }, "Cancel"), " ",
+      h("button", { id: "resume", onclick: act("run_resume") }, "Resume"), " ",
+      h("a", { href: `#/ledger/run/${encodeURIComponent(id)}` }, "entries in the ledger"));
+    graph.replaceChildren(dag(run.tasks));
+    time.replaceChildren(timeline(entries, per));
+    taskList.replaceChildren(...run.tasks.map((t) => h("section", { class: "task", "data-task": t.id },
+      h("h3", {}, `${t.id} · ${t.lane} · ${t.state}`),
+      (per.get(t.id) || []).map((a, i, all) => attemptView(a, i === all.length - 1 ? streaming.get(t.id) : undefined)))));
+    answer.replaceChildren(run.answer ? h("pre", { id: "answer-text" }, run.answer) : h("p", {}, "no answer yet"));
+    live.hidden = Boolean(run.answer) || !live.textContent; // the streamed answer, until it is witnessed
+  };
+  const refresh = async () => {
+    run = await tool("run_get", { run_id: id });
+    entries = entries.concat(await runEntries(id, entries.length ? entries.at(-1).seq : run.request_seq - 1));
+    draw();
+  };
+  let timer = null;
+  const soon = (ev) => {
+    if (ev && ev.type === "task.start") streaming.delete(JSON.parse(ev.data).task);
+    timer ||= setTimeout(() => { timer = null; refresh().catch((e) => fail(note, e)); }, 250); };
+  await refresh();
+  const source = stream(`/v1/runs/${encodeURIComponent(id)}/events?after=${entries.length ? entries.at(-1).seq : ""}`, {
+    delta: (d) => {
+      if (!d.task) {
+        live.textContent += d.text;
+        live.hidden = false;
+        return;
+      }
+      streaming.set(d.task, (streaming.get(d.task) || "") + d.text);
+      const pre = taskList.querySelector(`section[data-task="${CSS.escape(d.task)}"] .attempt:last-child details.output pre`);
+      if (pre && pre.parentElement.firstChild.textContent !== "output") pre.textContent = streaming.get(d.task);
+    },
+    end: () => { source.close(); soon(); },
+  });
+  source.onmessage = soon;
+  for (const kind of ["task.start", "task.result", "task.verdict", "task.escalate", "task.skip", "model.call", "model.reply", "run.plan", "run.route", "run.answer", "run.state", "run.cancel", "run.resume", "run.interrupted"]) {
+    source.addEventListener(kind, soon);
+  }
+  return () => { source.close(); clearTimeout(timer); };
+}
+
+export { json };

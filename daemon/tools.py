@@ -482,11 +482,8 @@ class ProgressSteps:
 
 
 async def run_get(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
-    view = daemon.engine.get(data.run_id)
-    if view.tasks and view.plan is None:
-        # An old finished run keeps only a summary in memory; its record has the rest.
-        view = await daemon.engine.detail(data.run_id)
-    return run_out(view)
+    # An old finished run keeps a summary in memory, or nothing; its record has the rest.
+    return run_out(await daemon.engine.find(data.run_id))
 
 
 class RunsIn(_In):

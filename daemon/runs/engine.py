@@ -3,8 +3,11 @@
 Every step is witnessed in the ledger with a causal parent (see `daemon.runs.entries`), and
 the live run state is the replay reducer applied to exactly those entries, so what a client
 reads and what replay rebuilds are the same thing. Run state is kept in memory (O(1) reads);
-finished runs beyond `keep_full` are compacted to summaries, and `detail()` re-reads one run
-from the ledger.
+finished runs beyond `[policy] keep_runs` are compacted to summaries, summaries beyond
+`keep_summaries` more are dropped, and `find()` / `detail()` read such a run back from the
+ledger. Idempotency keys live `key_ttl_s` (24 h) and at most `max_keys` of them are kept.
+Each view's snapshot encoding is cached until the view changes, so a snapshot costs the loop
+only the runs that changed since the last one.
 """
 
 from __future__ import annotations
@@ -74,8 +77,6 @@ class EngineOptions:
     """Tier or member asked to plan when the client gives no plan; None = the roster's policy."""
     judge: str | None = None
     """Tier or member asked to judge a task's output; None = the roster's policy."""
-    keep_full: int = 256
-    """Finished runs kept in full in memory; older ones keep a summary."""
     command_timeout_s: float = 60.0
     confinement: Confinement = field(default_factory=Confinement)
     """Paths no command task may see and where task dirs go (the daemon's own dirs)."""
@@ -114,6 +115,9 @@ class Engine:
         self._listeners: dict[str, set[asyncio.Queue[RunEvent]]] = {}
         self._watchers: builtins.list[Watcher] = []
         self._finished: OrderedDict[str, None] = OrderedDict()
+        """Finished runs in full, oldest first (bounded by `keep_runs`)."""
+        self._compacted: OrderedDict[str, None] = OrderedDict()
+        """Every finished run still in memory, oldest first (`keep_runs + keep_summaries`)."""
         self._closing = False
         self._appending = 0
         self._appending_requests = 0
@@ -167,16 +171,34 @@ class Engine:
         found = [v for v in reversed(self._views.values()) if state is None or v.state == state]
         return [v.model_copy(deep=True) for v in found[:limit]]
 
-    async def detail(self, run_id: str) -> RunView:
-        """The run in full, re-read from the ledger (for compacted finished runs)."""
+    async def find(self, run_id: str) -> RunView:
+        """The run in full: from memory, or read back from the ledger for what memory holds
+        only in part (a summary, a view restored without task results) or not at all."""
         view = self._views.get(run_id)
         if view is None:
-            raise NotFound(f"no run {run_id}", details={"run": run_id})
+            return await self._read_back(run_id)
+        if _partial(view):  # compacted, or restored from a snapshot (no task results)
+            return await self.detail(run_id)
+        return view.model_copy(deep=True)
+
+    async def detail(self, run_id: str) -> RunView:
+        """The run in full, re-read from the ledger (for compacted or dropped finished runs)."""
+        view = self._views.get(run_id)
+        if view is None:
+            return await self._read_back(run_id)
         views = await replay(self.ledger, run=run_id)
         return views.get(run_id, view)
 
+    async def _read_back(self, run_id: str) -> RunView:
+        views = await replay(self.ledger, run=run_id)
+        view = views.get(run_id)
+        if view is None:
+            raise NotFound(f"no run {run_id}", details={"run": run_id})
+        return view
+
     async def wait(self, run_id: str, timeout: float | None = None) -> RunView:
-        self.get(run_id)
+        if run_id not in self._views:
+            return await self.find(run_id)
         ctx = self._runs.get(run_id)
         if ctx is not None:
             with contextlib.suppress(TimeoutError):
@@ -186,7 +208,7 @@ class Engine:
 
     async def events(self, run_id: str, after: int | None = None) -> AsyncIterator[RunEvent]:
         """The run's ledger entries after `after` (plus answer `delta`s), to its stop state."""
-        view = self.get(run_id)
+        view = await self.find(run_id)
         queue: asyncio.Queue[RunEvent] = asyncio.Queue()
         self._listeners.setdefault(run_id, set()).add(queue)
         try:
@@ -201,7 +223,8 @@ class Engine:
                 if len(batch) < 500:
                     break
                 start = batch[-1].seq + 1
-            if self._views[run_id].state in STOPPED and run_id not in self._runs:
+            live = self._views.get(run_id)
+            if (live is None or live.state in STOPPED) and run_id not in self._runs:
                 return
             while True:
                 event = await queue.get()
@@ -244,7 +267,7 @@ class Engine:
         known = self._key(idempotency_key)
         if known is not None:
             run_id = await asyncio.shield(known)
-            existing = self.get(run_id)
+            existing = await self.find(run_id)
             if existing.request != request:
                 raise Conflict(
                     "this Idempotency-Key was used for a different request",
@@ -331,6 +354,8 @@ class Engine:
         return sum(1 for ctx in self._runs.values() if ctx.task is not None and not ctx.task.done())
 
     async def cancel(self, run_id: str, reason: str = "cancelled by request") -> RunView:
+        if run_id not in self._views:
+            return await self.find(run_id)  # dropped from memory: finished long ago
         view = self.get(run_id)
         if view.state in FINAL:
             return view
@@ -348,6 +373,9 @@ class Engine:
         return self.get(run_id)
 
     async def resume(self, run_id: str) -> RunView:
+        if run_id not in self._views:
+            view = await self.find(run_id)  # dropped from memory: finished long ago
+            raise Conflict(f"run {run_id} is {view.state}; only an interrupted run resumes")
         view = self.get(run_id)
         if view.state != "interrupted" or run_id in self._runs:
             raise Conflict(f"run {run_id} is {view.state}; only an interrupted run resumes")
@@ -494,9 +522,17 @@ class Engine:
             queue.put_nowait(RunEvent(seq=None, kind="delta", data={"text": text, "task": task}))
 
     def _retire(self, run_id: str) -> None:
-        """Bound memory: finished runs past `keep_full` keep a summary only."""
+        """Bound memory: finished runs past `keep_runs` keep a summary only, and summaries past
+        `keep_summaries` more leave memory (find() reads them back from the ledger). The census
+        keeps counting them: its totals are of every run the daemon knows."""
+        policy = self.roster.policy
         self._finished[run_id] = None
-        while len(self._finished) > self.options.keep_full:
+        self._compacted[run_id] = None
+        while len(self._compacted) > policy.keep_runs + policy.keep_summaries:
+            old, _ = self._compacted.popitem(last=False)
+            self._views.pop(old, None)
+            self._finished.pop(old, None)
+        while len(self._finished) > policy.keep_runs:
             old, _ = self._finished.popitem(last=False)
             view = self._views.get(old)
             if view is not None:  # replaced, not edited: a snapshot may be encoding it
@@ -1211,6 +1247,14 @@ def _with_results(summary: str, done: list[Any], results: Mapping[str, str]) -> 
     for task in done:
         parts.append(f"## {task.id} ({task.lane})\n\n{results.get(task.id, '').strip()}")
     return "\n\n".join(parts)
+
+
+def _partial(view: RunView) -> bool:
+    """Memory holds less than the record: a summary, or done tasks whose results were left
+    out of the snapshot the view was restored from."""
+    if view.tasks and view.plan is None:
+        return True
+    return any(t.state == "done" and t.result is None for t in view.tasks)
 
 
 def _ends(event: RunEvent) -> bool:

@@ -157,7 +157,7 @@ async def open_ledger(state_dir: Path) -> tuple[Any, str]:
 def engine_on(ledger: Any, max_runs: int = 64) -> Engine:
     roster = make_roster(max_runs=max_runs, max_parallel=8)
     pool = ScriptedPool(roster, lambda member, messages: "combined", slots=64)
-    return Engine(ledger, pool, roster, KeywordRouter(roster), options=EngineOptions(keep_full=64))
+    return Engine(ledger, pool, roster, KeywordRouter(roster), options=EngineOptions())
 
 
 async def task_latencies(ledger: Any, run_ids: list[str]) -> list[float]:

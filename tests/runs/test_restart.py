@@ -63,7 +63,7 @@ async def test_start_from_the_snapshot_equals_a_full_replay(fleet: Factory) -> N
         # `detail` reads it back whole; a run in flight comes back whole
         for run_id in ids:
             assert again.engine.get(run_id).model_dump() == full[run_id].compacted().model_dump()
-            whole = await again.engine.detail(run_id)
+            whole = await again.engine.find(run_id)
             assert whole.model_dump() == full[run_id].model_dump()
         assert again.engine.get("rX").model_dump() == full["rX"].model_dump()
         kinds = [e.kind for e in await again.ledger.entries(start=0, limit=100, run="rX")]

@@ -4,7 +4,6 @@ errors, auth, SSE, metrics, OpenAPI."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 from pathlib import Path
@@ -555,7 +554,8 @@ async def test_submit_can_ask_for_barrier_dispatch(client: Client, daemon: Daemo
 async def test_run_get_reads_an_old_finished_run_back_from_the_ledger(
     client: Client, daemon: Daemon
 ) -> None:
-    daemon.engine.options = dataclasses.replace(daemon.engine.options, keep_full=1)
+    policy = daemon.engine.roster.policy.model_copy(update={"keep_runs": 1})
+    daemon.engine.roster = daemon.engine.roster.model_copy(update={"policy": policy})
     first = await call(client, "submit", request="the api", plan=two_tasks(), wait=True)
     await call(client, "submit", request="more api", plan=two_tasks("more"), wait=True)
     assert daemon.engine.get(first["id"]).tasks[0].result is None  # compacted in memory

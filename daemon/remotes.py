@@ -207,8 +207,8 @@ async def _remote_replies(
     start = 0
     while len(found) < limit:
         batch = await ledger.entries(start=start, limit=1000, kind="model.reply", run=run)
-        for entry in batch:
-            body = await ledger.body(entry.body) if entry.body else None
+        bodies = await ledger.read_bodies([entry.body for entry in batch])
+        for entry, (_, body) in zip(batch, bodies, strict=True):
             if not isinstance(body, dict):
                 continue
             remote = body.get("remote")

@@ -35,6 +35,7 @@ from daemon.errors import (
 )
 from daemon.gateway import REPLY as GATEWAY_REPLY
 from daemon.ledger.canonical import MAX_SAFE_INT
+from daemon.ledger.entry import Body, BodyState
 from daemon.planning import Plan, Task, problems, waves
 from daemon.runs import entries as k
 from daemon.runs.replay import replay
@@ -174,6 +175,12 @@ class EntryOut(_Out):
         default=None, description="The body's JSON when requested and present."
     )
     redacted: bool = Field(default=False, description="True if the body was redacted.")
+    body_state: BodyState | None = Field(
+        default=None,
+        description="When content was requested: present (content holds it, a JSON null "
+        "included), redacted, missing (no stored body) or tampered (the stored bytes do not "
+        "hash to `body`); none when the entry has no body.",
+    )
     line: str | None = Field(
         default=None,
         description="The entry's line as stored (its RFC 9162 leaf is SHA-256(0x00 || line)), "
@@ -181,23 +188,28 @@ class EntryOut(_Out):
     )
 
 
-def entry_out(entry: Entry, content: Any = None, *, redacted: bool = False) -> EntryOut:
+def entry_out(entry: Entry, body: Body | None = None) -> EntryOut:
+    """`body`: the entry's body as read, when the client asked for content."""
     # `hash` is derived, so Entry leaves it out of its dump; the published entry carries it.
     data = entry.model_dump(mode="json")
+    if body is None:
+        return EntryOut.model_validate({**data, "hash": entry.hash})
     return EntryOut.model_validate(
-        {**data, "hash": entry.hash, "content": content, "redacted": redacted}
+        {
+            **data,
+            "hash": entry.hash,
+            "content": body.value,
+            "redacted": body.state == "redacted",
+            "body_state": body.state,
+        }
     )
 
 
 async def _with_bodies(daemon: Daemon, entries: list[Entry], bodies: bool) -> list[EntryOut]:
-    out = []
-    for e in entries:
-        if bodies and e.body is not None:
-            content = await daemon.ledger.body(e.body)
-            out.append(entry_out(e, content, redacted=content is None))
-        else:
-            out.append(entry_out(e))
-    return out
+    if not bodies:
+        return [entry_out(e) for e in entries]
+    read = await daemon.ledger.read_bodies([e.body for e in entries])
+    return [entry_out(e, body) for e, body in zip(entries, read, strict=True)]
 
 
 class EntriesOut(_Out):
@@ -559,11 +571,11 @@ async def _compare_side(daemon: Daemon, run_id: str) -> CompareSide:
     start = view.request_seq
     while True:
         batch = await daemon.ledger.entries(start=start, limit=1000, run=run_id)
-        for e in batch:
+        verdicts = [e.body if e.kind == k.TASK_VERDICT else None for e in batch]
+        for e, (_, body) in zip(batch, await daemon.ledger.read_bodies(verdicts), strict=True):
             if e.kind == k.TASK_ESCALATE:
                 counts[k.TASK_ESCALATE] += 1
             elif e.kind == k.TASK_VERDICT and e.body is not None:
-                body = await daemon.ledger.body(e.body)
                 counts["ok" if isinstance(body, dict) and body.get("ok") else "failed"] += 1
         if len(batch) < 1000:
             break
@@ -935,9 +947,8 @@ async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> S
     start = 0
     while True:
         batch = await daemon.ledger.entries(start=start, limit=1000, run=data.run)
-        for e in batch:
-            wanted = e.body if e.kind in _Tally.READS else None
-            body = await daemon.ledger.body(wanted) if wanted is not None else None
+        wanted = [e.body if e.kind in _Tally.READS else None for e in batch]
+        for e, (_, body) in zip(batch, await daemon.ledger.read_bodies(wanted), strict=True):
             client = acc.client_of(e, body)
             if data.client is not None and client != data.client:
                 continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from json.encoder import encode_basestring as _encode_basestring
-from typing import Annotated
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,6 +18,22 @@ Hex32 = Annotated[str, Field(strict=True, pattern=r"^[0-9a-f]{64}$")]
 VERSION = 1
 GENESIS_PREV = "0" * 64
 """`prev` of entry 0: there is no earlier leaf."""
+
+
+BodyState = Literal["present", "redacted", "missing", "tampered", "none"]
+
+
+class Body(NamedTuple):
+    """An entry's body as read back: `value` is the JSON value only when `state` is "present"
+    (a stored JSON null is present with value None). "redacted": its record was zeroed by a
+    witnessed redaction; "missing": no record of it; "tampered": the stored bytes do not hash
+    to it; "none": the entry has no body."""
+
+    state: BodyState
+    value: Any = None
+
+
+NO_BODY = Body("none")
 
 
 class Entry(BaseModel):

@@ -42,6 +42,12 @@ frontier (`_head`) after every batch; every proof is checked against the root it
 it is served (the leaf re-hashed from the entry line), and a mismatch rebuilds the stored nodes
 once (logged) or refuses the proof with `LedgerCorrupt`.
 
+Reads leave the event loop. Every read that touches a file (`get`, `body`, `read_bodies`,
+`entries`, `causal_chain`, proofs, `verify`) runs in a worker thread, a batch in one hop;
+`read_body` is the blocking form. A body is read back with its state (`Body`), so null,
+missing, tampered and redacted are told apart. The body store's lock covers memory and preads
+only: the writer grows the table and fsyncs outside it.
+
 Redaction invariant. `redact` makes the `redaction` entry durable first and zeroes the body
 second. A crash in between is repaired on open: `meta.json`'s `redact_from` is the lowest seq
 of a redaction not yet zeroed when the derived files were last synced (else their size), and
@@ -61,7 +67,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,7 +79,15 @@ from daemon.errors import InvalidInput, NotFound
 from daemon.ledger.audit import VerifyReport, gap_reason, verify_files
 from daemon.ledger.canonical import NotCanonical, canonical_bytes, canonicalize, check_text
 from daemon.ledger.checkpoint import Checkpoint, Signer, load_checkpoint, save_checkpoint
-from daemon.ledger.entry import GENESIS_PREV, VERSION, Entry, fill_line, line_template
+from daemon.ledger.entry import (
+    GENESIS_PREV,
+    NO_BODY,
+    VERSION,
+    Body,
+    Entry,
+    fill_line,
+    line_template,
+)
 from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerLocked, LedgerUnwritable
 from daemon.ledger.merkle import (
     EMPTY_ROOT,
@@ -950,23 +964,35 @@ class Ledger:
     async def get(self, seq: int) -> Entry:
         if not 0 <= seq < self._size:
             raise NotFound(f"no ledger entry {seq} (size {self._size})")
-        return self._read_entry(seq)
+        return await asyncio.to_thread(self._read_entry, seq)
 
-    async def body(self, body_hash: str) -> Any:
-        """The body's JSON value, or None if it was redacted or is missing."""
+    def read_body(self, body_hash: str | None) -> Body:
+        """The body with its state (see `Body`). Blocking: a pread, a SHA-256 and a JSON
+        parse; on the event loop use `body` or `read_bodies`, which run it in a thread."""
+        if body_hash is None:
+            return NO_BODY
         try:
             digest = bytes.fromhex(body_hash)
         except ValueError:
-            return None
-        data, _ = self.bodies.read(digest)
-        if data is None or body_digest(data) != digest:
-            return None
-        return json.loads(data)
+            return Body("missing")
+        data, redacted = self.bodies.read(digest)
+        if redacted:
+            return Body("redacted")
+        if data is None:
+            return Body("missing")
+        if body_digest(data) != digest:
+            return Body("tampered")
+        return Body("present", json.loads(data))
 
-    def body_state(self, body_hash: str) -> str:
-        """'present', 'redacted' or 'missing'."""
-        data, redacted = self.bodies.read(bytes.fromhex(body_hash))
-        return "redacted" if redacted else "missing" if data is None else "present"
+    async def body(self, body_hash: str | None) -> Body:
+        """One body with its state, read in a worker thread."""
+        return await asyncio.to_thread(self.read_body, body_hash)
+
+    async def read_bodies(self, hashes: Sequence[str | None]) -> list[Body]:
+        """Many bodies in one worker-thread hop, in order (a batch of entries' bodies)."""
+        if not any(hashes):
+            return [NO_BODY] * len(hashes)
+        return await asyncio.to_thread(lambda: [self.read_body(h) for h in hashes])
 
     async def entries(
         self,
@@ -1011,10 +1037,15 @@ class Ledger:
         return found
 
     async def causal_chain(self, seq: int) -> list[Entry]:
-        """The entry and its ancestors through `parent`, root first."""
-        chain = [await self.get(seq)]
+        """The entry and its ancestors through `parent`, root first (one thread hop)."""
+        if not 0 <= seq < self._size:
+            raise NotFound(f"no ledger entry {seq} (size {self._size})")
+        return await asyncio.to_thread(self._chain, seq)
+
+    def _chain(self, seq: int) -> list[Entry]:
+        chain = [self._read_entry(seq)]
         while chain[-1].parent is not None:
-            chain.append(await self.get(chain[-1].parent))
+            chain.append(self._read_entry(chain[-1].parent))
         chain.reverse()
         return chain
 
@@ -1114,13 +1145,14 @@ class Ledger:
 
     async def _checked(self, build: Callable[[], _Proof], seq: int) -> _Proof:
         """Serve `build()`'s proof if it checks; else rebuild the stored tree once and retry;
-        else refuse (a wrong proof is never served)."""
+        else refuse (a wrong proof is never served). Built in a worker thread: O(log n) preads
+        and hashes, each of which may wait for the disk."""
         try:
-            return build()
+            return await asyncio.to_thread(build)
         except _Mismatch as first:
             await self._repair(str(first))
             try:
-                return build()
+                return await asyncio.to_thread(build)
             except _Mismatch as again:
                 raise LedgerCorrupt(
                     seq,

@@ -416,7 +416,11 @@ class BodyStore:
 
     def __init__(self, root: Path, writable: bool, table_mark: int, table_count: int) -> None:
         self.writable = writable
-        self.lock = threading.Lock()
+        # Guards the table's mapping and the pack's records against a reader on another thread
+        # while the writer swaps or rewrites them. Held only for memory operations and preads:
+        # the writer builds a grown table and fsyncs outside it. Reentrant: `rebuild_table`
+        # inserts (and may grow) while holding it.
+        self.lock = threading.RLock()
         self.pack_path, self.table_path = root / "bodies.pack", root / "bodies.idx"
         pack_path = self.pack_path
         if writable:
@@ -544,7 +548,9 @@ class BodyStore:
             i = (i + 1) & mask
 
     def _grow(self) -> None:
-        """Rehash into a table twice the size, built in memory and swapped in atomically."""
+        """Rehash into a table twice the size, built in memory and written and fsynced to a
+        new file outside the lock (the writer thread is the table's only mutator, so the old
+        mapping holds still meanwhile), then swapped in under the lock."""
         assert self.map is not None
         slots = self.slots * 2
         mask = slots - 1
@@ -567,11 +573,14 @@ class BodyStore:
             with contextlib.suppress(OSError):
                 tmp.unlink()  # a full disk must get its space back
             raise
-        os.replace(tmp, self.table_path)
-        self._unmap()
-        os.close(self.table)
-        self.table, self.slots, self.count = fd, slots, count
-        self._map()
+        access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ
+        grown = mmap.mmap(fd, slots * _SLOT.size, access=access)
+        with self.lock:
+            os.replace(tmp, self.table_path)
+            old_map, old_fd = self.map, self.table
+            self.map, self.table, self.slots, self.count = grown, fd, slots, count
+        old_map.close()
+        os.close(old_fd)
 
     def _scan_tail(self, start: int) -> None:
         """Index pack records from `start`; drop (or ignore, read-only) a torn last record."""
@@ -604,14 +613,16 @@ class BodyStore:
             return best
 
     def read(self, digest: bytes) -> tuple[bytes | None, bool]:
-        """(bytes, redacted): bytes None when missing or redacted."""
-        where = self.locate(digest)
-        if where is None:
-            return None, False
-        off, length, flags = where
-        if flags & REDACTED:
-            return None, True
-        return pread_exact(self.pack, length, off + PACK_HEADER.size), False
+        """(bytes, redacted): bytes None when missing or redacted. Under the lock, so a
+        redaction is seen whole or not at all (never its zeroes without its flag)."""
+        with self.lock:
+            where = self.locate(digest)
+            if where is None:
+                return None, False
+            off, length, flags = where
+            if flags & REDACTED:
+                return None, True
+            return pread_exact(self.pack, length, off + PACK_HEADER.size), False
 
     def has_live(self, digest: bytes) -> bool:
         table = self.map
@@ -670,7 +681,8 @@ class BodyStore:
         """Zero every live copy of this body in place and flag it; fsync. False if none.
 
         `force` rewrites copies already flagged: after a failed fsync the flag may be in the
-        page cache only.
+        page cache only. The fsync runs outside the lock: a reader waits for the page writes,
+        never for the disk.
         """
         done = False
         with self.lock:
@@ -681,11 +693,12 @@ class BodyStore:
                 h, length, flags = PACK_HEADER.unpack(pread_exact(self.pack, PACK_HEADER.size, off))
                 if h != digest or (flags & REDACTED and not force):
                     continue
-                pwrite_all(self.pack, bytes(length), off + PACK_HEADER.size)
+                # Flag first: a reader that sees the zeroed bytes also sees the flag.
                 os.pwrite(self.pack, PACK_HEADER.pack(h, length, flags | REDACTED), off)
+                pwrite_all(self.pack, bytes(length), off + PACK_HEADER.size)
                 done = True
-            if done:
-                os.fsync(self.pack)
+        if done:
+            os.fsync(self.pack)
         return done
 
     def audit(self, limit: int = 20) -> list[str]:

@@ -216,8 +216,8 @@ class Engine:
             start = view.request_seq if after is None else after + 1
             while True:
                 batch = await self.ledger.entries(start=start, limit=500, run=run_id)
-                for entry in batch:
-                    body = await self.ledger.body(entry.body) if entry.body else None
+                bodies = await self.ledger.read_bodies([entry.body for entry in batch])
+                for entry, (_, body) in zip(batch, bodies, strict=True):
                     last = entry.seq
                     yield RunEvent(seq=entry.seq, kind=entry.kind, data=body)
                 if len(batch) < 500:
@@ -770,7 +770,7 @@ class Engine:
 
     async def _request_body(self, view: RunView) -> dict[str, Any]:
         entry = await self.ledger.entries(start=view.request_seq, limit=1, run=view.id)
-        body = await self.ledger.body(entry[0].body) if entry and entry[0].body else None
+        body = (await self.ledger.body(entry[0].body)).value if entry else None
         return body if isinstance(body, dict) else {}
 
     async def _coordinate(self, ctx: _Run, lane: str, parent: int) -> tuple[Plan, int]:

@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
+from daemon.ledger.entry import Body
+
 
 class EntryLike(Protocol):
     """The fields of a ledger entry that the engine and replay read."""
@@ -41,7 +43,9 @@ class LedgerReader(Protocol):
         in_run: bool = False,
     ) -> Sequence[EntryLike]: ...
 
-    async def body(self, body_hash: str) -> Any: ...
+    async def body(self, body_hash: str | None) -> Body: ...
+
+    async def read_bodies(self, hashes: Sequence[str | None]) -> list[Body]: ...
 
 
 class LedgerPort(LedgerReader, Protocol):

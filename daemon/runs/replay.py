@@ -237,10 +237,13 @@ async def replay(
         batch = await ledger.entries(start=start, limit=page, run=run, in_run=True)
         if not batch:
             break
-        for entry in batch:
-            if until is not None and entry.seq > until:
-                return views
-            body = await ledger.body(entry.body) if entry.body else None
-            apply(views, entry.seq, entry.ts, entry.kind, entry.run, body)
         start = batch[-1].seq + 1
+        past = until is not None and batch[-1].seq > until
+        if until is not None and past:
+            batch = [entry for entry in batch if entry.seq <= until]
+        bodies = await ledger.read_bodies([entry.body for entry in batch])
+        for entry, (_, body) in zip(batch, bodies, strict=True):
+            apply(views, entry.seq, entry.ts, entry.kind, entry.run, body)
+        if past:
+            break
     return views

@@ -464,7 +464,7 @@ async def _get(ledger: Ledger, args: argparse.Namespace) -> int:
     body: Any = None
     state = None
     if entry.body is not None:
-        state, body = _read_body(ledger, entry.body)
+        state, body = await ledger.body(entry.body)
     if args.json:
         _print_json({"entry": _entry_json(entry), "body": body, "body_state": state})
         return 1 if state in ("tampered", "missing") else 0
@@ -479,24 +479,6 @@ async def _get(ledger: Ledger, args: argparse.Namespace) -> int:
     elif state is not None:
         print(f"body {state}")
     return 1 if state in ("tampered", "missing") else 0
-
-
-def _read_body(ledger: Ledger, body_hash: str) -> tuple[str, Any]:
-    """(state, value): state is present, redacted, missing or tampered (hash mismatch).
-
-    Checked here rather than with `ledger.body`, whose None also means a stored JSON null.
-    """
-    from daemon.ledger.store import body_digest
-
-    digest = bytes.fromhex(body_hash)
-    data, redacted = ledger.bodies.read(digest)
-    if redacted:
-        return "redacted", None
-    if data is None:
-        return "missing", None
-    if body_digest(data) != digest:
-        return "tampered", None
-    return "present", json.loads(data)
 
 
 async def _inclusion(ledger: Ledger, args: argparse.Namespace) -> int:

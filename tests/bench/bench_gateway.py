@@ -269,7 +269,7 @@ async def turn(
     async with session.post(daemon.bench_base + "/v1/chat/completions", json=data) as resp:
         seq = int(resp.headers["X-Tally-Seq"])
         answer = await resp.json()
-    reply = await daemon.ledger.body((await daemon.ledger.get(seq)).body)
+    reply = (await daemon.ledger.body((await daemon.ledger.get(seq)).body)).value
     text = answer["choices"][0]["message"]["content"]
     return text, int(reply["ttft_us"]), int(reply["usage"]["cached_tokens"])
 

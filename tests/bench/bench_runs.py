@@ -166,10 +166,10 @@ async def task_latencies(ledger: Any, run_ids: list[str]) -> list[float]:
         starts: dict[str, int] = {}
         for entry in await ledger.entries(start=0, limit=100_000, run=run_id):
             if entry.kind == "task.start":
-                body = await ledger.body(entry.body)
+                body = (await ledger.body(entry.body)).value
                 starts[body["task"]] = entry.ts
             elif entry.kind == "task.verdict":
-                body = await ledger.body(entry.body)
+                body = (await ledger.body(entry.body)).value
                 out.append((entry.ts - starts[body["task"]]) / 1000)
     return out
 

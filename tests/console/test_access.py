@@ -174,7 +174,7 @@ async def test_redaction_needs_an_admin_session_and_a_reason(served: Served) -> 
     status, answer = await _post(served, "ledger_redact", body, admin)
     assert status == 200
     assert answer["actor"] == "console-admin"
-    assert await served.daemon.ledger.body(request.body) is None
+    assert (await served.daemon.ledger.body(request.body)).value is None
 
 
 async def test_console_without_a_tcp_listener_says_how_to_get_one(

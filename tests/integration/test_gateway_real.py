@@ -34,7 +34,7 @@ class Real:
 
     async def bodies(self, kind: str) -> list[Any]:
         entries = await self.daemon.ledger.entries(limit=10_000, kind=kind)
-        return [(e, await self.daemon.ledger.body(e.body or "")) for e in entries]
+        return [(e, (await self.daemon.ledger.body(e.body)).value) for e in entries]
 
 
 @pytest.fixture

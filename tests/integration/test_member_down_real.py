@@ -65,14 +65,14 @@ async def test_a_run_completes_on_the_real_second_member_of_the_tier(tmp_path: P
         assert view.state == "done", view.error
         assert time.monotonic() - started < 60  # the server's start-up, not a wait for "gone"
         calls = [
-            await daemon.ledger.body(e.body or "")
+            (await daemon.ledger.body(e.body)).value
             for e in await daemon.ledger.entries(limit=10_000, kind=k.MODEL_CALL, run=view.id)
         ]
         assert calls
         assert {c["member"] for c in calls} == {"smol"}
         pool = {e.kind: e for e in await daemon.ledger.entries(limit=10_000, actor="pool")}
         assert "slot.unhealthy" in pool
-        failover = await daemon.ledger.body(pool["slot.failover"].body or "")
+        failover = (await daemon.ledger.body(pool["slot.failover"].body)).value
         assert (failover["member"], failover["detail"]["to"]) == ("gone", ["smol"])
         status = daemon.pool.status()
         assert [(m.name, m.healthy) for m in status.members] == [("gone", False), ("smol", True)]

@@ -32,11 +32,11 @@ async def test_a_real_request_completes_and_the_ledger_verifies(tmp_path: Path) 
         calls = await daemon.ledger.entries(limit=10_000, kind=k.MODEL_CALL, run=view.id)
         assert calls
         for entry in calls:
-            body = await daemon.ledger.body(entry.body or "")
+            body = (await daemon.ledger.body(entry.body)).value
             assert body["member"]
             assert isinstance(body["slot"], int)
         replies = await daemon.ledger.entries(limit=10_000, kind=k.MODEL_REPLY, run=view.id)
-        timings = (await daemon.ledger.body(replies[0].body or ""))["timings"]
+        timings = (await daemon.ledger.body(replies[0].body)).value["timings"]
         # llama.cpp reports counts and milliseconds; the ledger keeps counts and microseconds
         assert timings["predicted_n"] > 0
         assert timings["predicted_us"] > 0
@@ -73,7 +73,7 @@ async def test_a_schema_task_sends_its_schema_as_response_format(tmp_path: Path)
         view = await daemon.engine.wait(view.id, timeout=300)
         assert view.state == "done", view.error
         [call, *_] = await daemon.ledger.entries(limit=100, kind=k.MODEL_CALL, run=view.id)
-        request = (await daemon.ledger.body(call.body or ""))["request"]
+        request = (await daemon.ledger.body(call.body)).value["request"]
         assert request["response_format"]["json_schema"]["schema"] == schema
         assert view.tasks[0].attempts == 1  # the grammar made the first answer valid
     finally:

@@ -248,7 +248,7 @@ async def test_a_full_disk_degrades_then_appends_resume_without_a_restart(daemon
     ledger = await Ledger.open(state, readonly=True)
     try:
         routed = await ledger.entries(0, 100_000, kind="route.preview")
-        texts = [(await ledger.body(e.body or ""))["text"] for e in routed]
+        texts = [(await ledger.body(e.body)).value["text"] for e in routed]
     finally:
         await ledger.close()
     assert texts == acked

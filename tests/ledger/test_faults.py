@@ -102,7 +102,7 @@ async def test_a_short_write_then_enospc_leaves_no_partial_line(
     assert len(lines) == 3
     assert lines[-1] == b""
     again = await Ledger.open(state_dir, readonly=True)
-    assert [await again.body(e.body or "") for e in await again.entries(0, 10)] == [
+    assert [(await again.body(e.body)).value for e in await again.entries(0, 10)] == [
         {"i": 0},
         {"i": 2},
     ]
@@ -152,7 +152,7 @@ async def test_a_durable_batch_is_acknowledged_when_only_the_derived_sync_fails(
     await ledger.close()
     again = await Ledger.open(state_dir, readonly=True)
     assert again.size == 2
-    assert await again.body((await again.get(1)).body or "") == {"kept": True}
+    assert (await again.body((await again.get(1)).body)).value == {"kept": True}
     await again.close()
 
 

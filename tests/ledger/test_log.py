@@ -43,7 +43,7 @@ async def test_append_get_and_reopen(state_dir: Path) -> None:
     second = await ledger.append(actor="b", kind="reply", body=None, run="r1", parent=first.seq)
     assert (first.seq, second.seq, second.prev) == (0, 1, first.hash)
     assert await ledger.get(1) == second
-    assert await ledger.body(first.body or "") == {"k": 1}
+    assert (await ledger.body(first.body)).value == {"k": 1}
     assert [e.seq for e in await ledger.causal_chain(1)] == [0, 1]
     await ledger.close()
     lines = entries_path(state_dir).read_bytes().split(b"\n")
@@ -252,7 +252,7 @@ async def test_missing_index_is_rebuilt(state_dir: Path) -> None:
     again = await Ledger.open(state_dir)
     assert again.size == 100
     assert again.root() == root
-    assert await again.body((await again.get(42)).body or "") == {"i": 42}
+    assert (await again.body((await again.get(42)).body)).value == {"i": 42}
     assert (await again.verify(deep=True)).ok
     await again.close()
 
@@ -262,8 +262,8 @@ async def test_deep_verify_tampered_vs_redacted(state_dir: Path) -> None:
     entries = await fill(ledger, 6)
     secret, changed = entries[2].body or "", entries[4].body or ""
     await ledger.redact(secret, actor="admin", reason="pii")
-    assert await ledger.body(secret) is None
-    assert ledger.body_state(secret) == "redacted"
+    assert (await ledger.body(secret)).value is None
+    assert (await ledger.body(secret)).state == "redacted"
     await ledger.close()
     pack = state_dir / "ledger" / "bodies.pack"
     data = pack.read_bytes()
@@ -323,7 +323,7 @@ async def redact_then_crash(state_dir: Path, sync_in_between: bool) -> str:
     ledger._apply_redaction = crash_before_zeroing  # type: ignore[method-assign]
     witness = await ledger.redact(secret, actor="admin", reason="pii")
     assert witness.kind == "redaction"
-    assert await ledger.body(secret) == {"i": 2}  # the crash window: witnessed, still there
+    assert (await ledger.body(secret)).value == {"i": 2}  # the crash window: witnessed, still there
     if sync_in_between:
         await ledger.checkpoint()  # the witness is now inside the trusted (indexed) range
     await ledger.abandon()
@@ -337,15 +337,15 @@ async def test_a_witnessed_redaction_survives_a_crash_before_the_zeroing(
     secret = await redact_then_crash(state_dir, sync_in_between)
     again = await Ledger.open(state_dir, checkpoint_interval=None)
     assert again.size == 6
-    assert await again.body(secret) is None
-    assert again.body_state(secret) == "redacted"
+    assert (await again.body(secret)).value is None
+    assert (await again.body(secret)).state == "redacted"
     report = await again.verify(deep=True)
     assert (report.redacted, report.tampered) == ([secret], [])
     await again.close()
     assert b'{"i":2}' not in (state_dir / "ledger" / "bodies.pack").read_bytes()
     # Once applied, the redaction is not pending any more: a clean reopen has nothing to do.
     third = await Ledger.open(state_dir, checkpoint_interval=None)
-    assert third.body_state(secret) == "redacted"
+    assert (await third.body(secret)).state == "redacted"
     await third.close()
 
 
@@ -364,7 +364,7 @@ async def test_a_failed_zeroing_is_reapplied_on_open(state_dir: Path) -> None:
     await ledger.close()
     again = await Ledger.open(state_dir, checkpoint_interval=None)
     assert again.size == 4
-    assert again.body_state(secret) == "redacted"
+    assert (await again.body(secret)).state == "redacted"
     await again.close()
 
 
@@ -374,7 +374,7 @@ async def test_a_redaction_kind_without_a_witness_body_changes_nothing(state_dir
     await ledger.append(actor="t", kind="redaction", body={"note": kept.body})
     await ledger.abandon()
     again = await Ledger.open(state_dir, checkpoint_interval=None)
-    assert await again.body(kept.body or "") == {"i": 1}
+    assert (await again.body(kept.body)).value == {"i": 1}
     await again.close()
 
 
@@ -420,7 +420,7 @@ async def test_deep_verify_says_changed_or_missing_without_a_witness(state_dir: 
     data = data[:at] + bytes(32) + data[at + 32 :]
     pack.write_bytes(data.replace(b'{"i":1}', b'{"i":7}'))
     again = await Ledger.open(state_dir, readonly=True)
-    assert await again.body(gone) is None
+    assert (await again.body(gone)).value is None
     report = await again.verify(deep=True)
     assert not report.ok
     assert report.first_bad_seq == 1

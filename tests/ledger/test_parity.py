@@ -60,4 +60,4 @@ async def test_both_accept(ledger: Any, what: str, change: dict[str, Any]) -> No
     entry = await ledger.append(**({"actor": "a", "kind": "k"} | change))
     assert entry.seq == 1
     if change.get("body") is not None:
-        assert await ledger.body(entry.body) == change["body"]
+        assert (await ledger.body(entry.body)).value == change["body"]

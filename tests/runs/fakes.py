@@ -6,11 +6,12 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from daemon.ledger.entry import NO_BODY, Body
 from daemon.ledger.log import check_append
 from roster.models import Roster
 
@@ -79,8 +80,15 @@ class MemoryLedger:
     async def get(self, seq: int) -> Entry:
         return self.log[seq]
 
-    async def body(self, body_hash: str) -> Any:
-        return self.bodies.get(body_hash)
+    async def body(self, body_hash: str | None) -> Body:
+        if body_hash is None:
+            return NO_BODY
+        if body_hash not in self.bodies:
+            return Body("missing")
+        return Body("present", self.bodies[body_hash])
+
+    async def read_bodies(self, hashes: Sequence[str | None]) -> list[Body]:
+        return [await self.body(h) for h in hashes]
 
     async def entries(
         self,

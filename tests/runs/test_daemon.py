@@ -50,7 +50,7 @@ async def test_daemon_runs_a_dag_through_the_pool(tmp_path: Path) -> None:
         assert view.answer is not None
         assert "final answer" in view.answer
         calls = [
-            await daemon.ledger.body(e.body or "")
+            (await daemon.ledger.body(e.body)).value
             for e in await daemon.ledger.entries(limit=10_000, kind=k.MODEL_CALL, run=view.id)
         ]
         assert len(calls) == 4

@@ -39,7 +39,7 @@ PRINT_ARGV = "import json, sys; print(json.dumps(sys.argv[1:]))"
 
 async def bodies(daemon: Daemon, kind: str, run: str) -> list[Any]:
     found = await daemon.ledger.entries(start=0, limit=10_000, kind=kind, run=run)
-    return [await daemon.ledger.body(e.body) if e.body else None for e in found]
+    return [(await daemon.ledger.body(e.body)).value if e.body else None for e in found]
 
 
 async def kinds(daemon: Daemon, run: str) -> list[str]:

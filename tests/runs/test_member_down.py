@@ -66,7 +66,7 @@ async def test_a_run_on_members_that_are_down_fails_at_once_naming_them(tmp_path
         assert "big is unreachable" in view.error  # the last rung tried, and why
         assert "connection refused" in view.error
         results = [
-            await daemon.ledger.body(e.body or "")
+            (await daemon.ledger.body(e.body)).value
             for e in await daemon.ledger.entries(limit=10_000, kind=k.TASK_RESULT, run=view.id)
         ]
         first = results[0]["error"]  # the first attempt climbed the whole ladder
@@ -94,14 +94,14 @@ async def test_a_run_climbs_past_a_tier_whose_member_is_down(tmp_path: Path) -> 
         view = await daemon.engine.wait(view.id, timeout=15)
         assert view.state == "done", view.error
         calls = [
-            await daemon.ledger.body(e.body or "")
+            (await daemon.ledger.body(e.body)).value
             for e in await daemon.ledger.entries(limit=10_000, kind=k.MODEL_CALL, run=view.id)
         ]
         assert calls
         assert {c["member"] for c in calls} == {"big"}
         assert calls[0]["target"] == "cheap"  # asked of cheap, served by the rung above
         failovers = [
-            await daemon.ledger.body(e.body or "")
+            (await daemon.ledger.body(e.body)).value
             for e in await daemon.ledger.entries(limit=10_000, kind="slot.failover")
         ]
         assert [(f["member"], f["detail"]["to_tier"]) for f in failovers] == [("tiny", "capable")]

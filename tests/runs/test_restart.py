@@ -121,7 +121,7 @@ async def test_a_run_interrupted_before_planning_is_routed_again_witnessed(
         entries = await again.ledger.entries(start=0, limit=1000, run=view.id)
         kinds = [e.kind for e in entries]
         resume = next(e for e in entries if e.kind == k.RESUME)
-        body = await again.ledger.body(resume.body or "")
+        body = (await again.ledger.body(resume.body)).value
         assert body["stage"] == "route"
         assert body["reused"] == []
         assert body["redo"] == []
@@ -163,11 +163,11 @@ async def daemon_entries(daemon: Daemon, run_id: str) -> list[dict[str, Any]]:
     if daemon._ledger is None:  # stopped: read the files
         async with await Ledger.open(daemon.settings.state_dir, readonly=True) as ledger:
             return [
-                {"kind": e.kind, "body": await ledger.body(e.body) if e.body else None}
+                {"kind": e.kind, "body": (await ledger.body(e.body)).value if e.body else None}
                 for e in await ledger.entries(start=0, limit=10_000, run=run_id)
             ]
     return [
-        {"kind": e.kind, "body": await daemon.ledger.body(e.body) if e.body else None}
+        {"kind": e.kind, "body": (await daemon.ledger.body(e.body)).value if e.body else None}
         for e in await daemon.ledger.entries(start=0, limit=10_000, run=run_id)
     ]
 

@@ -68,7 +68,7 @@ async def run(daemon: Daemon, *argv: str, **task: Any) -> dict[str, Any]:
     entries = await daemon.ledger.entries(start=0, limit=1000, kind=k.COMMAND_RUN, run=view.id)
     assert entries, "no command.run witnessed"
     assert entries[-1].body is not None
-    body = await daemon.ledger.body(entries[-1].body)
+    body = (await daemon.ledger.body(entries[-1].body)).value
     assert isinstance(body, dict)
     return body
 

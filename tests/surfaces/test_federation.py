@@ -99,7 +99,7 @@ async def _run(second: Daemon) -> str:
 async def test_a_run_through_another_daemon_is_proven_in_its_ledger(pair: Pair) -> None:
     run = await _run(pair.second)
     [reply] = await pair.second.ledger.entries(limit=100, kind=k.MODEL_REPLY, run=run)
-    remote = (await pair.second.ledger.body(reply.body or ""))["remote"]
+    remote = (await pair.second.ledger.body(reply.body)).value["remote"]
     [theirs] = await pair.first.ledger.entries(limit=100, kind=REPLY)
     assert remote["member"] == "first"
     assert remote["seq"] == theirs.seq

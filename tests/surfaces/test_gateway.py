@@ -50,7 +50,7 @@ class Setup:
         return list(await self.daemon.ledger.entries(limit=10_000, kind=kind))
 
     async def body(self, entry: Any) -> Any:
-        return await self.daemon.ledger.body(entry.body)
+        return (await self.daemon.ledger.body(entry.body)).value
 
 
 def _toml(url: str, gateway: str = "") -> str:

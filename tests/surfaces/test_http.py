@@ -71,7 +71,7 @@ async def test_route_is_witnessed_and_health_counts(client: Client, daemon: Daem
     assert routed["matched"]["backend"]
     assert daemon.ledger.size == before + 1
     (preview,) = await daemon.ledger.entries(start=before, kind="route.preview")
-    assert (await daemon.ledger.body(preview.body or ""))["lane"] == "backend"
+    assert (await daemon.ledger.body(preview.body)).value["lane"] == "backend"
     health = await call(client, "health")
     assert health["status"] == "ok"
     assert health["ledger_size"] == daemon.ledger.size

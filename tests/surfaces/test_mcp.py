@@ -119,7 +119,7 @@ async def test_cancellation_reaches_the_run(
     record = await daemon.ledger.entries(run=run.id, limit=1000)
     assert k.CANCEL in [e.kind for e in record]
     assert record[-1].kind == k.STATE
-    assert (await daemon.ledger.body(record[-1].body or ""))["state"] == "cancelled"
+    assert (await daemon.ledger.body(record[-1].body)).value["state"] == "cancelled"
     assert (await daemon.ledger.verify()).ok
 
 

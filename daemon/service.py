@@ -37,6 +37,7 @@ from daemon.ledger import Ledger
 from daemon.routing import Router
 from daemon.runs import snapshot as snapshots
 from daemon.runs.engine import Engine, EngineOptions
+from daemon.runs.executors import watch_children_with_pidfd
 from daemon.runs.sandbox import Confinement, clear_task_dirs, tasks_root
 from daemon.slots import Pool, PoolOptions, SlotEvent
 from roster.loading import default_roster_path, load_roster
@@ -106,6 +107,7 @@ class Daemon:
         settings = self.settings
         started = time.perf_counter()
         settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        watch_children_with_pidfd()  # no thread started per command task or model server
         roster = load_roster(self.roster_path)  # a bad roster at start is fatal: nothing to keep
         # The ledger's own timer is the one checkpoint timer: it signs every interval, and
         # only when the tree grew since the last checkpoint.
@@ -201,12 +203,13 @@ class Daemon:
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(0.005)
-        size, views = taken
+        size, views, summaries = taken
         if size == self._snapshot_size:
             return True  # nothing changed since the last one
         stamped = snapshots.stamp(self.ledger, size, views)  # the ledger is read on the loop
-        # The views are copies (see Engine.snapshot): encode and write them off the loop.
-        await asyncio.to_thread(snapshots.write, self.settings.state_dir, stamped)
+        # The views are copies and the summaries bytes (see Engine.snapshot): encode and write
+        # them off the loop.
+        await asyncio.to_thread(snapshots.write, self.settings.state_dir, stamped, summaries)
         self._snapshot_size = size
         return True
 

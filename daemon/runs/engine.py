@@ -16,6 +16,8 @@ import asyncio
 import builtins
 import collections
 import contextlib
+import heapq
+import itertools
 import logging
 import time
 import uuid
@@ -36,7 +38,7 @@ from daemon.runs.repetition import cut_loop
 from daemon.runs.replay import RedactedAfterSnapshot, apply, replay
 from daemon.runs.sandbox import Confinement, admit_commands
 from daemon.runs.snapshot import Snapshot
-from daemon.runs.state import FINAL, STOPPED, Census, Limits, RunEvent, RunView
+from daemon.runs.state import FINAL, STOPPED, Census, Limits, RunEvent, RunView, Summaries
 from daemon.slots.records import ledger_timings
 from roster.models import Budget, Lane, Roster
 
@@ -105,6 +107,9 @@ class Engine:
         self.options = options or EngineOptions()
         self.stub = stub
         self._views: dict[str, RunView] = {}
+        """Runs in flight and the newest `keep_runs` finished ones, in full."""
+        self._summaries = Summaries()
+        """Finished runs past `keep_runs`: their summaries, up to `keep_summaries`."""
         self.census = Census()
         self._runs: dict[str, _Run] = {}
         # Idempotency-Key -> (its run id, once witnessed; when it was made, wall-clock s),
@@ -162,32 +167,42 @@ class Engine:
     # ---------------------------------------------------------------- reading
 
     def get(self, run_id: str) -> RunView:
+        """The run as memory holds it: in full, or its summary (see `find`)."""
         view = self._views.get(run_id)
-        if view is None:
+        if view is not None:
+            return view.model_copy(deep=True)
+        summary = self._summaries.get(run_id)
+        if summary is None:
             raise NotFound(f"no run {run_id}", details={"run": run_id})
-        return view.model_copy(deep=True)
+        return summary
+
+    def _known(self, run_id: str) -> bool:
+        return run_id in self._views or run_id in self._summaries
 
     def list(self, state: str | None = None, limit: int = 50) -> builtins.list[RunView]:
-        found = [v for v in reversed(self._views.values()) if state is None or v.state == state]
-        return [v.model_copy(deep=True) for v in found[:limit]]
+        """The newest `limit` runs in memory (with this state), newest first."""
+        full = (
+            (v.created_at_us, v.id)
+            for v in self._views.values()
+            if state is None or v.state == state
+        )
+        newest = heapq.nlargest(limit, itertools.chain(full, self._summaries.newest(state, limit)))
+        return [self.get(run_id) for _, run_id in newest]
 
     async def find(self, run_id: str) -> RunView:
-        """The run in full: from memory, or read back from the ledger for what memory holds
-        only in part (a summary, a view restored without task results) or not at all."""
+        """The run in full: from memory, or read back from the ledger when memory holds only
+        its summary or nothing at all."""
         view = self._views.get(run_id)
-        if view is None:
-            return await self._read_back(run_id)
-        if _partial(view):  # compacted, or restored from a snapshot (no task results)
+        if view is None or view.summary:  # the plan, results and full texts are in the record
             return await self.detail(run_id)
         return view.model_copy(deep=True)
 
     async def detail(self, run_id: str) -> RunView:
-        """The run in full, re-read from the ledger (for compacted or dropped finished runs)."""
-        view = self._views.get(run_id)
-        if view is None:
+        """The run in full, re-read from the ledger (for summaries or dropped finished runs)."""
+        if not self._known(run_id):
             return await self._read_back(run_id)
         views = await replay(self.ledger, run=run_id)
-        return views.get(run_id, view)
+        return views.get(run_id) or self.get(run_id)
 
     async def _read_back(self, run_id: str) -> RunView:
         views = await replay(self.ledger, run=run_id)
@@ -354,8 +369,8 @@ class Engine:
         return sum(1 for ctx in self._runs.values() if ctx.task is not None and not ctx.task.done())
 
     async def cancel(self, run_id: str, reason: str = "cancelled by request") -> RunView:
-        if run_id not in self._views:
-            return await self.find(run_id)  # dropped from memory: finished long ago
+        if run_id not in self._views:  # a summary or nothing: finished long ago
+            return await self.find(run_id)
         view = self.get(run_id)
         if view.state in FINAL:
             return view
@@ -373,8 +388,8 @@ class Engine:
         return self.get(run_id)
 
     async def resume(self, run_id: str) -> RunView:
-        if run_id not in self._views:
-            view = await self.find(run_id)  # dropped from memory: finished long ago
+        if run_id not in self._views:  # a summary or nothing: finished long ago
+            view = await self.find(run_id)
             raise Conflict(f"run {run_id} is {view.state}; only an interrupted run resumes")
         view = self.get(run_id)
         if view.state != "interrupted" or run_id in self._runs:
@@ -441,9 +456,9 @@ class Engine:
             interrupted.append(view.id)
         return interrupted
 
-    def snapshot(self) -> tuple[int, builtins.list[RunView]] | None:
-        """(ledger size, a copy of every run view) at one instant, or None while an append is
-        in flight.
+    def snapshot(self) -> tuple[int, builtins.list[RunView], builtins.list[bytes]] | None:
+        """(ledger size, a copy of every full run view, every summary's JSON) at one instant,
+        or None while an append is in flight.
 
         With no run entry between its append and its apply, the views are exactly the
         reduction of the ledger's first `size` entries (only the engine writes run entries).
@@ -457,7 +472,7 @@ class Engine:
             view if view.state in FINAL else view.model_copy(deep=True)
             for view in self._views.values()
         ]
-        return self.ledger.size, views
+        return self.ledger.size, views, self._summaries.encoded()
 
     async def shutdown(self, drain_s: float = 5.0) -> None:
         """Let runs finish for `drain_s`, then interrupt the rest (witnessed, resumable)."""
@@ -531,12 +546,13 @@ class Engine:
         while len(self._compacted) > policy.keep_runs + policy.keep_summaries:
             old, _ = self._compacted.popitem(last=False)
             self._views.pop(old, None)
+            self._summaries.drop(old)
             self._finished.pop(old, None)
         while len(self._finished) > policy.keep_runs:
             old, _ = self._finished.popitem(last=False)
-            view = self._views.get(old)
-            if view is not None:  # replaced, not edited: a snapshot may be encoding it
-                self._views[old] = view.compacted()
+            view = self._views.pop(old, None)  # not edited: a snapshot may be encoding it
+            if view is not None:
+                self._summaries.add(view)
 
     # ---------------------------------------------------------------- driving a run
 
@@ -1247,14 +1263,6 @@ def _with_results(summary: str, done: list[Any], results: Mapping[str, str]) -> 
     for task in done:
         parts.append(f"## {task.id} ({task.lane})\n\n{results.get(task.id, '').strip()}")
     return "\n\n".join(parts)
-
-
-def _partial(view: RunView) -> bool:
-    """Memory holds less than the record: a summary, or done tasks whose results were left
-    out of the snapshot the view was restored from."""
-    if view.tasks and view.plan is None:
-        return True
-    return any(t.state == "done" and t.result is None for t in view.tasks)
 
 
 def _ends(event: RunEvent) -> bool:

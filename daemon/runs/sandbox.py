@@ -84,8 +84,20 @@ def check_binds(policy: CommandPolicy, hidden: Sequence[Path]) -> None:
             )
 
 
+_FOUND: dict[tuple[str, str | None], str] = {}
+"""Programs found on a PATH: not searched again on every command task (a search is a stat
+per PATH entry, on the event loop)."""
+
+
+def _which(program: str) -> str | None:
+    key = (program, os.environ.get("PATH"))
+    if key not in _FOUND and (path := shutil.which(program)) is not None:
+        _FOUND[key] = path
+    return _FOUND.get(key)
+
+
 def bwrap_path() -> str:
-    found = shutil.which("bwrap")
+    found = _which("bwrap")
     if found is None:
         raise SandboxUnavailable(
             "command tasks run in bubblewrap, and `bwrap` is not installed: install it "
@@ -96,7 +108,7 @@ def bwrap_path() -> str:
 
 
 def prlimit_argv(policy: CommandPolicy) -> list[str]:
-    prlimit = shutil.which("prlimit") or "/usr/bin/prlimit"
+    prlimit = _which("prlimit") or "/usr/bin/prlimit"
     return [
         prlimit,
         f"--as={policy.memory_mb * MB}",

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -53,17 +54,15 @@ def encode(snapshot: Snapshot) -> bytes:
     return snapshot.model_dump_json().encode()
 
 
-COMPACT: Any = {"plan": True, "tasks": {"__all__": {"result"}}}
-"""What a finished run's view leaves out of the snapshot: replay reads it back on demand."""
-
-
-def write(state_dir: Path, snapshot: Snapshot) -> None:
+def write(state_dir: Path, snapshot: Snapshot, summaries: Sequence[bytes] = ()) -> None:
     """Encode and save, in a worker thread: no view in `snapshot` may change meanwhile (see
-    Engine.snapshot). A finished run is written compacted; one at a time, so the event loop
-    gets the GIL back between views instead of waiting for the whole encode."""
+    Engine.snapshot). A finished run is written as its summary (`RunView.compacted`: replay
+    reads the rest back on demand); one view at a time, so the event loop gets the GIL back
+    between views instead of waiting for the whole encode. `summaries` are views already
+    encoded (summaries, oldest first): they go first, as they are."""
     head = snapshot.model_dump_json(exclude={"views"}).encode()[:-1]  # without its "}"
-    views = [
-        v.model_dump_json(exclude=COMPACT if v.state in FINAL else None).encode()
+    views = list(summaries) + [
+        (v.compacted() if v.state in FINAL and not v.summary else v).model_dump_json().encode()
         for v in snapshot.views
     ]
     save(state_dir, head + b',"views":[' + b",".join(views) + b"]}")

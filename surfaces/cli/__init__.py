@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
+import ctypes
 import gc
 import os
 import sys
@@ -52,10 +54,21 @@ _GC_DEFAULT = gc.get_threshold()
 _GC_STARTING = (10_000, 50, 100)  # a young-generation pass per 10k objects instead of per 700
 
 
+M_ARENA_MAX = -8  # glibc's mallopt parameter
+
+
 def settled() -> None:
-    """Start-up is over: keep its objects out of every later collection, normal GC again."""
+    """Start-up is over: keep its objects out of every later collection, normal GC again, and
+    at most two malloc arenas from now on.
+
+    glibc gives a thread that allocates under contention an arena of its own (up to 8 per
+    core), and memory freed there stays there: worker threads that read 64 KiB bodies made the
+    soak's RSS grow twice as fast as the memory Python holds. A no-op off glibc.
+    """
     gc.freeze()
     gc.set_threshold(*_GC_DEFAULT)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, 2)
 
 
 def build_parser() -> argparse.ArgumentParser:

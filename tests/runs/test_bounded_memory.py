@@ -17,7 +17,12 @@ async def test_old_runs_leave_memory_and_are_read_back(fleet: Factory) -> None:
     for i in range(4):
         view = await daemon.engine.submit(f"backend api {i}")
         runs.append(await daemon.engine.wait(view.id, timeout=20))
-    assert runs[0].id not in {v.id for v in daemon.engine.list(limit=100)}
+    # newest first: the last run in full, the one before as its summary, older ones gone
+    assert [v.id for v in daemon.engine.list(limit=100)] == [runs[3].id, runs[2].id]
+    summary = daemon.engine.get(runs[2].id)
+    assert summary.summary
+    assert [t.result for t in summary.tasks] == [None]
+    assert (await daemon.engine.find(runs[2].id)).model_dump() == runs[2].model_dump()
     back = await daemon.engine.find(runs[0].id)
     assert back.state == "done"
     assert back.answer == runs[0].answer
@@ -35,7 +40,8 @@ async def test_the_snapshot_holds_no_task_results(fleet: Factory) -> None:
     assert await daemon.write_snapshot()
     data = json.loads((daemon.settings.state_dir / snapshots.FILE).read_bytes())
     (saved,) = [v for v in data["views"] if v["id"] == view.id]
-    assert all("result" not in task for task in saved["tasks"])  # excluded: finished
+    assert saved["summary"]  # a finished run is written as its summary: no task results
+    assert all(task["result"] is None for task in saved["tasks"])
     loaded = snapshots.load(daemon.settings.state_dir, daemon.ledger)
     assert loaded is not None
     assert loaded.size == daemon.ledger.size

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import ctypes
 import gc
 import os
 import sys
@@ -67,6 +66,8 @@ def settled() -> None:
     """
     gc.freeze()
     gc.set_threshold(*_GC_DEFAULT)
+    import ctypes  # here: 2 ms of import that only long-running commands need
+
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).mallopt(M_ARENA_MAX, 2)
 

@@ -27,6 +27,12 @@ class InvalidInput(TallyError):
     status = 422
 
 
+class InvalidRoster(InvalidInput):
+    """A roster that does not load (from `roster.RosterError`: file, line, column, field)."""
+
+    code = "invalid_roster"
+
+
 class Forbidden(TallyError):
     """The caller may not do this (a path outside what the daemon allows, a missing scope)."""
 

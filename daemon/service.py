@@ -29,7 +29,7 @@ from typing import Any
 
 from daemon.clients import ClientStore
 from daemon.config import Settings
-from daemon.errors import TallyError
+from daemon.errors import InvalidRoster, TallyError
 from daemon.gateway import Gateway
 from daemon.histograms import RunTimings
 from daemon.lag import LoopLag
@@ -40,7 +40,7 @@ from daemon.runs.engine import Engine, EngineOptions
 from daemon.runs.executors import watch_children_with_pidfd
 from daemon.runs.sandbox import Confinement, clear_task_dirs, tasks_root
 from daemon.slots import Pool, PoolOptions, SlotEvent
-from roster.loading import default_roster_path, load_roster
+from roster.loading import RosterError, default_roster_path, load_roster
 from roster.models import Roster
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class Daemon:
         started = time.perf_counter()
         settings.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         watch_children_with_pidfd()  # no thread started per command task or model server
-        roster = load_roster(self.roster_path)  # a bad roster at start is fatal: nothing to keep
+        roster = _loaded(self.roster_path)  # a bad roster at start is fatal: nothing to keep
         # The ledger's own timer is the one checkpoint timer: it signs every interval, and
         # only when the tree grew since the last checkpoint.
         self._ledger = await Ledger.open(
@@ -223,9 +223,9 @@ class Daemon:
         return any(real.parent == Path(os.path.realpath(d)) for d in dirs)
 
     async def reload_roster(self, path: Path | None = None, client: str = "owner") -> Roster:
-        """Load the roster again; on any problem raise RosterError and keep the last good one."""
+        """Load the roster again; on any problem raise InvalidRoster and keep the last good one."""
         # Off the loop: the path may come from a client, and a large or slow file would stall it.
-        roster = await asyncio.to_thread(load_roster, path or self.roster_path)
+        roster = await asyncio.to_thread(_loaded, path or self.roster_path)
         self._roster = roster
         self._router = Router(roster)
         self.engine.router = self._router
@@ -310,3 +310,11 @@ class Daemon:
                 await self.write_snapshot()
             except Exception:  # derived data: logged, the next period retries
                 log.exception("run snapshot failed")
+
+
+def _loaded(path: Path) -> Roster:
+    """The roster at `path`; its problems as the daemon's error (what clients are answered)."""
+    try:
+        return load_roster(path)
+    except RosterError as err:
+        raise InvalidRoster(err.message, details=err.details) from None

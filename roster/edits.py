@@ -17,7 +17,6 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel
 
-from daemon.errors import Conflict, InvalidInput
 from roster.loading import RosterError, load_roster_text
 from roster.models import Member, Roster, Tiers
 from roster.positions import FieldPath, PositionIndex
@@ -29,6 +28,17 @@ REGENERATED = (
 )
 
 TierMode = Literal["only", "first"]
+
+
+class EditRefused(ValueError):
+    """An edit that would not give a valid roster, or would overwrite a member unasked.
+    `code` is "conflict" or "invalid_input" (the daemon's codes for the same refusals)."""
+
+    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details or {}
 
 
 class Added(BaseModel):
@@ -78,12 +88,14 @@ def add_member(
 ) -> Added:
     """The roster `text` (from file `name`) with `member` added, and put in `tier`: as its
     only member (`only`) or ahead of the ones it has (`first`). Raises RosterError if the
-    file is not a valid roster now, Conflict if the member exists and `replace` is not set,
-    InvalidInput if the result would not be a valid roster."""
+    file is not a valid roster now, EditRefused (code "conflict") if the member exists and
+    `replace` is not set, EditRefused (code "invalid_input") if the result would not be a
+    valid roster."""
     roster = load_roster_text(text, name)
     index = next((i for i, m in enumerate(roster.models) if m.name == member.name), None)
     if index is not None and not replace:
-        raise Conflict(
+        raise EditRefused(
+            "conflict",
             f"{name} already has a member named {member.name!r}; choose another --name, "
             "or --replace it",
             details={"member": member.name},
@@ -95,7 +107,9 @@ def add_member(
     if not kept:
         edited = regenerated(wanted)
         if not _loads_to(edited, name, wanted):
-            raise InvalidInput(f"adding {member.name!r} would not give a valid roster")
+            raise EditRefused(
+                "invalid_input", f"adding {member.name!r} would not give a valid roster"
+            )
     assert edited is not None
     return Added(
         text=edited,
@@ -135,7 +149,7 @@ def _wanted(
             }
         )
     except ValueError as err:
-        raise InvalidInput(f"the roster would not be valid: {err}") from None
+        raise EditRefused("invalid_input", f"the roster would not be valid: {err}") from None
 
 
 def _loads_to(text: str, name: str, wanted: Roster) -> bool:

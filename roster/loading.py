@@ -23,7 +23,6 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails
 
-from daemon.errors import InvalidInput
 from roster.models import Roster
 from roster.positions import FieldPath, PositionIndex, format_path
 
@@ -48,17 +47,20 @@ class RosterProblem(BaseModel):
         return f"{where} {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
 
 
-class RosterError(InvalidInput):
-    """The roster is unusable; `problems` holds every problem found, in file order."""
+class RosterError(ValueError):
+    """The roster is unusable; `problems` holds every problem found, in file order.
+
+    The roster package depends on nothing of the daemon's: this carries what the daemon's
+    error answer needs (`code`, `message`, `details`), and the daemon turns it into its own
+    `InvalidRoster` where a client can see it."""
 
     code = "invalid_roster"
 
     def __init__(self, problems: list[RosterProblem]) -> None:
         self.problems = problems
-        super().__init__(
-            "\n".join(str(p) for p in problems),
-            details={"errors": [p.model_dump() for p in problems]},
-        )
+        self.message = "\n".join(str(p) for p in problems)
+        self.details: dict[str, Any] = {"errors": [p.model_dump() for p in problems]}
+        super().__init__(self.message)
 
 
 def default_roster_path() -> Path:

@@ -33,7 +33,7 @@ from daemon.runs import entries as k
 from daemon.runs.budget import BudgetExhausted, Meter, limits
 from daemon.runs.dispatch import Capacity, Node, dispatch, levels
 from daemon.runs.executors import Stub, chat_messages, clip, echo_stub, run_command, upstream_block
-from daemon.runs.ports import EntryLike, LedgerPort, PoolPort, RouterPort
+from daemon.runs.ports import ChatReply, EntryLike, LedgerPort, PoolPort, RouterPort
 from daemon.runs.repetition import cut_loop
 from daemon.runs.replay import RedactedAfterSnapshot, apply, replay
 from daemon.runs.sandbox import Confinement, admit_commands
@@ -919,7 +919,7 @@ class Engine:
         stream: bool = False,
         priority: int = 1,
         max_tokens: int | None = None,
-    ) -> tuple[Any, int]:
+    ) -> tuple[ChatReply, int]:
         """One witnessed, metered model call through a slot lease."""
         ctx.meter.reserve_call()
         max_tokens = min(max_tokens or self.options.max_tokens, self.options.max_tokens)
@@ -956,19 +956,18 @@ class Engine:
                     call_seq,
                 )
                 raise
-            usage = getattr(result, "usage", None)
+            usage = result.usage
+            # What went upstream, when the lease reports it (a relay adds the slot's fields).
             sent = k.safe(dict(getattr(result, "request", None) or {}))
             reply = {
-                "text": str(result.text),
+                "text": result.text,
                 "finish_reason": result.finish_reason,
-                "usage": None
-                if usage is None
-                else {
+                "usage": {
                     "prompt_tokens": usage.prompt_tokens,
                     "completion_tokens": usage.completion_tokens,
-                    "cached_tokens": getattr(usage, "cached_tokens", None),
+                    "cached_tokens": usage.cached_tokens,
                 },
-                "timings": ledger_timings(getattr(result, "timings", None)),
+                "timings": ledger_timings(result.timings),
                 "sent": _differs(request, sent),
                 "error": None,
             } | where

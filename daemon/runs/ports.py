@@ -6,7 +6,7 @@ in-memory fakes and keeps the dependency one-way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -65,6 +65,45 @@ class LedgerPort(LedgerReader, Protocol):
     ) -> EntryLike: ...
 
 
+class UsageLike(Protocol):
+    """Token counts a model server reported."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def completion_tokens(self) -> int: ...
+    @property
+    def cached_tokens(self) -> int: ...
+
+
+class ChatReply(Protocol):
+    """What a chat call returns, as far as the engine reads it (the pool's `Completion`)."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def finish_reason(self) -> str | None: ...
+    @property
+    def usage(self) -> UsageLike: ...
+    @property
+    def timings(self) -> Mapping[str, Any]: ...
+
+
+class RouteResult(Protocol):
+    """The router's decision (`daemon.routing.Route`), as the engine witnesses it."""
+
+    @property
+    def lane(self) -> str | None: ...
+    @property
+    def confidence(self) -> float: ...
+    @property
+    def escalate(self) -> bool: ...
+    @property
+    def scores(self) -> Sequence[tuple[str, float]]: ...
+    @property
+    def matched(self) -> Mapping[str, Sequence[str]]: ...
+
+
 class LeasePort(Protocol):
     member: str
     instance: int
@@ -86,7 +125,7 @@ class LeasePort(Protocol):
         response_format: dict[str, Any] | None = None,
         on_delta: Callable[[str], Any] | None = None,
         extra: dict[str, Any] | None = None,
-    ) -> Any: ...
+    ) -> ChatReply: ...
 
 
 class PoolPort(Protocol):
@@ -96,8 +135,8 @@ class PoolPort(Protocol):
         priority: int = 0,
         deadline: float | None = None,
         affinity: str | None = None,
-    ) -> AbstractAsyncContextManager[Any]: ...
+    ) -> AbstractAsyncContextManager[LeasePort]: ...
 
 
 class RouterPort(Protocol):
-    def route(self, text: str) -> Any: ...
+    def route(self, text: str) -> RouteResult: ...

@@ -203,9 +203,8 @@ def _member(args: argparse.Namespace) -> Any:
 
 
 def run_add(args: argparse.Namespace) -> int:
-    from daemon.errors import TallyError
     from roster import RosterError, default_roster_path
-    from roster.edits import add_member
+    from roster.edits import EditRefused, add_member
     from roster.loading import write_atomic
     from surfaces.cli.roster import run_check
 
@@ -234,7 +233,7 @@ def run_add(args: argparse.Namespace) -> int:
     except RosterError as err:
         print(f"tally models add: {path} is not a valid roster now:\n{err}", file=sys.stderr)
         return 1
-    except TallyError as err:
+    except EditRefused as err:
         print(f"tally models add: {err.message}", file=sys.stderr)
         return 1
     if args.dry_run:

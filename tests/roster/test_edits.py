@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.errors import Conflict
 from roster import Member, RosterError, Sampling, default_roster_path, load_roster_text
-from roster.edits import add_member, member_table
+from roster.edits import EditRefused, add_member, member_table
 
 DEFAULT = default_roster_path().read_text()
 QWEN = Member(name="qwen", url="http://127.0.0.1:11434/v1", model_id="qwen2.5:7b")
@@ -57,8 +56,9 @@ def test_replacing_a_member_with_subtables_keeps_the_comments_after_it() -> None
 
 
 def test_an_existing_member_is_not_clobbered() -> None:
-    with pytest.raises(Conflict, match="already has a member named 'tiny'"):
+    with pytest.raises(EditRefused, match="already has a member named 'tiny'") as refused:
         add_member(DEFAULT, "r.toml", QWEN.model_copy(update={"name": "tiny"}), tier=None)
+    assert refused.value.code == "conflict"
 
 
 def test_an_invalid_roster_is_not_edited() -> None:

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from daemon.errors import InvalidInput
 from roster import (
     Roster,
     RosterError,
@@ -74,8 +73,7 @@ def test_all_validation_errors_at_once_with_their_lines() -> None:
     assert (
         lines[2] == "roster.toml:36:8 lanes[1].tier: unknown tier 'capabel' (known: cheap, capable)"
     )
-    assert isinstance(err, InvalidInput)
-    assert err.status == 422
+    assert err.code == "invalid_roster"
     assert err.details["errors"][0]["field"] == "policy.max_parallel"
 
 

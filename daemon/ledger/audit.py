@@ -3,7 +3,15 @@
 The fast path (chain, leaf hashes, Merkle root, pinned checkpoint) never parses JSON: in
 canonical entries the key `"prev":"` can only occur as the key itself (any quote inside a
 string value is escaped), so the link is a slice of the line.
-Deep verify also parses every line (canonical form, field types, seq) and re-hashes bodies.
+Deep verify also checks every line (canonical form, field types, seq) and re-hashes bodies.
+
+Each chunk of entries is first checked in bulk (leaf hashes, links and index records compared
+as whole byte strings, the Merkle levels built a level at a time, every line of the chunk held
+against one linear-time pattern of the canonical entry, bodies looked up in one sequential pass
+over the pack). The bulk check only says "all of this chunk is right": when it cannot say so,
+the chunk is walked again entry by entry, exactly as before, and that walk names the first
+fault and its reason. So a damaged ledger gets the same report, and an intact one is never
+parsed into models.
 """
 
 from __future__ import annotations
@@ -11,17 +19,21 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
-from dataclasses import dataclass
+from array import array
+from binascii import unhexlify
+from dataclasses import dataclass, field
 from hashlib import sha256
-from itertools import accumulate
+from itertools import accumulate, repeat
 from pathlib import Path
 
+import re2
 from pydantic import BaseModel
 
 from daemon.ledger.entry import GENESIS_PREV, Entry
 from daemon.ledger.merkle import EMPTY_ROOT, node_hash
-from daemon.ledger.store import INDEX_RECORD, BodyStore, Tree
+from daemon.ledger.store import INDEX_RECORD, PACK_HEADER, REDACTED, BodyStore, Tree
 
 _RECORD = struct.Struct("<32sQ")  # an index.bin record: leaf hash, end offset
 _PLUS_ONE = (1).__add__
@@ -29,6 +41,34 @@ _PLUS_ONE = (1).__add__
 CHUNK_ENTRIES = 65536
 READ_BYTES = 1 << 22
 _PREV = b'"prev":"'
+
+
+def _canonical_entries() -> re2._Regexp:
+    """Lines of canonical entries, each ending in a newline: the exact bytes `Entry.line()`
+    writes for valid fields, nothing else. Strings hold only what the canonical encoder leaves
+    raw (any byte from 0x20 but `"` and `\\`) or its own escapes; numbers have no leading
+    zeros and stay below 9 * 10**15 (< 2**53: larger, rarer ones are left to the parser).
+    RE2 runs in time linear in the chunk, with no backtracking; bytes are matched as Latin-1
+    and UTF-8 is checked on its own."""
+    char = rb'(?:[^"\\\x00-\x1f]|\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f])))'
+    number = rb"(?:0|[1-9][0-9]{0,14}|[1-8][0-9]{15})"
+    line = (
+        rb'\{"actor":"' + char + rb'+","body":(?:null|"[0-9a-f]{64}"),"kind":"' + char + rb'+",'
+        rb'"parent":(?:null|' + number + rb'),"prev":"[0-9a-f]{64}",'
+        rb'"run":(?:null|"' + char + rb'*"),"seq":' + number + rb',"ts":' + number + rb',"v":1\}'
+    )
+    options = re2.Options()
+    options.encoding = re2.Options.Encoding.LATIN1
+    options.max_mem = 64 << 20
+    options.log_errors = False
+    return re2.compile(rb"(?:" + line + rb"\n)*", options)
+
+
+_CANONICAL = _canonical_entries()
+# In a canonical line a quote inside a string is escaped, so these keys occur once, as keys.
+_SEQ = re.compile(rb'"seq":([0-9]+)')
+_BODY = re.compile(rb'"body":"([0-9a-f]{64})"')
+_REDACTION = b'"kind":"redaction"'
 
 
 class VerifyReport(BaseModel):
@@ -76,18 +116,13 @@ def verify_files(
     node in `tree/level-*.bin` and (deep) the body table. A derived mismatch does not stop the
     walk: it is listed in `derived`, and the record itself is still judged.
     """
-    stack: list[tuple[int, bytes]] = []
-    redacted: list[str] = []
-    tampered: list[str] = []
-    witnessed: set[str] = set()
-    changed: set[str] = set()  # tampered bodies whose (altered) bytes are still there
-    derived = _Derived()
-    first_tampered: int | None = None
+    walk = _Walk(bodies, deep, pinned)
     root_hex = ""
     try:
+        if deep:
+            walk.pack = scan_pack(bodies)
         with open(entries_path, "rb", buffering=0) as f:
             reader = _Lines(f.fileno())
-            prev = GENESIS_PREV.encode()
             seq = 0
             offset = 0
             while seq < size:
@@ -95,53 +130,29 @@ def verify_files(
                 index = tree.index.read_range(seq, stop)
                 lines = reader.take(stop - seq)
                 if len(index) != (stop - seq) * INDEX_RECORD:
-                    derived.add(f"index.bin ends at entry {seq + len(index) // INDEX_RECORD}")
+                    walk.derived.add(f"index.bin ends at entry {seq + len(index) // INDEX_RECORD}")
                     raise _Bad(seq, "the index is shorter than the ledger")
-                pin = pinned[0] - seq if pinned is not None else -1
                 done: list[list[bytes]] = [[] for _ in range(64)]  # completed nodes, per level
-                for i, line in enumerate(lines):
-                    h = sha256(b"\x00" + line).digest()
-                    at = line.find(_PREV)
-                    if at < 0 or line[at + 8 : at + 72] != prev:
-                        raise _Bad(seq + i, _link_reason(line, seq + i))
-                    rec = i * INDEX_RECORD
-                    if index[rec : rec + 32] != h:
-                        raise _Bad(seq + i, "entry bytes do not match the recorded leaf hash")
-                    if deep:
-                        first_tampered = _check_deep(
-                            seq + i,
-                            line,
-                            bodies,
-                            _Seen(redacted, tampered, witnessed, changed),
-                            first_tampered,
-                        )
-                    prev = h.hex().encode()
-                    # Inline Frontier.push: this loop is the verify throughput.
-                    level = 0
-                    while stack and stack[-1][0] == level:
-                        h = sha256(b"\x01" + stack.pop()[1] + h).digest()
-                        level += 1
-                        done[level].append(h)
-                    stack.append((level, h))
-                    if i + 1 == pin and pinned is not None and _fold(stack) != pinned[1]:
-                        raise _Bad(seq + i, "root differs from the checkpoint at this size")
-                if len(lines) < stop - seq:
+                # The lines' ends, computed in C: offset + the running sum of (length + 1).
+                ends = list(accumulate(map(_PLUS_ONE, map(len, lines)), initial=offset))[1:]
+                whole = len(lines) == stop - seq
+                if not (whole and walk.bulk(seq, lines, index, ends, done)):
+                    walk.one_by_one(seq, lines, index, done)
+                    walk.derived.ends(seq, index, ends)
+                if not whole:
                     raise _Bad(
                         seq + len(lines),
                         f"the entries file ends before entry {seq + len(lines)} "
                         f"(the index holds {size}): entries from there on are missing",
                     )
-                # The lines' ends, computed in C: offset + the running sum of (length + 1).
-                ends = list(accumulate(map(_PLUS_ONE, map(len, lines)), initial=offset))[1:]
                 if ends:
                     offset = ends[-1]
-                derived.ends(seq, index, ends)
-                derived.nodes(tree, seq, done)
+                walk.derived.nodes(tree, seq, done)
                 seq = stop
-        root = _fold(stack)
+        root = _fold(walk.stack)
         root_hex = root.hex()
         if deep:
-            derived.problems += bodies.audit()
+            walk.derived.problems += audit_table(bodies, walk.pack)
     except _Bad as bad:
         return VerifyReport(
             ok=False,
@@ -149,15 +160,17 @@ def verify_files(
             root=root_hex,
             first_bad_seq=bad.seq,
             reason=bad.reason,
-            redacted=redacted,
-            tampered=tampered,
-            derived=derived.listed(),
+            redacted=walk.seen.redacted,
+            tampered=walk.seen.tampered,
+            derived=walk.derived.listed(),
         )
-    unwitnessed = [h for h in redacted if h not in witnessed]
+    seen, derived = walk.seen, walk.derived
+    redacted, tampered = seen.redacted, seen.tampered
+    unwitnessed = [h for h in redacted if h not in seen.witnessed]
     if unwitnessed:
         tampered.extend(unwitnessed)
-        redacted = [h for h in redacted if h in witnessed]
-    why = {h: CHANGED if h in changed else MISSING for h in tampered}
+        redacted = [h for h in redacted if h in seen.witnessed]
+    why = {h: CHANGED if h in seen.changed else MISSING for h in tampered}
     reason = "tampered bodies" if tampered else None
     if derived.problems and not tampered:
         reason = DERIVED
@@ -165,13 +178,295 @@ def verify_files(
         ok=not tampered and not derived.problems,
         size=size,
         root=root_hex,
-        first_bad_seq=first_tampered,
+        first_bad_seq=walk.first_tampered,
         reason=reason,
         redacted=redacted,
         tampered=tampered,
         tampered_why=why,
         derived=derived.listed(),
     )
+
+
+@dataclass(slots=True)
+class _Seen:
+    """What deep verify has found so far about bodies."""
+
+    redacted: list[str] = field(default_factory=list)
+    tampered: list[str] = field(default_factory=list)
+    witnessed: set[str] = field(default_factory=set)  # bodies named by a `redaction` entry
+    changed: set[str] = field(default_factory=set)  # tampered, (altered) bytes still stored
+
+
+@dataclass(slots=True)
+class PackScan:
+    """One sequential pass over `bodies.pack`: which bodies are intact, and the table's audit.
+
+    `intact` holds the digests whose newest record is live (not redacted) and whose bytes still
+    hash to the digest: a body in it needs no further look. Any other body is looked up the old
+    way (`BodyStore.read`), so redacted, changed and missing bodies are told apart exactly as
+    before. Costs about 100 bytes of memory per distinct body while deep verify runs.
+    """
+
+    intact: set[bytes] = field(default_factory=set)
+    indexed: int = 0
+    """Records below the table's synced mark, each found in the table from its home slot."""
+    unindexed: bool = False
+    """Some record below the mark is not where a lookup finds it."""
+    slots: bytes = b""  # the table as it was when the scan began (the mark with it)
+    end: int = 0  # the synced mark, bounded by the pack's size
+
+
+_PREFIX = struct.Struct("<Q")
+_SLOT = struct.Struct("<QQ")  # a bodies.idx slot: the body's hash prefix (0 -> 1), offset + 1
+
+
+def scan_pack(bodies: BodyStore) -> PackScan:
+    """Read the pack front to back in big blocks, hashing every record once, and look each
+    record up in a copy of the table (taken with the mark, so both describe the same records)."""
+    scan = PackScan()
+    with bodies.lock:
+        fd, size = bodies.pack, bodies.pack_size
+        if bodies.map is not None:
+            scan.slots = bodies.map[:]
+        scan.end = end = min(bodies.mark, size)
+    if fd < 0:
+        return scan
+    intact, table = scan.intact, scan.slots
+    mask = len(table) // _SLOT.size - 1
+    head, header, prefix_of = PACK_HEADER.size, PACK_HEADER.unpack_from, _PREFIX.unpack_from
+    slot, add, discard, indexed, unindexed = _SLOT.unpack_from, intact.add, intact.discard, 0, False
+    pos = 0
+    while pos + head <= size:
+        buf = os.pread(fd, min(READ_BYTES, size - pos), pos)
+        at, n = 0, len(buf)
+        if n < head:
+            break
+        if header(buf, 0)[1] + head > n:  # a record bigger than a block: read it whole
+            buf = os.pread(fd, min(header(buf, 0)[1] + head, size - pos), pos)
+            n = len(buf)
+        view = memoryview(buf)  # hashed in place: no copy of each body
+        while at + head <= n:
+            digest, length, flags = header(buf, at)
+            stop = at + head + length
+            if stop > n:
+                break
+            if flags & REDACTED or sha256(view[at + head : stop]).digest() != digest:
+                discard(digest)  # the newest record decides, as in `BodyStore.locate`
+            else:
+                add(digest)
+            if pos + at + head <= end:
+                key = prefix_of(buf, at)[0] or 1
+                if mask < 0 or (
+                    slot(table, (key & mask) << 4) != (key, pos + at + 1)
+                    and not _probe(table, key, pos + at + 1, mask)
+                ):
+                    unindexed = True
+                indexed += 1
+            at = stop
+        if at == 0:
+            break  # a record cut short: the end of what the store can read
+        pos += at
+    scan.indexed, scan.unindexed = indexed, unindexed
+    return scan
+
+
+def _probe(table: bytes, key: int, start: int, mask: int) -> bool:
+    """Whether a lookup from `key`'s home slot meets the slot (key, start) before an empty one."""
+    i = key & mask
+    while True:
+        k, off = _SLOT.unpack_from(table, i << 4)
+        if off == 0:
+            return False
+        if k == key and off == start:
+            return True
+        i = (i + 1) & mask
+
+
+def audit_table(bodies: BodyStore, scan: PackScan | None) -> list[str]:
+    """`BodyStore.audit` in bulk: when every record below the table's synced mark is found
+    from its home slot (`scan_pack`) and no other slot points below the mark, there is nothing
+    to report; otherwise the exact audit names the problems."""
+    if scan is None or scan.unindexed or not scan.slots:
+        return bodies.audit()
+    offsets = array("Q", scan.slots)[1::2]
+    zeros = offsets.count(0)
+    if max(offsets) <= scan.end:
+        below = len(offsets) - zeros
+    else:  # slots of records written since the mark: count only the ones below it
+        below = sum(map(scan.end.__ge__, offsets)) - zeros
+    # Records have distinct offsets, so as many slots as found records means one slot each.
+    return bodies.audit() if below != scan.indexed else []
+
+
+class _Walk:
+    """The state of one verify: the Merkle frontier, the last link, what deep verify found."""
+
+    def __init__(self, bodies: BodyStore, deep: bool, pinned: tuple[int, bytes] | None) -> None:
+        self.bodies = bodies
+        self.deep = deep
+        self.pinned = pinned
+        self.stack: list[tuple[int, bytes]] = []
+        self.prev = GENESIS_PREV.encode()
+        self.seen = _Seen()
+        self.first_tampered: int | None = None
+        self.derived = _Derived()
+        self.pack: PackScan | None = None
+
+    def one_by_one(
+        self, seq: int, lines: list[bytes], index: bytes, done: list[list[bytes]]
+    ) -> None:
+        """The reference walk: every check on every entry, in order; raises at the first fault."""
+        stack, prev, pinned = self.stack, self.prev, self.pinned
+        pin = pinned[0] - seq if pinned is not None else -1
+        for i, line in enumerate(lines):
+            h = sha256(b"\x00" + line).digest()
+            at = line.find(_PREV)
+            if at < 0 or line[at + 8 : at + 72] != prev:
+                raise _Bad(seq + i, _link_reason(line, seq + i))
+            rec = i * INDEX_RECORD
+            if index[rec : rec + 32] != h:
+                raise _Bad(seq + i, "entry bytes do not match the recorded leaf hash")
+            if self.deep:
+                self._check_deep(seq + i, line)
+            prev = self.prev = h.hex().encode()
+            # Inline Frontier.push: this loop is the verify throughput.
+            level = 0
+            while stack and stack[-1][0] == level:
+                h = sha256(b"\x01" + stack.pop()[1] + h).digest()
+                level += 1
+                done[level].append(h)
+            stack.append((level, h))
+            if i + 1 == pin and pinned is not None and _fold(stack) != pinned[1]:
+                raise _Bad(seq + i, "root differs from the checkpoint at this size")
+
+    def bulk(
+        self, seq: int, lines: list[bytes], index: bytes, ends: list[int], done: list[list[bytes]]
+    ) -> bool:
+        """Check a whole chunk at once; True if all of it is right (then the walk has moved past
+        it), False if anything is off or unsure (then nothing has changed)."""
+        if not lines:
+            return True
+        hashes = [sha256(b"\x00" + line).digest() for line in lines]
+        # Links: every line's `prev` slice, joined, against the previous leaves' hex, joined.
+        ats = list(map(bytes.find, lines, repeat(_PREV)))
+        if -1 in ats:
+            return False
+        links = b"".join([line[at + 8 : at + 72] for line, at in zip(lines, ats, strict=True)])
+        if links != self.prev + b"".join(hashes[:-1]).hex().encode():
+            return False
+        if b"".join(map(_RECORD.pack, hashes, ends)) != index:
+            return False  # a leaf hash or an end offset differs: the reference walk says which
+        levels = _levels(hashes)
+        pinned = self.pinned
+        pin = pinned[0] - seq if pinned is not None else -1
+        if pinned is not None and 0 < pin <= len(lines):
+            at_pin = list(self.stack)
+            _push_prefix(at_pin, levels, pin, None)
+            if _fold(at_pin) != pinned[1]:
+                return False
+        effects: list[tuple[int, bytes]] = []
+        if self.deep and not self._bulk_deep(seq, lines, effects):
+            return False
+        for level in range(1, len(levels)):
+            done[level] = levels[level]
+        _push_prefix(self.stack, levels, len(lines), done)
+        self.prev = hashes[-1].hex().encode()
+        for at_seq, line in effects:
+            self._check_deep(at_seq, line)
+        return True
+
+    def _bulk_deep(self, seq: int, lines: list[bytes], effects: list[tuple[int, bytes]]) -> bool:
+        """Canonical form, field types and seqs of a whole chunk; bodies against the pack scan.
+        Entries whose body is not simply intact (or that witness a redaction) go to `effects`,
+        to be judged one by one, in order."""
+        block = b"\n".join(lines) + b"\n"
+        if not block.isascii():
+            try:
+                block.decode("utf-8")
+            except UnicodeDecodeError:
+                return False
+        if _CANONICAL.fullmatch(block) is None:
+            return False
+        seqs = _SEQ.findall(block)
+        if list(map(int, seqs)) != list(range(seq, seq + len(lines))):
+            return False
+        intact = self.pack.intact if self.pack is not None else set()
+        named = list(map(unhexlify, _BODY.findall(block)))
+        if all(map(intact.__contains__, named)) and _REDACTION not in block:
+            return True
+        for i, line in enumerate(lines):
+            m = _BODY.search(line)
+            if _REDACTION in line or (m is not None and unhexlify(m.group(1)) not in intact):
+                try:
+                    Entry.from_line(line)
+                except ValueError:
+                    return False  # the pattern let through what the parser refuses: walk it
+                effects.append((seq + i, line))
+        return True
+
+    def _check_deep(self, seq: int, line: bytes) -> None:
+        try:
+            entry = Entry.from_line(line)
+        except ValueError as err:
+            raise _Bad(seq, f"entry does not parse as a canonical entry: {err}") from err
+        if entry.seq != seq:
+            raise _Bad(seq, f"entry says seq {entry.seq}")
+        if entry.body is None:
+            return
+        digest = bytes.fromhex(entry.body)
+        if entry.kind != "redaction" and self.pack is not None and digest in self.pack.intact:
+            return
+        seen = self.seen
+        data, is_redacted = self.bodies.read(digest)
+        bad = False
+        if is_redacted:
+            if entry.body not in seen.redacted:
+                seen.redacted.append(entry.body)
+        elif data is None or hashlib.sha256(data).digest() != digest:
+            bad = True
+            if entry.body not in seen.tampered:
+                seen.tampered.append(entry.body)
+            if data is not None:
+                seen.changed.add(entry.body)
+        if entry.kind == "redaction" and data is not None:
+            target = json.loads(data).get("redacted") if data.startswith(b"{") else None
+            if isinstance(target, str):
+                seen.witnessed.add(target)
+        if bad and self.first_tampered is None:
+            self.first_tampered = seq
+
+
+def _levels(hashes: list[bytes]) -> list[list[bytes]]:
+    """The chunk's complete aligned subtrees, a level at a time: levels[k][j] covers leaves
+    [j * 2**k, (j + 1) * 2**k) of the chunk (chunks start at multiples of CHUNK_ENTRIES)."""
+    levels = [hashes]
+    level = hashes
+    while len(level) > 1:
+        pairs = iter(level)
+        level = [sha256(b"\x01" + a + b).digest() for a, b in zip(pairs, pairs, strict=False)]
+        levels.append(level)
+    return levels
+
+
+def _push_prefix(
+    stack: list[tuple[int, bytes]],
+    levels: list[list[bytes]],
+    count: int,
+    done: list[list[bytes]] | None,
+) -> None:
+    """Push the first `count` leaves of a chunk onto the frontier, as maximal subtrees."""
+    start = 0
+    for k in range(len(levels) - 1, -1, -1):
+        if not count >> k & 1:
+            continue
+        h, level = levels[k][start >> k], k
+        while stack and stack[-1][0] == level:
+            h = sha256(b"\x01" + stack.pop()[1] + h).digest()
+            level += 1
+            if done is not None:
+                done[level].append(h)
+        stack.append((level, h))
+        start += 1 << k
 
 
 DERIVED = "derived files do not match the entries (the entries themselves are intact)"
@@ -278,48 +573,6 @@ def _fold(stack: list[tuple[int, bytes]]) -> bytes:
     for _, left in reversed(stack[:-1]):
         h = node_hash(left, h)
     return h
-
-
-@dataclass(slots=True)
-class _Seen:
-    """What deep verify has found so far about bodies."""
-
-    redacted: list[str]
-    tampered: list[str]
-    witnessed: set[str]  # bodies named by a `redaction` entry
-    changed: set[str]  # tampered bodies whose (altered) bytes are still stored
-
-
-def _check_deep(
-    seq: int, line: bytes, bodies: BodyStore, seen: _Seen, first_tampered: int | None
-) -> int | None:
-    try:
-        entry = Entry.from_line(line)
-    except ValueError as err:
-        raise _Bad(seq, f"entry does not parse as a canonical entry: {err}") from err
-    if entry.seq != seq:
-        raise _Bad(seq, f"entry says seq {entry.seq}")
-    if entry.body is None:
-        return first_tampered
-    digest = bytes.fromhex(entry.body)
-    data, is_redacted = bodies.read(digest)
-    bad = False
-    if is_redacted:
-        if entry.body not in seen.redacted:
-            seen.redacted.append(entry.body)
-    elif data is None or hashlib.sha256(data).digest() != digest:
-        bad = True
-        if entry.body not in seen.tampered:
-            seen.tampered.append(entry.body)
-        if data is not None:
-            seen.changed.add(entry.body)
-    if entry.kind == "redaction" and data is not None:
-        target = json.loads(data).get("redacted") if data.startswith(b"{") else None
-        if isinstance(target, str):
-            seen.witnessed.add(target)
-    if bad and first_tampered is None:
-        return seq
-    return first_tampered
 
 
 class EntriesScan(BaseModel):

@@ -7,6 +7,7 @@ Appends are medians of interleaved rounds so the references see the same disk we
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import random
 import shutil
@@ -169,6 +170,107 @@ async def proof_times(ledger: Ledger, n: int) -> dict[str, float]:
     }
 
 
+DEEP_N = 100_000
+DEEP_ROUNDS = 5
+
+
+def payload(seq: int) -> dict[str, str]:
+    """The body of entry `seq` in the deep-verify ledgers (forum-engine's bench payload shape:
+    about 80 bytes of canonical JSON, a distinct body per entry)."""
+    return {"body": f"{seq:016d}:" + "x" * 47}
+
+
+def sha256_files(paths: list[Path]) -> None:
+    """Reference: read the files and SHA-256 their bytes, 4 MiB at a time."""
+    for path in paths:
+        digest = hashlib.sha256()
+        with path.open("rb", buffering=0) as f:
+            while block := f.read(1 << 22):
+                digest.update(block)
+
+
+def forum_ledger(base: Path, n: int) -> Callable[[], bool] | None:
+    """forum-engine's file ledger with the same payloads (its deep verify is `verify(deep=True)`
+    over what `FileStorage` loaded); None when the `bench` extra is not installed."""
+    try:
+        from forum.ledger import Ledger as ForumLedger
+        from forum.storage import FileStorage
+    except ImportError:
+        return None
+    path = base / "forum"
+    storage = FileStorage(str(path), fsync_each=False)
+    ledger = ForumLedger(storage, clock=iter(range(1, n + 2)).__next__)
+    for seq in range(n):
+        ledger.append(actor="bench", kind="payload", payload=payload(seq))
+    ledger.sync()
+    # Loaded back from its files, as `forum ledger verify` does, before the timed verifies.
+    loaded = ForumLedger(FileStorage(str(path), fsync_each=False))
+    return lambda: bool(loaded.verify(deep=True))
+
+
+async def deep_verify(base: Path) -> list[tuple[str, str, str, str]]:
+    """Deep verify of DEEP_N entries (each with a body, and with none) beside forum-engine's and
+    beside a SHA-256 of the same files, interleaved rounds."""
+    with_bodies, bare = base / "deep-bodies", base / "deep-bare"
+    build(with_bodies, DEEP_N, payload)
+    build(bare, DEEP_N)
+    forum = forum_ledger(base, DEEP_N)
+    ledgers = [await Ledger.open(p, checkpoint_interval=None) for p in (with_bodies, bare)]
+    files = [with_bodies / "ledger" / name for name in ("entries.jsonl", "bodies.pack")]
+    times: dict[str, list[float]] = {"deep": [], "bare": [], "shallow": [], "ref": [], "forum": []}
+    vs_forum, vs_ref = [], []
+    for _ in range(DEEP_ROUNDS):
+        for name, ledger, deep in (
+            ("deep", ledgers[0], True),
+            ("bare", ledgers[1], True),
+            ("shallow", ledgers[0], False),
+        ):
+            t0 = time.perf_counter()
+            report = await ledger.verify(deep=deep)
+            times[name].append(time.perf_counter() - t0)
+            assert report.ok, report
+        t0 = time.perf_counter()
+        sha256_files(files)
+        times["ref"].append(time.perf_counter() - t0)
+        vs_ref.append(times["ref"][-1] / times["deep"][-1])
+        if forum is not None:
+            t0 = time.perf_counter()
+            assert forum()
+            times["forum"].append(time.perf_counter() - t0)
+            vs_forum.append(times["forum"][-1] / times["deep"][-1])
+    for ledger in ledgers:
+        await ledger.close()
+
+    def rate(name: str) -> str:
+        return f"{DEEP_N / statistics.median(times[name]):,.0f} entries/s"
+
+    rows = [
+        (f"deep verify {DEEP_N // 1000}k, a body per entry", rate("deep"), "", "≥ 400,000/s"),
+        (f"deep verify {DEEP_N // 1000}k, no bodies", rate("bare"), "", ""),
+        (f"verify {DEEP_N // 1000}k (chain + Merkle root), same ledger", rate("shallow"), "", ""),
+        (
+            "ref: SHA-256 of its entries.jsonl + bodies.pack",
+            rate("ref"),
+            f"deep = {statistics.median(vs_ref):.2f} × ref",
+            "",
+        ),
+    ]
+    if forum is None:
+        rows.append(
+            ("forum-engine deep verify", "not installed (pip install -e '.[bench]')", "", "")
+        )
+    else:
+        rows.append(
+            (
+                f"forum-engine 1.17 deep verify {DEEP_N // 1000}k (in memory, after load)",
+                rate("forum"),
+                f"tally = {statistics.median(vs_forum):.2f} × forum",
+                "≥ 1.5 × forum",
+            )
+        )
+    return rows
+
+
 def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="tally-bench-", dir=os.environ.get("TALLY_BENCH_DIR")))
     try:
@@ -181,6 +283,7 @@ def main() -> None:
             for c, total in APPENDS.items():
                 durable[c].append(asyncio.run(durable_appends(base, c, total)))
             ceiling.append(cpu_ceiling(base))
+        deep_rows = asyncio.run(deep_verify(base))
         small = asyncio.run(big_ledger(base, 100_000, full=False))
         large = asyncio.run(big_ledger(base, 1_000_000, full=True))
     finally:
@@ -229,6 +332,7 @@ def main() -> None:
             "",
             "≥ 400,000/s",
         ),
+        *deep_rows,
         ("open (recovery) 1M", f"{large['open_s'] * 1e3:.1f} ms", "", "≤ 500 ms"),
         ("RSS growth held open, 1M", f"{large['rss_per_entry']:.2f} B/entry", "", "≤ 64 B"),
         (
@@ -241,7 +345,10 @@ def main() -> None:
         ("consistency proof at 1M (median)", f"{large['consistency_ms']:.3f} ms", "", "≤ 5 ms"),
         ("bulk build 1M (fixture, 1 fsync)", f"{large['build_s']:.1f} s", "", ""),
     ]
-    print(f"medians of {ROUNDS} interleaved rounds; append counts {APPENDS}\n")
+    print(
+        f"medians of {ROUNDS} interleaved rounds (deep verify: {DEEP_ROUNDS}); "
+        f"append counts {APPENDS}\n"
+    )
     print("| measure | result | ratio | target |")
     print("|---|---|---|---|")
     for row in rows:

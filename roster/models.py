@@ -243,10 +243,11 @@ class Policy(_Strict):
     scoring lanes (and `general`). None = no model call for routing: the best-scoring lane,
     or the `general` lane when no lane's words match."""
     command: CommandPolicy = CommandPolicy()
-    keep_runs: Annotated[int, Field(ge=1, le=1_000_000), Whole] = 256
+    keep_runs: Annotated[int, Field(ge=1, le=10_000), Whole] = 256
     """Finished runs kept in full in memory; older ones keep a summary."""
-    keep_summaries: Annotated[int, Field(ge=0, le=10_000_000), Whole] = 20_000
-    """Summaries kept beyond `keep_runs`; older runs are read back from the ledger on demand."""
+    keep_summaries: Annotated[int, Field(ge=0, le=200_000), Whole] = 20_000
+    """Summaries kept beyond `keep_runs` (about 1 KB each: the cap bounds them to ~200 MB);
+    older runs are read back from the ledger on demand."""
 
 
 class Gateway(_Strict):

@@ -149,14 +149,22 @@ class _Stream:
         return self.response
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
+async def _admitted(request: web.Request) -> tuple[Client, bytes] | web.Response:
+    """The caller and its body, if it may call models (`submit`) and the body arrived whole;
+    else the OpenAI-shaped refusal."""
     client = _client(request)
     refused = _refused(client, "submit")
     if refused is not None:
         return refused
     raw = await _read(request)
-    if isinstance(raw, web.Response):
-        return raw
+    return raw if isinstance(raw, web.Response) else (client, raw)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    admitted = await _admitted(request)
+    if isinstance(admitted, web.Response):
+        return admitted
+    client, raw = admitted
     stream = _Stream(request)
     call = asyncio.ensure_future(
         _daemon(request).gateway.chat(client, raw, stream.open, stream.send)
@@ -192,13 +200,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def embeddings(request: web.Request) -> web.Response:
-    client = _client(request)
-    refused = _refused(client, "submit")
-    if refused is not None:
-        return refused
-    raw = await _read(request)
-    if isinstance(raw, web.Response):
-        return raw
+    admitted = await _admitted(request)
+    if isinstance(admitted, web.Response):
+        return admitted
+    client, raw = admitted
     try:
         answer = await _daemon(request).gateway.embed(client, raw)
     except TallyError as err:

@@ -19,6 +19,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import re
 import time
 import uuid
 from collections import OrderedDict
@@ -71,6 +72,10 @@ class _Run:
     fresh: bool = True
 
 
+RUN_ID = re.compile(r"r[0-9a-f]{15}")
+"""What `submit` names a run: an id of another shape was never a run of this daemon."""
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     max_tasks: int = 256
@@ -109,6 +114,8 @@ class Engine:
         self._views: dict[str, RunView] = {}
         """Runs in flight and the newest `keep_runs` finished ones, in full."""
         self._summaries = Summaries()
+        self._scans = asyncio.Semaphore(1)
+        """Read-backs of runs memory no longer holds: whole-ledger scans, one at a time."""
         """Finished runs past `keep_runs`: their summaries, up to `keep_summaries`."""
         self.census = Census()
         self._runs: dict[str, _Run] = {}
@@ -176,9 +183,6 @@ class Engine:
             raise NotFound(f"no run {run_id}", details={"run": run_id})
         return summary
 
-    def _known(self, run_id: str) -> bool:
-        return run_id in self._views or run_id in self._summaries
-
     def list(self, state: str | None = None, limit: int = 50) -> builtins.list[RunView]:
         """The newest `limit` runs in memory (with this state), newest first."""
         full = (
@@ -191,25 +195,23 @@ class Engine:
 
     async def find(self, run_id: str) -> RunView:
         """The run in full: from memory, or read back from the ledger when memory holds only
-        its summary or nothing at all."""
+        its summary (the plan, results and full texts are in the record) or nothing at all."""
         view = self._views.get(run_id)
-        if view is None or view.summary:  # the plan, results and full texts are in the record
-            return await self.detail(run_id)
-        return view.model_copy(deep=True)
-
-    async def detail(self, run_id: str) -> RunView:
-        """The run in full, re-read from the ledger (for summaries or dropped finished runs)."""
-        if not self._known(run_id):
-            return await self._read_back(run_id)
-        views = await replay(self.ledger, run=run_id)
-        return views.get(run_id) or self.get(run_id)
-
-    async def _read_back(self, run_id: str) -> RunView:
-        views = await replay(self.ledger, run=run_id)
-        view = views.get(run_id)
-        if view is None:
+        if view is not None and not view.summary:
+            return view.model_copy(deep=True)
+        held = view or self._summaries.get(run_id)
+        if held is not None:  # its entries start at its request: no scan of what came before
+            found = (await replay(self.ledger, start=held.request_seq, run=run_id)).get(run_id)
+            return found or held
+        if not RUN_ID.fullmatch(run_id):  # no run was ever named so: nothing to scan for
             raise NotFound(f"no run {run_id}", details={"run": run_id})
-        return view
+        # Not in memory: a scan of the whole ledger (in a thread). One at a time, so a client
+        # asking for many unknown runs queues behind itself instead of taking every core.
+        async with self._scans:
+            found = (await replay(self.ledger, run=run_id)).get(run_id)
+        if found is None:
+            raise NotFound(f"no run {run_id}", details={"run": run_id})
+        return found
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunView:
         if run_id not in self._views:
@@ -301,7 +303,7 @@ class Engine:
             check_plan(checked, self._lanes)
             admit_commands(checked, self.roster.policy.command, self.options.confinement.hidden)
         budget_limits = limits(budget, self.roster.policy.budget)
-        run_id = "r" + uuid.uuid4().hex[:15]
+        run_id = "r" + uuid.uuid4().hex[:15]  # see RUN_ID
         body = {
             "request": request,
             "lane": lane,

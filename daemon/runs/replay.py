@@ -226,10 +226,13 @@ async def replay(
     """Rebuild run views from the ledger alone, as they stood after entry `until` (inclusive).
 
     `start` and `views` continue from a snapshot (the reduction of entries before `start`);
-    a `redaction` entry at or after `start` then raises RedactedAfterSnapshot.
+    a `redaction` entry at or after `start` then raises RedactedAfterSnapshot (the views may
+    hold what it removed). Without `views`, `start` only skips entries known not to matter
+    (those before a run's request, with `run` given).
     """
+    continued = bool(views)
     views = {} if views is None else views
-    if start > 0:
+    if start > 0 and continued:
         redactions = await ledger.entries(start=start, limit=1, kind="redaction")
         if redactions and (until is None or redactions[0].seq <= until):
             raise RedactedAfterSnapshot(f"redaction at seq {redactions[0].seq}")

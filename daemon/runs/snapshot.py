@@ -50,10 +50,6 @@ def stamp(ledger: StampedLedger, size: int, views: list[RunView]) -> Snapshot:
     return Snapshot(size=size, root=ledger.root(size), leaf=ledger.leaf_hash(size - 1), views=views)
 
 
-def encode(snapshot: Snapshot) -> bytes:
-    return snapshot.model_dump_json().encode()
-
-
 def write(state_dir: Path, snapshot: Snapshot, summaries: Sequence[bytes] = ()) -> None:
     """Encode and save, in a worker thread: no view in `snapshot` may change meanwhile (see
     Engine.snapshot). A finished run is written as its summary (`RunView.compacted`: replay

@@ -4,7 +4,11 @@ snapshot holds no task results of a finished run."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import pytest
+
+from daemon.errors import NotFound
 from daemon.runs import snapshot as snapshots
 from tests.runs.conftest import Factory
 
@@ -45,3 +49,44 @@ async def test_the_snapshot_holds_no_task_results(fleet: Factory) -> None:
     loaded = snapshots.load(daemon.settings.state_dir, daemon.ledger)
     assert loaded is not None
     assert loaded.size == daemon.ledger.size
+
+
+async def test_a_summary_is_read_back_from_its_request_on(
+    fleet: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon, _ = await fleet(
+        [("backend", "an answer", 0.0)], policy={"keep_runs": 1, "keep_summaries": 5}
+    )
+    await daemon.ledger.append(actor="t", kind="note", body={"before": "the runs"})
+    first = await daemon.engine.wait((await daemon.engine.submit("backend api 0")).id, 20)
+    second = await daemon.engine.wait((await daemon.engine.submit("backend api 1")).id, 20)
+    assert daemon.engine.get(first.id).summary
+    # a redaction after the run's request does not stop the read-back (nothing is continued)
+    [answer] = await daemon.ledger.entries(start=0, limit=1, kind="run.request", run=second.id)
+    await daemon.ledger.redact(answer.body or "", actor="t", reason="x")
+    starts: list[int] = []
+    real = daemon.ledger.entries
+
+    async def spy(start: int = 0, *args: Any, **kwargs: Any) -> Any:
+        starts.append(start)
+        return await real(start, *args, **kwargs)
+
+    monkeypatch.setattr(daemon.ledger, "entries", spy)
+    back = await daemon.engine.find(first.id)
+    assert back.model_dump() == first.model_dump()
+    assert first.request_seq > 0
+    assert min(starts) == first.request_seq  # no scan of what came before the run
+
+
+async def test_an_unknown_run_is_not_found_and_a_malformed_id_is_not_scanned_for(
+    fleet: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon, _ = await fleet([("backend", "an answer", 0.0)])
+    with pytest.raises(NotFound):
+        await daemon.engine.find("r" + "0" * 15)
+    scans: list[Any] = []
+    monkeypatch.setattr(daemon.ledger, "entries", lambda *a, **k: scans.append(a))
+    for hostile in ("x" * 128, "r" + "0" * 15 + '"', "../r0"):
+        with pytest.raises(NotFound):
+            await daemon.engine.find(hostile)
+    assert scans == []

@@ -29,7 +29,9 @@ Scoring, in one place so the numbers mean the same thing everywhere:
   `confidence >= policy.margin`, and the request is not contested: a runner-up with
   evidence `E2 >= CONTEST_MIN` (a real word of its own, not a shared one) and
   `E2 >= CONTEST_RATIO x E1` means the request asks for two lanes' work ("make the mobile app
-  faster", "write tests and docs"), which a keyword count cannot split; otherwise `lane` is
+  faster", "write tests and docs"), which a keyword count cannot split (at the default margin
+  0.1 such a runner-up already fails the margin: s1 - s2 < 0.09 whenever E2 >= 0.7 x E1, so
+  the rule decides for rosters with a smaller margin); otherwise `lane` is
   None and `escalate` is True, and a `Classifier` (a model call, wired up by the run engine)
   picks among `Router.candidates`.
 """
@@ -56,7 +58,7 @@ TOP_K = 5
 GENERIC_FACTOR = 0.6
 PHRASE_GAP = 1
 CONTEST_MIN = 0.9
-CONTEST_RATIO = 0.6
+CONTEST_RATIO = 0.7
 JOINED_MIN = 0.55
 JOINED_RATIO = 0.2
 # Words that join two asks in one request ("write tests and docs"): with one of them, a

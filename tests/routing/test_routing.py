@@ -266,15 +266,21 @@ def test_generic_word_alone_does_not_decide() -> None:
 
 
 def test_contested_request_escalates() -> None:
-    router = Router(roster(lane("a", ["gamma delta"]), lane("b", ["beta"])))
-    assert router.route("gamma delta").lane == "a"
-    # b's one real word against a's phrase: the margin (0.6 - 0.5) passes, but
-    # E2 = 1.0 >= CONTEST_MIN and >= CONTEST_RATIO x E1 (1.5)
-    assert CONTEST_MIN <= 1.0
-    assert CONTEST_RATIO * PHRASE_BOOST <= 1.0
-    contested = router.route("gamma delta and beta")
-    assert contested.confidence >= 0.1
+    # At the default margin (0.1) a runner-up at CONTEST_RATIO x E1 already fails the margin,
+    # so the contest rule is what decides for a roster with a smaller margin.
+    router = Router(
+        roster(lane("a", ["alpha", "omega", "psi"]), lane("b", ["beta zeta"]), margin=0.05)
+    )
+    assert router.route("alpha omega").lane == "a"
+    # E1 = 2.0 (two words) and E2 = 1.5 (b's phrase): the margin (0.667 - 0.6) passes, but
+    # E2 >= CONTEST_MIN and E2 >= CONTEST_RATIO x E1
+    assert CONTEST_MIN <= PHRASE_BOOST
+    assert 2.0 * CONTEST_RATIO <= PHRASE_BOOST < 3.0 * CONTEST_RATIO
+    contested = router.route("alpha omega beta zeta")
+    assert contested.confidence >= 0.05
     assert contested.escalate
+    # With a's third word (E1 = 3.0) the runner-up is below CONTEST_RATIO x E1: decided.
+    assert router.route("alpha omega psi beta zeta").lane == "a"
 
 
 def test_default_roster_known_traps() -> None:

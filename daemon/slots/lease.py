@@ -14,7 +14,7 @@ is a `ModelError` (the slot itself is fine). A caller's own cancel stays a cance
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -25,17 +25,43 @@ from daemon.slots.instance import Slot
 from daemon.slots.records import ChatResult
 
 
+class Failover(Protocol):
+    """Where a lease on a tier takes a call that failed in flight (the pool provides it)."""
+
+    @property
+    def tier(self) -> str: ...
+
+    async def move(self, failed: dict[str, str], error: SlotLost | ModelError) -> Slot:
+        """A slot of a member of the tier not in `failed` (member → why its call failed),
+        taken for the lease; or, when the call may not move again or none can take it,
+        `error` itself (the pool is stopping) or a SlotLost naming every member and why."""
+
+
 class Lease:
     """One leased slot. `chat` talks to it; the slot returns to the pool when the lease ends."""
 
-    __slots__ = ("_lost", "_member", "_released", "_slot", "_task", "id_slot", "instance", "member")
+    __slots__ = (
+        "_failover",
+        "_lost",
+        "_member",
+        "_released",
+        "_slot",
+        "_task",
+        "id_slot",
+        "instance",
+        "member",
+    )
 
-    def __init__(self, slot: Slot) -> None:
+    def __init__(self, slot: Slot, failover: Failover | None = None) -> None:
+        self._failover = failover
+        self._released = False
+        self._task: asyncio.Task[Any] | None = None
+        self._hold(slot)
+
+    def _hold(self, slot: Slot) -> None:
         self._member = slot.instance.member
         self._slot = slot
         self._lost: str | None = None
-        self._released = False
-        self._task: asyncio.Task[Any] | None = None
         self.member = self._member.name
         self.instance = slot.instance.index
         self.id_slot = slot.id
@@ -93,11 +119,40 @@ class Lease:
         on_delta: OnDelta | None = None,
         extra: dict[str, Any] | None = None,
     ) -> ChatResult:
-        """POST /v1/chat/completions on this slot; streams (SSE) when `on_delta` is given."""
-        body = self.request(messages, max_tokens, response_format, stream=on_delta is not None)
-        if extra:
-            body.update(extra)
-        done = await self.send(body, on_delta=on_delta)
+        """POST /v1/chat/completions on this slot; streams (SSE) when `on_delta` is given.
+
+        On a lease aimed at a tier, a call whose server fails in flight (dies, hangs, refuses,
+        drops the connection or answers a 5xx) before any of its reply reached `on_delta`
+        moves once to another member of the tier: the failed member is reported (an external
+        one is unhealthy at once and probed; a spawned one's supervision restarts it if it is
+        down), the lease lets its slot go and holds the new one (`member`, `instance` and
+        `id_slot` name it from then on), a `slot.failover` event names both members and why,
+        and the call is sent anew. A call that fails again, or finds no member to move to,
+        raises SlotLost naming each member of the tier and why, so the caller climbs its
+        ladder at once. Text a consumer already has is never sent twice: such a call is not
+        moved, and raises what it met.
+        """
+        streamed = False
+
+        def relay(text: str) -> object:
+            nonlocal streamed
+            streamed = True
+            assert on_delta is not None
+            return on_delta(text)
+
+        failed: dict[str, str] = {}
+        while True:
+            body = self.request(messages, max_tokens, response_format, stream=on_delta is not None)
+            if extra:
+                body.update(extra)
+            try:
+                done = await self.send(body, on_delta=relay if on_delta is not None else None)
+                break
+            except (SlotLost, ModelError) as err:
+                if self._failover is None or streamed or not _in_flight(err):
+                    raise
+                failed[self.member] = self._report(err)
+                await self._move(failed, err)
         return ChatResult(
             text=done.text,
             finish_reason=done.finish_reason,
@@ -195,7 +250,38 @@ class Lease:
         finally:
             self._task = None
 
+    def _report(self, err: SlotLost | ModelError) -> str:
+        """Tell the failed call's server it failed (see `chat`); why, for the record."""
+        why = self._lost if isinstance(err, SlotLost) and self._lost else err.message
+        instance = self._slot.instance
+        if self._slot.alive:  # else its server is already gone, and being dealt with
+            if self._member.spec.url is not None:
+                instance.report_fault(f"a call failed in flight: {why}")
+            else:
+                instance.check_soon()  # a spawned server's supervision decides on a restart
+        return why
+
+    async def _move(self, failed: dict[str, str], err: SlotLost | ModelError) -> None:
+        assert self._failover is not None
+        source = self._slot.instance
+        slot = await self._failover.move(failed, err)
+        self._member.release(self._slot)
+        self._hold(slot)
+        await source.emit(
+            "slot.failover",
+            reason=failed[source.member.name],
+            tier=self._failover.tier,
+            in_flight=True,
+            from_member=source.member.name,
+            to_member=self.member,
+        )
+
     def release(self) -> None:
         if not self._released:
             self._released = True
             self._member.release(self._slot)
+
+
+def _in_flight(err: SlotLost | ModelError) -> bool:
+    """A failure of the server rather than of the request: another member may well answer."""
+    return isinstance(err, SlotLost) or err.status_code >= 500

@@ -18,7 +18,8 @@ Failover: a member that cools down, or an external member that stops answering, 
 leases; its tiers' waiters go to the tier's other members. When no member of a tier can
 serve, a lease aimed at the tier climbs the ladder to the next tier that can; when none can,
 it fails at once with `NoHealthyMember`, naming every member and why. It never waits for a
-server that is not there.
+server that is not there. A call that fails in flight on a lease aimed at a tier moves once
+to another member of that tier (`Lease.chat`), before its caller climbs the ladder.
 
 The pool holds the roster's members and tiers and wires them together (targets, the ladder,
 reloads); the parts live beside it: `member` (a member's slots and failure policy), `instance`
@@ -42,7 +43,7 @@ from types import TracebackType
 from daemon.slots.chat import ChatClient
 from daemon.slots.context import PoolContext
 from daemon.slots.digest import DigestCache
-from daemon.slots.errors import NoHealthyMember, NoSuchTarget, PoolBusy
+from daemon.slots.errors import ModelError, NoHealthyMember, NoSuchTarget, PoolBusy, SlotLost
 from daemon.slots.instance import Slot
 from daemon.slots.lease import Lease
 from daemon.slots.member import MemberRuntime
@@ -183,6 +184,8 @@ class Pool:
                 continue
             if tried:
                 queue.failovers += 1
+            if len(rung.members) > 1:  # a tier with another member to move a failed call to
+                return Lease(slot, _TierFailover(self, rung, priority, affinity))
             return Lease(slot)
         if len(tried) == 1:
             raise tried[0]
@@ -216,6 +219,7 @@ class Pool:
                 max_queue=self.options.max_queue * len(q.members),
                 healthy=[m.name for m in q.live()],
                 failovers=q.failovers,
+                in_flight_failovers=q.in_flight_failovers,
             )
             for q in self._tiers.values()
         ]
@@ -268,3 +272,32 @@ class Pool:
                 await result
         except Exception:
             log.exception("the slot event hook failed on %s", event.kind)
+
+
+class _TierFailover:
+    """A tier lease's way to move a call that failed in flight (see `Lease.chat`): once, to
+    another live member of the tier that granted the slot, at the lease's own priority."""
+
+    __slots__ = ("_affinity", "_pool", "_priority", "_rung")
+
+    def __init__(self, pool: Pool, rung: WaitQueue, priority: int, affinity: str | None) -> None:
+        self._pool = pool
+        self._rung = rung
+        self._priority = priority
+        self._affinity = affinity
+
+    @property
+    def tier(self) -> str:
+        return self._rung.name
+
+    async def move(self, failed: dict[str, str], error: SlotLost | ModelError) -> Slot:
+        rung = self._rung
+        if self._pool._stopping:
+            raise error
+        if len(failed) > 1:  # it moved once already
+            raise rung.call_lost(failed)
+        slot = await rung.elsewhere(
+            failed, self._priority, self._affinity, self._pool.options.max_queue
+        )
+        rung.in_flight_failovers += 1
+        return slot

@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from daemon.slots.context import PoolContext
-from daemon.slots.errors import NoHealthyMember, PoolBusy, PoolTimeout
+from daemon.slots.errors import NoHealthyMember, PoolBusy, PoolTimeout, SlotLost
 from daemon.slots.instance import Slot
 from roster import Member
 
@@ -93,7 +93,16 @@ class Waiter:
 class WaitQueue:
     """The waiting leases of one target (a member, or a tier shared by its members)."""
 
-    __slots__ = ("ctx", "failovers", "heap", "members", "name", "next_rung", "queued")
+    __slots__ = (
+        "ctx",
+        "failovers",
+        "heap",
+        "in_flight_failovers",
+        "members",
+        "name",
+        "next_rung",
+        "queued",
+    )
 
     def __init__(self, ctx: PoolContext, name: str, members: Sequence[QueueMember]) -> None:
         self.ctx = ctx
@@ -104,6 +113,7 @@ class WaitQueue:
         # a tier's: the next tier of the ladder, where its leases go when it cannot serve
         self.next_rung: WaitQueue | None = None
         self.failovers = 0
+        self.in_flight_failovers = 0  # calls moved off a member that failed under them
 
     def head(self) -> Waiter | None:
         heap = self.heap
@@ -248,6 +258,39 @@ class WaitQueue:
         except BaseException:
             self.forget(waiter)
             raise
+
+    async def elsewhere(
+        self, failed: Mapping[str, str], priority: int, affinity: str | None, max_queue: int
+    ) -> Slot:
+        """A slot for a call that failed in flight on the members in `failed`: a free slot of
+        another live member at once (the call was admitted already, so it does not queue
+        behind newer ones), else a place in the first such member's own queue; SlotLost
+        naming every member and why when no other member is live."""
+        live = [m for m in self.live() if m.name not in failed]
+        if not live:
+            raise self.call_lost(failed)
+        for member in live:
+            slot = member.pick(affinity)
+            if slot is not None:
+                member.take(slot, affinity)
+                return slot
+        return await live[0].queue.wait(priority, None, affinity, max_queue)
+
+    def call_lost(self, failed: Mapping[str, str]) -> SlotLost:
+        """A call failed in flight and may not move (again): say what each member did."""
+        why: dict[str, str] = {}
+        for m in self.members:
+            if m.name in failed:
+                why[m.name] = f"failed in flight: {failed[m.name]}"
+            elif m.available and not m.retiring:
+                why[m.name] = "was not tried (a call moves to one other member only)"
+            else:
+                why[m.name] = m.why()
+        return SlotLost(
+            f"no member of {self.name!r} could finish the call: "
+            + "; ".join(f"{name} {reason}" for name, reason in why.items()),
+            details={"target": self.name, "members": why},
+        )
 
 
 def _free_slot(members: list[QueueMember], affinity: str | None) -> tuple[QueueMember, Slot] | None:

@@ -9,6 +9,11 @@ or hanging (told through `lose`, or seen by the request itself: a timeout, a ref
 dropped connection) fails the call in flight, and the lease reports what it saw to the
 server's instance (`report_fault`, or `check_soon` when a probe must decide). An error status
 is a `ModelError` (the slot itself is fine). A caller's own cancel stays a cancel.
+
+In-flight failover (`chat` only; `send`, the gateway's path, never moves a call: the gateway
+retries on its own). A lease aimed at a tier of several members may move a call that failed
+in flight to another of them, once, and then holds that member's slot: `member`, `instance`
+and `id_slot` always name the slot the lease holds now, which is where the last attempt ran.
 """
 
 from __future__ import annotations

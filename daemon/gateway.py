@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from daemon.ledger import Ledger
     from daemon.slots import Pool
     from daemon.slots.chat import Completion
-    from daemon.slots.pool import Lease
+    from daemon.slots.lease import Lease
 
 CALL = "gateway.call"
 REPLY = "gateway.reply"

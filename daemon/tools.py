@@ -1114,6 +1114,10 @@ class SlotTierOut(_Out):
     failovers: int = Field(
         default=0, description="Leases a higher tier served because none here could."
     )
+    in_flight_failovers: int = Field(
+        default=0,
+        description="Calls moved to another member of this tier after theirs failed mid-call.",
+    )
 
 
 class SlotsOut(_Out):

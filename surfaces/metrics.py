@@ -120,6 +120,10 @@ def _slots(out: _Text, daemon: Daemon) -> None:
     out.family(name, "counter", "Leases a higher tier served because no member here could.")
     for t in status.tiers:
         out.sample(name, t.failovers, tier=t.name)
+    name = "tally_tier_in_flight_failovers_total"
+    out.family(name, "counter", "Calls moved to another member after theirs failed under them.")
+    for t in status.tiers:
+        out.sample(name, t.in_flight_failovers, tier=t.name)
 
 
 def _ledger(out: _Text, daemon: Daemon) -> None:

@@ -938,7 +938,6 @@ class Engine:
                 "request": request,
             }
             call_seq = await self._witness(ctx.id, k.MODEL_CALL, call_body, parent)
-            where = {"member": lease.member, "instance": lease.instance, "slot": lease.id_slot}
             try:
                 result = await lease.chat(
                     messages,
@@ -949,6 +948,7 @@ class Engine:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                where = {"member": lease.member, "instance": lease.instance, "slot": lease.id_slot}
                 await self._witness(
                     ctx.id,
                     k.MODEL_REPLY,
@@ -958,6 +958,8 @@ class Engine:
                     call_seq,
                 )
                 raise
+            # Read after the call: a tier's lease that moved a failed call names where it ran.
+            where = {"member": lease.member, "instance": lease.instance, "slot": lease.id_slot}
             usage = result.usage
             # What went upstream, when the lease reports it (a relay adds the slot's fields).
             sent = k.safe(dict(getattr(result, "request", None) or {}))

@@ -9,8 +9,9 @@ from daemon.slots.errors import (
     ServerStartError,
     SlotLost,
 )
-from daemon.slots.member import PoolOptions
-from daemon.slots.pool import Lease, Pool
+from daemon.slots.lease import Lease
+from daemon.slots.options import PoolOptions
+from daemon.slots.pool import Pool
 from daemon.slots.records import (
     ChatResult,
     InstanceStatus,

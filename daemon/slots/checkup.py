@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from daemon.errors import TallyError
 from daemon.slots.discovery import ServerFound, probe_server
 from daemon.slots.errors import ModelError
-from daemon.slots.member import PoolOptions
+from daemon.slots.options import PoolOptions
 from daemon.slots.pool import Pool
 from daemon.slots.process import log_tail
 from roster import Member, Roster, resolve_model_path

@@ -18,7 +18,15 @@ Failover: a member that cools down, or an external member that stops answering, 
 leases; its tiers' waiters go to the tier's other members. When no member of a tier can
 serve, a lease aimed at the tier climbs the ladder to the next tier that can; when none can,
 it fails at once with `NoHealthyMember`, naming every member and why. It never waits for a
-server that is not there.
+server that is not there. A call that fails in flight on a lease aimed at a tier moves once
+to another member of that tier (`Lease.chat`), before its caller climbs the ladder.
+
+The pool holds the roster's members and tiers and wires them together (targets, the ladder,
+reloads); the parts live beside it: `member` (a member's slots and failure policy), `instance`
+(one server), `queue` (waiting and admission), `lease` (what a caller holds), `options`.
+Imports run one way (pool → member → queue → instance, and lease → instance); what a lower
+module needs of a higher one is a protocol it declares (`InstanceOwner`, `QueueMember`,
+`ports.LeaseHolder`).
 """
 
 from __future__ import annotations
@@ -31,204 +39,22 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
-import aiohttp
-
-from daemon.slots.chat import ChatClient, Completion, OnChunk, OnDelta, request_body
+from daemon.slots.chat import ChatClient
+from daemon.slots.context import PoolContext
 from daemon.slots.digest import DigestCache
-from daemon.slots.discovery import connection_problem
-from daemon.slots.errors import (
-    ModelError,
-    NoHealthyMember,
-    NoSuchTarget,
-    PoolBusy,
-    PoolTimeout,
-    SlotLost,
-)
-from daemon.slots.member import MemberRuntime, PoolContext, PoolOptions, Slot, WaitQueue
-from daemon.slots.records import ChatResult, PoolStatus, SlotEvent, TierStatus
+from daemon.slots.errors import ModelError, NoHealthyMember, NoSuchTarget, PoolBusy, SlotLost
+from daemon.slots.instance import Slot
+from daemon.slots.lease import Lease
+from daemon.slots.member import MemberRuntime
+from daemon.slots.options import PoolOptions
+from daemon.slots.queue import QueueMember, WaitQueue
+from daemon.slots.records import PoolStatus, SlotEvent, TierStatus
 from roster import Roster
 
 log = logging.getLogger("tally.slots")
 
 EventHook = Callable[[SlotEvent], Awaitable[None] | None]
-
-
-class Lease:
-    """One leased slot. `chat` talks to it; the slot returns to the pool when the lease ends."""
-
-    __slots__ = ("_lost", "_member", "_released", "_slot", "_task", "id_slot", "instance", "member")
-
-    def __init__(self, member: MemberRuntime, slot: Slot) -> None:
-        self._member = member
-        self._slot = slot
-        self._lost: str | None = None
-        self._released = False
-        self._task: asyncio.Task[Any] | None = None
-        self.member = member.name
-        self.instance = slot.instance.index
-        self.id_slot = slot.id
-        slot.lease = self
-
-    @property
-    def server_url(self) -> str | None:
-        """The server's root URL (for /slots, /metrics); None once it is gone."""
-        return self._slot.instance.root_url if self._slot.alive else None
-
-    @property
-    def lost(self) -> str | None:
-        return self._lost
-
-    def lose(self, reason: str) -> None:
-        """Called by the pool when the server under this lease died or hung."""
-        self._lost = reason
-        task = self._task
-        if task is not None and not task.done():
-            task.cancel()
-
-    def _lost_error(self) -> SlotLost:
-        return SlotLost(
-            f"slot {self.id_slot} of {self.member}/{self.instance} was lost: {self._lost}",
-            details={"member": self.member, "instance": self.instance, "id_slot": self.id_slot},
-        )
-
-    def request(
-        self,
-        messages: list[dict[str, Any]],
-        max_tokens: int = 256,
-        response_format: dict[str, Any] | None = None,
-        *,
-        stream: bool = False,
-    ) -> dict[str, Any]:
-        """The exact body `chat` sends for these arguments, so a caller can witness it first."""
-        spec = self._member.spec
-        return request_body(
-            spec,
-            self.id_slot if self._slot.instance.send_id_slot else None,
-            messages,
-            max_tokens=max_tokens,
-            response_format=response_format,
-            # llama.cpp notices a closed connection only while streaming (a non-streamed
-            # request was measured generating on after its client left), so cancel can only
-            # stop a server we own if we stream; the caller still gets one ChatResult.
-            stream=stream or spec.url is None,
-        )
-
-    async def chat(
-        self,
-        messages: list[dict[str, Any]],
-        max_tokens: int = 256,
-        response_format: dict[str, Any] | None = None,
-        on_delta: OnDelta | None = None,
-        extra: dict[str, Any] | None = None,
-    ) -> ChatResult:
-        """POST /v1/chat/completions on this slot; streams (SSE) when `on_delta` is given."""
-        body = self.request(messages, max_tokens, response_format, stream=on_delta is not None)
-        if extra:
-            body.update(extra)
-        done = await self.send(body, on_delta=on_delta)
-        return ChatResult(
-            text=done.text,
-            finish_reason=done.finish_reason,
-            usage=done.usage,
-            timings=done.timings,
-            member=self.member,
-            instance=self.instance,
-            id_slot=self.id_slot,
-            request=body,
-            model=done.model,
-            remote=done.remote,
-        )
-
-    def relay_body(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A client's own request body as this slot's server gets it: the member's model id,
-        the slot pinned and its cache kept; a server tally spawns is always streamed (see
-        `request`), and a stream always reports usage (the ledger meters it)."""
-        spec = self._member.spec
-        sent = dict(body)
-        for key, value in spec.sampling.model_dump(exclude_none=True).items():
-            sent.setdefault(key, value)  # the member's defaults; the client's values win
-        sent["model"] = spec.model_id or spec.name
-        sent["cache_prompt"] = True
-        if self._slot.instance.send_id_slot:
-            sent["id_slot"] = self.id_slot
-        if sent.get("stream") or spec.url is None:
-            sent["stream"] = True
-            sent["stream_options"] = {**(sent.get("stream_options") or {}), "include_usage": True}
-        return sent
-
-    async def embed(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST /v1/embeddings on this slot's server with the member's model id."""
-        instance = self._slot.instance
-        spec = self._member.spec
-        url = instance.chat_url.removesuffix("/chat/completions") + "/embeddings"
-        sent = {**body, "model": spec.model_id or spec.name}
-        try:
-            async with asyncio.timeout(spec.request_timeout_s):
-                return await instance.ctx.client.post_json(url, sent, instance.headers)
-        except (TimeoutError, aiohttp.ClientError) as err:
-            raise SlotLost(
-                f"embeddings on {self.member}/{self.instance} failed: {err!r}",
-                details={"member": self.member, "instance": self.instance},
-            ) from None
-
-    async def send(
-        self,
-        body: dict[str, Any],
-        *,
-        on_delta: OnDelta | None = None,
-        on_chunk: OnChunk | None = None,
-    ) -> Completion:
-        """POST `body` as is to this slot's server; faults become SlotLost (see `chat`)."""
-        if self._lost is not None:
-            raise self._lost_error()
-        if self._released:
-            raise RuntimeError("the lease has ended")
-        instance = self._slot.instance
-        spec = self._member.spec
-        task = asyncio.current_task()
-        self._task = task
-        try:
-            async with asyncio.timeout(spec.request_timeout_s):
-                return await instance.ctx.client.complete(
-                    instance.chat_url, body, instance.headers, on_delta, on_chunk
-                )
-        except asyncio.CancelledError:
-            # Our own cancel from lose() becomes SlotLost; a caller's cancel stays a cancel.
-            if self._lost is not None and task is not None and task.cancelling() <= 1:
-                task.uncancel()
-                raise self._lost_error() from None
-            raise
-        except TimeoutError:
-            self._task = None
-            self._lost = f"hung: no reply within {spec.request_timeout_s:g} s"
-            instance.report_fault(self._lost)
-            raise self._lost_error() from None
-        except aiohttp.ClientError as err:
-            self._task = None
-            if self._lost is None:
-                if isinstance(err, aiohttp.ClientConnectorError):  # nobody there (refused, …)
-                    self._lost = connection_problem(err, instance.chat_url, 0)
-                    instance.report_fault(self._lost)
-                else:
-                    self._lost = f"connection failed: {err!r}"
-                    if spec.url is None:  # a loopback server we own does not drop connections
-                        instance.report_fault(self._lost)
-                    else:  # an external one may (a proxy, a restart): is it still there?
-                        instance.check_soon()
-            raise self._lost_error() from None
-        except ModelError as err:
-            if err.status_code >= 500 and spec.url is not None:
-                instance.check_soon()  # a bad request or a server going away: a probe tells
-            raise
-        finally:
-            self._task = None
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._member.release(self._slot)
 
 
 class _LeaseContext:
@@ -276,8 +102,10 @@ class Pool:
             emit=self._emit,
             digests=DigestCache(self.state_dir),
         )
+        # pool-wide, so a lane's last slot is one slot even when it moved between members
+        self._affinity: dict[str, Slot] = {}
         self._members: dict[str, MemberRuntime] = {
-            m.name: MemberRuntime(self._ctx, m) for m in roster.models
+            m.name: MemberRuntime(self._ctx, m, self._affinity) for m in roster.models
         }
         self._retired: list[MemberRuntime] = []
         self._tiers: dict[str, WaitQueue] = {}
@@ -291,13 +119,14 @@ class Pool:
             member.queues = [member.queue]
         tiers: dict[str, WaitQueue] = {}
         for tier, names in self.roster.tiers.members.items():
-            found = [self._members[n] for n in names if n in self._members]
+            found: list[QueueMember] = [self._members[n] for n in names if n in self._members]
             if not found:
                 continue
             queue = self._tiers.pop(tier, None) or WaitQueue(self._ctx, tier, found)
             queue.members = found
-            for member in found:
-                member.queues.append(queue)
+            for name in names:
+                if name in self._members:
+                    self._members[name].queues.append(queue)
             tiers[tier] = targets[tier] = queue
         for gone in self._tiers.values():
             gone.fail(PoolBusy(f"tier {gone.name!r} left the roster; retry"))
@@ -346,8 +175,8 @@ class Pool:
         rung: WaitQueue | None = queue
         while rung is not None:
             try:
-                lease = self._grab(rung, affinity) or await self._wait(
-                    rung, priority, deadline, affinity
+                slot = rung.grab(affinity) or await rung.wait(
+                    priority, deadline, affinity, self.options.max_queue
                 )
             except NoHealthyMember as err:
                 tried.append(err)
@@ -355,7 +184,9 @@ class Pool:
                 continue
             if tried:
                 queue.failovers += 1
-            return lease
+            if len(rung.members) > 1:  # a tier with another member to move a failed call to
+                return Lease(slot, _TierFailover(self, rung, priority, affinity))
+            return Lease(slot)
         if len(tried) == 1:
             raise tried[0]
         why = {n: r for err in tried for n, r in err.details.get("members", {}).items()}
@@ -374,72 +205,10 @@ class Pool:
         if self._stopping:
             raise PoolBusy("the pool is stopping")
         try:
-            return self._grab(queue, affinity)
+            slot = queue.grab(affinity)
         except NoHealthyMember:
             return None  # `acquire` climbs the ladder or explains
-
-    def _grab(self, queue: WaitQueue, affinity: str | None) -> Lease | None:
-        """A free slot at once (the fast path: no await), or None; NoHealthyMember if no
-        member of the queue can serve."""
-        members = queue.members
-        if len(members) == 1:
-            member = members[0]
-            if not member.available:
-                raise (
-                    member.unavailable_error()
-                    if queue is member.queue
-                    else queue.unavailable_error()
-                )
-            if queue.queued == 0:
-                slot = member.pick(affinity)
-                if slot is not None:
-                    member.take(slot, affinity)
-                    return Lease(member, slot)
-        else:
-            live = [m for m in members if m.available]
-            if not live:
-                raise queue.unavailable_error()
-            if queue.queued == 0:
-                # a member with a free slot has nobody waiting (release dispatches at once)
-                found = _free_slot(live, affinity)
-                if found is not None:
-                    member, slot = found
-                    member.take(slot, affinity)
-                    return Lease(member, slot)
-        return None
-
-    async def _wait(
-        self, queue: WaitQueue, priority: int, deadline: float | None, affinity: str | None
-    ) -> Lease:
-        """Queue for a slot of `queue`'s members (starting servers for it) until granted."""
-        target = queue.name
-        members = queue.members
-        if deadline is not None and deadline <= time.monotonic():
-            raise PoolTimeout(f"no slot of {target!r} before the deadline")
-        # a tier holds as many waiters as its members' own queues would
-        if queue.queued >= self.options.max_queue * len(members):
-            raise PoolBusy(
-                f"the queue of {target!r} is full ({queue.queued} waiting)",
-                details={"target": target, "queue": queue.queued},
-            )
-        waiter = queue.enqueue(priority, affinity)
-        queue.grow()
-        try:
-            if deadline is None:
-                slot = await waiter.future
-            else:
-                async with asyncio.timeout_at(deadline):
-                    slot = await waiter.future
-        except TimeoutError:
-            queue.forget(waiter)
-            raise PoolTimeout(
-                f"no slot of {target!r} before the deadline",
-                details={"target": target},
-            ) from None
-        except BaseException:
-            queue.forget(waiter)
-            raise
-        return Lease(slot.instance.member, slot)
+        return Lease(slot) if slot is not None else None
 
     def status(self) -> PoolStatus:
         tiers = [
@@ -450,6 +219,7 @@ class Pool:
                 max_queue=self.options.max_queue * len(q.members),
                 healthy=[m.name for m in q.live()],
                 failovers=q.failovers,
+                in_flight_failovers=q.in_flight_failovers,
             )
             for q in self._tiers.values()
         ]
@@ -488,7 +258,7 @@ class Pool:
                 self._ctx.background(runtime.stop("retired", "removed from the roster"))
         for name, spec in specs.items():
             if name not in self._members:
-                self._members[name] = MemberRuntime(self._ctx, spec)
+                self._members[name] = MemberRuntime(self._ctx, spec, self._affinity)
         self.roster = roster
         self._targets = self._index()
 
@@ -504,20 +274,30 @@ class Pool:
             log.exception("the slot event hook failed on %s", event.kind)
 
 
-def _free_slot(
-    members: list[MemberRuntime], affinity: str | None
-) -> tuple[MemberRuntime, Slot] | None:
-    """Within a tier: the affinity key's slot if it is free, else the first member's free slot
-    (the roster's order)."""
-    if affinity is not None:
-        slot = members[0].affinity.get(affinity)
-        if slot is not None:
-            owner = slot.instance.member
-            if slot in owner.free and owner in members:
-                return owner, slot
-    for m in members:
-        if m.free:
-            slot = m.pick(affinity)
-            if slot is not None:
-                return m, slot
-    return None
+class _TierFailover:
+    """A tier lease's way to move a call that failed in flight (see `Lease.chat`): once, to
+    another live member of the tier that granted the slot, at the lease's own priority."""
+
+    __slots__ = ("_affinity", "_pool", "_priority", "_rung")
+
+    def __init__(self, pool: Pool, rung: WaitQueue, priority: int, affinity: str | None) -> None:
+        self._pool = pool
+        self._rung = rung
+        self._priority = priority
+        self._affinity = affinity
+
+    @property
+    def tier(self) -> str:
+        return self._rung.name
+
+    async def move(self, failed: dict[str, str], error: SlotLost | ModelError) -> Slot:
+        rung = self._rung
+        if self._pool._stopping:
+            raise error
+        if len(failed) > 1:  # it moved once already
+            raise rung.call_lost(failed)
+        slot = await rung.elsewhere(
+            failed, self._priority, self._affinity, self._pool.options.max_queue
+        )
+        rung.in_flight_failovers += 1
+        return slot

@@ -148,6 +148,8 @@ class TierStatus(BaseModel):
     """Members that can take a lease now (not cooling down, not unreachable)."""
     failovers: int = 0
     """Leases aimed at this tier that a higher rung served because no member here could."""
+    in_flight_failovers: int = 0
+    """Calls moved to another member of this tier after their own failed under them."""
 
 
 class PoolStatus(BaseModel):

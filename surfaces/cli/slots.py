@@ -102,6 +102,8 @@ def _table(status: PoolStatus) -> str:
             line += f", healthy: {', '.join(t.healthy) or 'none'}"
         if t.failovers:
             line += f", {t.failovers} leases served by a higher tier"
+        if t.in_flight_failovers:
+            line += f", {t.in_flight_failovers} calls moved off a member that failed mid-call"
         lines.append(line)
     return "\n".join(lines)
 

@@ -8,9 +8,12 @@ usage with cached_tokens, timings, id_slot queueing). Faults are injected with f
 time through POST /_fault {"mode": "crash" | "hang" | "fail", "count": N}: "crash" exits the
 process (in-process: drops the connection) mid-stream, "truncate" ends the next stream cleanly
 after N tokens (`after`) with neither a finish_reason nor [DONE], "hang" stops answering anything,
-"fail" answers the next N chat requests with 500. `--ready-file PATH` keeps it "loading" until
-PATH exists (a spawned server a test can fix from outside). `--models a,b` sets what
-/v1/models lists; `--ollama` answers as Ollama does (/api/version; no /health, /props, /slots).
+"fail" answers the next N chat requests with 500 (or `status`), "die" makes the next chat request
+the last one answered: it is cut mid-body (`how` "cut") or answered 502 (`how` "502"), and from
+then on every request gets 502, as from a proxy whose backend is gone. `--ready-file PATH`
+keeps it "loading" until PATH exists (a spawned server a test can fix from outside).
+`--models a,b` sets what /v1/models lists; `--ollama` answers as Ollama does (/api/version;
+no /health, /props, /slots).
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ class FakeServer:
         self.crash_after: int | None = None  # tokens streamed before the crash
         self.truncate_after: int | None = None  # tokens streamed before a clean, early end
         self.fail_next = 0
+        self.fail_status = 500
+        self.dying: str | None = None  # "cut" or "502": how the next chat request ends it
+        self.dead = False
         self.requests: list[dict[str, Any]] = []
         self.processing: set[int] = set()
         self.max_concurrent = 0
@@ -101,6 +107,8 @@ class FakeServer:
 
     async def health(self, request: web.Request) -> web.Response:
         await self._gate()
+        if self.dead:
+            return web.json_response({"error": {"code": 502}}, status=502)
         if self.health_status is not None:
             return web.json_response(
                 {"error": {"code": self.health_status}}, status=self.health_status
@@ -152,6 +160,9 @@ class FakeServer:
             self.truncate_after = int(body.get("after", 0))
         elif mode == "fail":
             self.fail_next = int(body.get("count", 1))
+            self.fail_status = int(body.get("status", 500))
+        elif mode == "die":
+            self.dying = str(body.get("how", "cut"))
         elif mode == "exit":
             asyncio.get_running_loop().call_later(0.01, os._exit, int(body.get("code", 3)))
         return web.json_response({"ok": True})
@@ -183,9 +194,18 @@ class FakeServer:
         await self._gate()
         body = await request.json()
         self.requests.append(body)
+        if self.dying is not None:
+            how, self.dying, self.dead = self.dying, None, True
+            if how == "cut":
+                await self._cut(request, bool(body.get("stream")))
+        if self.dead:
+            return web.json_response({"error": {"code": 502, "message": "Bad Gateway"}}, status=502)
         if self.fail_next > 0:
             self.fail_next -= 1
-            return web.json_response({"error": {"code": 500, "message": "injected"}}, status=500)
+            status = self.fail_status
+            return web.json_response(
+                {"error": {"code": status, "message": "injected"}}, status=status
+            )
         id_slot = body.get("id_slot")
         slot = self._pick_slot(id_slot if isinstance(id_slot, int) and id_slot >= 0 else None)
         async with self._locks[slot]:
@@ -195,6 +215,20 @@ class FakeServer:
                 return await self._generate(request, body, slot)
             finally:
                 self.processing.discard(slot)
+
+    async def _cut(self, request: web.Request, stream: bool) -> None:
+        """Start an answer and close the connection half-way through its body."""
+        kind = "text/event-stream" if stream else "application/json"
+        resp = web.StreamResponse(headers={"Content-Type": kind, "Content-Length": "4096"})
+        await resp.prepare(request)
+        await resp.write(
+            b'data: {"object": "chat.completion.chunk", "choi'
+            if stream
+            else b'{"id": "chatcmpl-fake", "choi'
+        )
+        assert request.transport is not None
+        request.transport.close()
+        raise ConnectionResetError("injected death")
 
     async def _generate(
         self, request: web.Request, body: dict[str, Any], slot: int

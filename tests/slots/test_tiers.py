@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from daemon.slots import Pool, PoolBusy, PoolTimeout
-from daemon.slots.pool import Lease
+from daemon.slots.lease import Lease
 from roster import Member
 from tests.slots.conftest import FAST, Events, PoolFactory, spawned
 from tests.slots.fake_server import FakeServer

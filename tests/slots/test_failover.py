@@ -1,0 +1,142 @@
+"""In-flight failover: a call whose member dies under it (the connection cut mid-body, or a
+502) moves once to another member of the tier and succeeds there, witnessed; with nowhere to
+go it fails at once naming every member; a streamed call whose text already reached its
+consumer is never sent twice. External members on the in-process fake server."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from daemon.slots import Pool, SlotLost
+from tests.slots.conftest import Events, PoolFactory
+from tests.slots.fake_server import FakeServer
+from tests.slots.test_health import MSG, ext, wait_until
+
+
+@pytest.fixture
+async def pair() -> AsyncIterator[tuple[FakeServer, FakeServer]]:
+    a, b = FakeServer(slots=1), FakeServer(slots=1)
+    await a.start()
+    await b.start()
+    yield a, b
+    await a.stop()
+    await b.stop()
+
+
+async def ready(make_pool: PoolFactory, a: FakeServer, b: FakeServer) -> Pool:
+    pool = make_pool(ext(a.url + "/v1", "a"), ext(b.url + "/v1", "b"), tiers={"t": ["a", "b"]})
+    await pool.wait_ready("t")
+    return pool
+
+
+@pytest.mark.parametrize("how", ["cut", "502"])
+async def test_a_call_whose_member_dies_moves_to_the_other_member(
+    make_pool: PoolFactory, events: Events, pair: tuple[FakeServer, FakeServer], how: str
+) -> None:
+    a, b = pair
+    pool = await ready(make_pool, a, b)
+    a.dying = how
+    async with pool.lease("t") as lease:
+        assert lease.member == "a"  # the roster's first member serves first
+        result = await lease.chat(MSG, max_tokens=3)
+        assert (lease.member, result.member) == ("b", "b")
+    assert result.text == "t0 t1 t2 "
+    assert len(a.requests) == 1
+    assert len(b.requests) == 1
+    assert b.requests[0]["model"] == "b"  # built anew for the member that took it
+    moved = [e for e in events if e.kind == "slot.failover" and e.detail.get("in_flight")]
+    assert len(moved) == 1
+    assert moved[0].member == "a"
+    assert (moved[0].detail["from_member"], moved[0].detail["to_member"]) == ("a", "b")
+    assert moved[0].detail["tier"] == "t"
+    reason = moved[0].detail["reason"]
+    assert ("502" in reason) if how == "502" else ("connection failed" in reason)
+    await wait_until(lambda: not pool.status().member("a").healthy, 3)  # type: ignore[union-attr]
+    assert pool.status().member("a").state == "unhealthy"  # type: ignore[union-attr]
+    assert "slot.restarting" not in events.kinds("a")  # an external member is never restarted
+    tier = pool.status().tiers[0]
+    assert (tier.in_flight_failovers, tier.healthy) == (1, ["b"])
+
+
+async def test_with_no_member_left_the_call_fails_at_once_naming_them(
+    make_pool: PoolFactory, events: Events, pair: tuple[FakeServer, FakeServer]
+) -> None:
+    a, b = pair
+    pool = await ready(make_pool, a, b)
+    a.dying, b.dying = "cut", "502"
+    started = time.monotonic()
+    with pytest.raises(SlotLost) as err:
+        async with pool.lease("t") as lease:
+            await lease.chat(MSG, max_tokens=3)
+    assert time.monotonic() - started < 2
+    message = err.value.message
+    assert message.startswith("no member of 't' could finish the call: a failed in flight: ")
+    assert "; b failed in flight: " in message
+    assert "502" in err.value.details["members"]["b"]
+    assert "connection failed" in err.value.details["members"]["a"]
+    await wait_until(lambda: not any(m.healthy for m in pool.status().members), 3)
+    b.dead = False  # b answers again; a stays down
+    await wait_until(lambda: pool.status().member("b").healthy, 3)  # type: ignore[union-attr]
+    b.dying = "502"
+    with pytest.raises(SlotLost) as again:  # a member already down is named with why
+        async with pool.lease("t") as lease:
+            await lease.chat(MSG, max_tokens=3)
+    assert again.value.details["members"]["a"].startswith("is unreachable: ")
+    assert again.value.details["members"]["b"].startswith("failed in flight: ")
+
+
+async def test_a_streamed_call_is_not_moved_once_text_reached_its_consumer(
+    make_pool: PoolFactory, events: Events, pair: tuple[FakeServer, FakeServer]
+) -> None:
+    a, b = pair
+    pool = await ready(make_pool, a, b)
+    a.crash_after = 2  # two tokens streamed, then the connection drops
+    got: list[str] = []
+    with pytest.raises(SlotLost):
+        async with pool.lease("t") as lease:
+            await lease.chat(MSG, max_tokens=5, on_delta=got.append)
+    assert got == ["t0 ", "t1 "]
+    assert b.requests == []
+    assert not [e for e in events if e.kind == "slot.failover"]
+    assert pool.status().tiers[0].in_flight_failovers == 0
+
+
+async def test_a_streamed_call_that_failed_before_any_text_is_moved(
+    make_pool: PoolFactory, pair: tuple[FakeServer, FakeServer]
+) -> None:
+    a, b = pair
+    pool = await ready(make_pool, a, b)
+    a.dying = "cut"
+    got: list[str] = []
+    async with pool.lease("t") as lease:
+        result = await lease.chat(MSG, max_tokens=2, on_delta=got.append)
+    assert (result.member, got) == ("b", ["t0 ", "t1 "])
+
+
+async def test_a_client_error_is_not_moved(
+    make_pool: PoolFactory, pair: tuple[FakeServer, FakeServer]
+) -> None:
+    a, b = pair
+    pool = await ready(make_pool, a, b)
+    a.fail_next, a.fail_status = 1, 400
+    async with pool.lease("t") as lease:
+        with pytest.raises(Exception, match="400"):
+            await lease.chat(MSG, max_tokens=2)
+    assert b.requests == []
+    assert pool.status().member("a").healthy  # type: ignore[union-attr]
+
+
+async def test_a_lease_on_a_member_is_not_moved(
+    make_pool: PoolFactory, events: Events, pair: tuple[FakeServer, FakeServer]
+) -> None:
+    a, b = pair
+    pool = await ready(make_pool, a, b)
+    a.dying = "502"
+    async with pool.lease("a") as lease:
+        with pytest.raises(Exception, match="502"):
+            await lease.chat(MSG, max_tokens=2)
+    assert b.requests == []
+    assert not [e for e in events if e.kind == "slot.failover" and e.detail.get("in_flight")]

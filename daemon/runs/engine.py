@@ -7,7 +7,9 @@ this module. The engine owns what outlives one step: the run table (`table`: vie
 census), the runs being driven, idempotency keys (`keys`) and the live feed (`feed`), and it
 is the only writer of run entries: `_witness` appends an entry (with a causal parent, see
 `entries`), applies it to the live view with the replay reducer, so what a client reads and
-what replay rebuilds are the same thing, then publishes it.
+what replay rebuilds are the same thing, then publishes it. Entries whose parents are durable
+already (a done run's intent and state; restore's interrupted entries) are appended at once,
+so they share a group commit: one fsync wait instead of one each.
 
 Control: `submit` witnesses `run.request` and starts driving; `cancel` witnesses `run.cancel`
 (no task starts after it) and aborts; `resume` witnesses `run.resume` for an interrupted run;

@@ -39,7 +39,6 @@ from daemon.runs.executors import Stub, echo_stub
 from daemon.runs.feed import Feed, Watcher
 from daemon.runs.keys import Keys
 from daemon.runs.ports import LedgerPort, PoolPort, RouterPort
-from daemon.runs.replay import RedactedAfterSnapshot, replay
 from daemon.runs.sandbox import admit_commands
 from daemon.runs.snapshot import Snapshot
 from daemon.runs.state import FINAL, STOPPED, Census, Limits, RunEvent, RunView
@@ -320,17 +319,7 @@ class Engine:
         With a `snapshot` (already checked against the ledger) only the entries after it are
         replayed; a redaction among them makes it replay everything instead.
         """
-        views: dict[str, RunView] = {}
-        if snapshot is not None:
-            base = {v.id: v for v in snapshot.views}  # the caller hands the views over
-            try:
-                views = await replay(self.ledger, start=snapshot.size, views=base)
-            except RedactedAfterSnapshot:
-                snapshot = None
-        if snapshot is None:
-            views = await replay(self.ledger)
-        self.restored_from = snapshot.size if snapshot is not None else None
-        self.table.restore(views)
+        views, self.restored_from = await self.table.restore(self.ledger, snapshot)
         for view in views.values():
             if view.idempotency_key is not None:
                 done: asyncio.Future[str] = asyncio.get_running_loop().create_future()

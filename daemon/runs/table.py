@@ -23,7 +23,8 @@ from typing import Any
 
 from daemon.errors import NotFound
 from daemon.runs.ports import LedgerReader
-from daemon.runs.replay import apply, replay
+from daemon.runs.replay import RedactedAfterSnapshot, apply, replay
+from daemon.runs.snapshot import Snapshot
 from daemon.runs.state import FINAL, Census, RunView, Summaries
 from roster.models import Policy
 
@@ -92,10 +93,27 @@ class RunTable:
         if after is not None:
             self.census.count(after)
 
-    def restore(self, views: dict[str, RunView]) -> None:
-        """Take the views replay rebuilt (before anything runs) and count them."""
+    async def restore(
+        self, ledger: LedgerReader, snapshot: Snapshot | None
+    ) -> tuple[dict[str, RunView], int | None]:
+        """Rebuild the views from the ledger (before anything runs) and count them: (the views
+        rebuilt, the ledger size of the snapshot continued from, None for a full replay).
+
+        With a `snapshot` (already checked against the ledger; its views are handed over) only
+        the entries after it are replayed; a redaction among them replays everything instead.
+        """
+        views: dict[str, RunView] = {}
+        if snapshot is not None:
+            base = {v.id: v for v in snapshot.views}
+            try:
+                views = await replay(ledger, start=snapshot.size, views=base)
+            except RedactedAfterSnapshot:
+                snapshot = None
+        if snapshot is None:
+            views = await replay(ledger)
         self.views.update(views)
         self.census = Census.of(self.views.values())
+        return views, None if snapshot is None else snapshot.size
 
     def retire(self, run_id: str, policy: Policy) -> None:
         """Bound memory: finished runs past `keep_runs` keep a summary only, and summaries past

@@ -2,7 +2,7 @@
 
 Calls are reserved before they are made, so parallel tasks cannot overshoot the call limit;
 tokens are known only after a reply, so the token limit stops the run at the first reply
-that crosses it. The wall clock is enforced by the engine with `asyncio.timeout`.
+that crosses it. The wall clock is enforced by `lifecycle` with `asyncio.timeout`.
 """
 
 from __future__ import annotations

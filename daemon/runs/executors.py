@@ -1,6 +1,6 @@
 """What runs a task: a chat prompt for the pool, a command (never through a shell), a stub.
 
-The chat executor's model call goes through the engine (which leases, witnesses and meters
+The chat executor's model call goes through `calls` (which leases, witnesses and meters
 it); this module builds its messages. The command executor is self-contained.
 """
 

@@ -276,3 +276,19 @@ async def test_roster_policy_names_the_coordinator_and_the_judge(fleet: Factory)
     judged = [r for r in server.requests if "You check whether" in r["messages"][0]["content"]]
     assert len(judged) == 2
     assert "draft one" in judged[0]["messages"][-1]["content"]
+
+
+async def test_a_done_runs_intent_and_state_share_one_group_commit(fleet: Factory) -> None:
+    daemon, _ = await fleet([])
+    view = await daemon.engine.submit("fix the backend handler")
+    done = await daemon.engine.wait(view.id, timeout=20)
+    assert done.state == "done", done.error
+    found = await daemon.ledger.entries(start=0, limit=100, run=view.id)
+    answer, intent, state = found[-3:]
+    assert [answer.kind, intent.kind, state.kind] == [k.ANSWER, k.INTENT, k.STATE]
+    assert intent.parent == answer.seq
+    assert state.parent == answer.seq
+    assert state.seq == intent.seq + 1
+    # The file ledger stamps a batch with one time: two commits in turn would differ.
+    assert intent.ts == state.ts > answer.ts
+    assert (await daemon.ledger.body(state.body)).value == {"state": "done", "error": None}

@@ -188,3 +188,29 @@ async def test_a_redaction_after_the_snapshot_means_a_full_replay(fleet: Factory
         assert again.engine.get(run_id).request == ""
     finally:
         await again.stop()
+
+
+async def test_runs_found_in_flight_are_interrupted_in_one_group_commit(fleet: Factory) -> None:
+    daemon, _ = await fleet([])
+    await daemon.stop()
+    names = ["rA", "rB", "rC"]
+    async with await Ledger.open(daemon.settings.state_dir) as ledger:
+        requests = {
+            name: (
+                await ledger.append(
+                    actor="engine", kind=k.REQUEST, body={"request": name}, run=name
+                )
+            ).seq
+            for name in names
+        }
+    again = await restarted(daemon)
+    try:
+        assert again.interrupted_on_start == names
+        found = await again.ledger.entries(start=0, limit=100, kind=k.INTERRUPTED)
+        assert [(e.run, e.parent) for e in found] == [(name, requests[name]) for name in names]
+        assert [e.seq for e in found] == list(range(found[0].seq, found[0].seq + 3))
+        # The file ledger stamps a batch with one time: appends made in turn would differ.
+        assert len({e.ts for e in found}) == 1
+        assert all(again.engine.get(name).state == "interrupted" for name in names)
+    finally:
+        await again.stop()

@@ -1,0 +1,116 @@
+"""A run's route: the lane its request goes to (the step; the keyword router is `daemon.routing`).
+
+Input: a run whose request is witnessed (its view's `request_seq`). Output: (lane, seq), the
+seq being the entry the plan hangs off. Witnessed:
+- `run.route` (parent: the request) always — the client's lane (source "client"), or the
+  router's scores, confidence and deciding words (source "router");
+- `run.classify` when the router escalates (no lane, or too close to call) and the client gave
+  no plan: the classifier's choice among the best-scoring few lanes plus `general` (parent: its
+  last reply), or, with no classifier or no lane's words matched, the best score / `general`
+  without a model call. A failed classifier falls back to the best score, with its error.
+Guarantees: the lane returned is one of the roster's lanes, except that a client's plan with
+an escalating route keeps the router's lane (or the plan's first task's) — its lanes decide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from daemon.runs import entries as k
+from daemon.runs.budget import BudgetExhausted
+from daemon.runs.calls import structured
+from daemon.runs.context import Run, Setting, describe
+
+GENERAL = "general"
+"""The fallback lane: a request no lane's words match goes here, with no model call."""
+CANDIDATES = 4
+"""Lanes a classifier chooses among: the best-scoring few, not every lane."""
+
+
+async def route(s: Setting, run: Run) -> tuple[str, int]:
+    view = s.views[run.id]
+    if view.lane is not None:
+        body = {
+            "lane": view.lane,
+            "confidence_ppm": 1_000_000,
+            "escalate": False,
+            "source": "client",
+            "scores": [],
+            "matched": {},
+        }
+        return view.lane, await s.witness(run.id, k.ROUTE, body, view.request_seq)
+    decided = s.router.route(view.request)
+    scores = [[lane, _ppm(score)] for lane, score in list(decided.scores)[:8]]
+    body = {
+        "lane": decided.lane,
+        "confidence_ppm": _ppm(decided.confidence),
+        "escalate": bool(decided.escalate),
+        "source": "router",
+        "scores": scores,
+        "matched": {lane: list(words) for lane, words in dict(decided.matched).items()},
+    }
+    seq = await s.witness(run.id, k.ROUTE, body, view.request_seq)
+    if decided.lane is not None and not decided.escalate:
+        return str(decided.lane), seq
+    if run.client_plan is not None:  # the client planned: its lanes decide, no model call
+        return str(decided.lane or run.client_plan.tasks[0].lane), seq
+    ranked = [lane for lane, score in decided.scores if score > 0 and lane in s.lanes]
+    candidates = ranked[:CANDIDATES]
+    if GENERAL in s.lanes and GENERAL not in candidates:
+        candidates.append(GENERAL)  # the classifier may say that no lane fits
+    classifier = s.classifier
+    if classifier is None or not ranked:
+        # No model call: the best-scoring lane, or `general` when no lane's words match.
+        lane = ranked[0] if ranked else (GENERAL if GENERAL in s.lanes else None)
+        lane = lane or (decided.lane if decided.lane in s.lanes else s.roster.lanes[0].name)
+        source = "scores" if ranked else "general"
+        body = {"lane": lane, "candidates": candidates, "source": source, "error": None}
+        return lane, await s.witness(run.id, k.CLASSIFY, body, seq)
+    return await _classify(s, run, classifier, candidates, seq)
+
+
+async def _classify(
+    s: Setting, run: Run, classifier: str, candidates: list[str], parent: int
+) -> tuple[str, int]:
+    """The classifier model picks one of the few best-scoring lanes (or `general`)."""
+    view = s.views[run.id]
+    fallback = candidates[0]
+    schema = {
+        "type": "object",
+        "properties": {"lane": {"type": "string", "enum": candidates}},
+        "required": ["lane"],
+        "additionalProperties": False,
+    }
+    described = "\n".join(
+        f"- {name}: {s.lanes[name].system.splitlines()[0][:160]}" for name in candidates
+    )
+    messages = [
+        {
+            "role": "system",
+            "content": "You route a request to the one lane best suited to it. "
+            'Reply with only JSON: {"lane": "<name>"}.',
+        },
+        {"role": "user", "content": f"Lanes:\n{described}\n\nRequest:\n{view.request}"},
+    ]
+
+    def valid(value: Any) -> str:
+        lane = value.get("lane") if isinstance(value, dict) else None
+        if lane not in candidates:
+            raise ValueError(f"lane must be one of {', '.join(candidates)}")
+        return str(lane)
+
+    lane, source, error, reply_seq = fallback, "fallback", None, None
+    try:
+        got = await structured(s, run, "classify", classifier, messages, schema, valid, parent)
+        lane, source, reply_seq = got.value, "model", got.reply_seq
+    except (BudgetExhausted, asyncio.CancelledError):
+        raise
+    except Exception as exc:  # the classifier is advice: fall back to the best score
+        error = describe(exc)
+    body = {"lane": lane, "candidates": candidates, "source": source, "error": error}
+    return lane, await s.witness(run.id, k.CLASSIFY, body, reply_seq or parent)
+
+
+def _ppm(value: Any) -> int:
+    return round(float(value) * 1_000_000)

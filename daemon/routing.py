@@ -17,8 +17,10 @@ Scoring, in one place so the numbers mean the same thing everywhere:
   a lane more chances to match, never a smaller score for the same matched words.
 * everyday words (`GENERIC`: "plan", "design", "review", "slow", "story", ...) are also
   what people say outside every lane ("plan my vacation", "a story for my kids"), so as
-  keywords they weigh `GENERIC_FACTOR` x their IDF weight: alone they stay below the default
-  threshold, and a decision on them needs a second word or a phrase.
+  keywords they weigh `GENERIC_FACTOR` x their IDF weight: alone they score at most 0.375,
+  so they decide only when no other lane is near (the default threshold is 0.35; a roster
+  that sets 0.4 makes them always need a second word or a phrase), and a lane's negative
+  keywords ("vacation" for planning) keep everyday requests out.
 * a phrase matches its words in order with at most `PHRASE_GAP` other words inside it
   ("throws a 500 error" meets "throws an error").
 * a lane's score `s = E / (E + SATURATION)` (0 when E <= 0), in [0, 1): the first unique

@@ -315,7 +315,9 @@ class Instance:
     async def _serve_external(self) -> None:
         """Serve while it answers. When it does not (refused, a 5xx, failed health checks),
         it is unhealthy: its slots go, its waiters fail over, and it is probed again after
-        probe_base_s, doubling up to probe_max_s, until it answers; then it serves again."""
+        probe_base_s, doubling up to probe_max_s, until it answers; then it serves again.
+        A server that went down while serving is held down before its first probe (the
+        hold doubles while it keeps failing soon after each return)."""
         spec = self.member.spec
         assert spec.url is not None
         opts = self.ctx.options
@@ -324,7 +326,7 @@ class Instance:
         self.chat_url = v1 + "/chat/completions"
         self.headers = self._auth_headers()
         await self.emit("slot.starting", url=spec.url)
-        delay = opts.probe_base_s
+        delay, hold = opts.probe_base_s, 0.0
         while True:
             started = time.monotonic()
             problem = await self._reach()
@@ -339,10 +341,18 @@ class Instance:
                 continue
             delay = opts.probe_base_s
             await self._came_up(started)
+            up = time.monotonic()
             reason = await self._watch()
             lost = self._pending_lost + self._drop_slots(reason)
             self._pending_lost = 0
-            await self._went_down(reason, lost, 0.0)
+            # Hold-down before the next probe: a server that fails calls while its /health
+            # still answers 200 would otherwise be ready again at once and fail the next call.
+            # One that fails again soon after coming back is held twice as long each time.
+            flapping = time.monotonic() - up < opts.probe_max_s
+            hold = min(opts.probe_max_s, hold * 2) if flapping and hold else opts.probe_base_s
+            await self._went_down(reason, lost, hold)
+            self.next_probe = time.monotonic() + hold
+            await asyncio.sleep(hold)
 
     async def _reach(self) -> str | None:
         """Probe until ready (None), unreachable (why), or loading past ready_timeout_s."""

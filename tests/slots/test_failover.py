@@ -140,3 +140,26 @@ async def test_a_lease_on_a_member_is_not_moved(
             await lease.chat(MSG, max_tokens=2)
     assert b.requests == []
     assert not [e for e in events if e.kind == "slot.failover" and e.detail.get("in_flight")]
+
+
+async def test_a_member_that_fails_calls_but_answers_health_is_held_down(
+    make_pool: PoolFactory, events: Events, pair: tuple[FakeServer, FakeServer]
+) -> None:
+    """/health says 200 while calls get 502: the member is held down before its first probe,
+    twice as long when it fails again soon after it came back, so it does not flap."""
+    a, b = pair
+    pool = await ready(make_pool, a, b)
+    opts = pool.options
+    for failures in (1, 2):
+        a.fail_next, a.fail_status = 1, 502
+        async with pool.lease("t") as lease:
+            assert lease.member == "a"
+            result = await lease.chat(MSG, max_tokens=3)
+            assert result.member == "b"
+        await wait_until(lambda n=failures: events.kinds("a").count("slot.recovered") == n, 3)
+    down = [e for e in events if e.member == "a" and e.kind == "slot.unhealthy"]
+    holds = [e.detail["next_probe_ms"] for e in down]
+    assert holds == [int(opts.probe_base_s * 1000), int(opts.probe_base_s * 2000)]
+    # Each return came after its hold (a sleep never ends early), not at the first probe.
+    back = [e.detail["down_ms"] for e in events if e.member == "a" and e.kind == "slot.recovered"]
+    assert all(ms >= hold for ms, hold in zip(back, holds, strict=True))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.ledger import Ledger, LedgerUnwritable, log
+from daemon.ledger import Ledger, LedgerUnwritable, writer
 
 
 async def until_writable(ledger: Ledger, timeout: float = 15.0) -> float:
@@ -140,8 +140,8 @@ async def test_a_durable_batch_is_acknowledged_when_only_the_derived_sync_fails(
 ) -> None:
     ledger = await Ledger.open(state_dir, checkpoint_interval=None)
     await ledger.append(actor="t", kind="note")
-    monkeypatch.setattr(log, "write_atomic", full_disk)  # meta.json cannot be rewritten
-    ledger._synced = -log.SYNC_EVERY  # the next batch syncs the derived files
+    monkeypatch.setattr(writer, "write_atomic", full_disk)  # meta.json cannot be rewritten
+    ledger._synced = -writer.SYNC_EVERY  # the next batch syncs the derived files
     entry = await ledger.append(actor="t", kind="note", body={"kept": True})
     assert entry.seq == 1  # both fsyncs returned: acknowledged, then the outage begins
     assert not ledger.health.writable
@@ -161,7 +161,7 @@ async def test_a_checkpoint_on_a_full_disk_is_a_mapped_error(
 ) -> None:
     ledger = await Ledger.open(state_dir, checkpoint_interval=None)
     await ledger.append(actor="t", kind="note")
-    monkeypatch.setattr(log, "write_atomic", full_disk)
+    monkeypatch.setattr(writer, "write_atomic", full_disk)
     with pytest.raises(LedgerUnwritable) as err:
         await ledger.checkpoint()
     assert (err.value.status, err.value.code) == (503, "ledger_unwritable")

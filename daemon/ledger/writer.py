@@ -1,0 +1,589 @@
+"""The writer: group commit on one thread, rollback of a failed batch, outages, redaction.
+
+One piece (past 500 lines) because a commit, its rollback, the outage it may open and the
+redaction that rides on a commit all change the same files under the one invariant below.
+
+Durability invariant (stated here once; the other parts refer to it). A batch is committed as:
+pack records written, entry lines written, then the pack and the entries fsynced concurrently
+(two sync threads); only once both fsyncs have returned are the appenders' futures resolved.
+Both writes precede both fsyncs, and neither fsync's outcome is acted on alone, so a crash may
+leave entry lines on disk whose bodies never reached the pack; such entries were never
+acknowledged (their batch's fsyncs had not both returned). Only one batch is ever
+unacknowledged (the writer commits one at a time) and all of its entries carry the same `ts`,
+so recovery drops the tail from the first entry whose body record is missing only if that tail
+is one batch (one `ts`, the last line's); a body missing under an earlier entry was lost after
+its acknowledgement, and open refuses, naming the seq. A body that was redacted keeps its
+(zeroed, flagged) record, so "missing" never means "redacted".
+
+Write failures (ENOSPC, EDQUOT, EIO: see `outage`). The files hold exactly the acknowledged
+prefix, plus at most the one batch being committed. A batch whose write or fsync fails is never
+acknowledged and never fsynced again: after a failed fsync the page cache may hold pages the
+disk never got, and a second fsync on the same description would report success for them. So
+the batch is rolled back (the tree and body table in memory, then the entries and the pack are
+truncated to the offsets of the last acknowledged batch on fresh file descriptions, and
+fsynced), its appenders get `LedgerUnwritable` (503), and an outage begins: appends fail fast,
+a probe retries with backoff (finishing a rollback that failed too), and appends resume when
+the disk takes a write + fsync again. A caller that retries writes its entry anew. A failure in
+the derived files after both fsyncs returned does not undo the batch (it is durable): it is
+acknowledged and the outage begins after it. If the process dies before a failed rollback is
+finished, the unacknowledged batch may survive, as it may in any crash.
+
+Redaction invariant. `redact` makes the `redaction` entry durable first and zeroes the body
+second. A crash in between is repaired on open: `meta.json`'s `redact_from` is the lowest seq
+of a redaction not yet zeroed when the derived files were last synced (else their size), and
+open re-applies every `redaction` entry from there (and from the unindexed tail) on (see
+`recovery`), so a witnessed redaction always ends with its body gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import hashlib
+import json
+import logging
+import os
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from daemon.errors import InvalidInput, NotFound
+from daemon.ledger.canonical import NotCanonical, canonicalize, check_text
+from daemon.ledger.entry import (
+    VERSION,
+    Entry,
+    fill_line,
+    line_template,
+)
+from daemon.ledger.errors import LedgerFailed, LedgerUnwritable
+from daemon.ledger.handle import Handle
+from daemon.ledger.merkle import Frontier
+from daemon.ledger.outage import LedgerHealth, Mark, Outage, probe
+from daemon.ledger.store import (
+    MARKS,
+    add_mark,
+    body_digest,
+    reopen,
+    write_all,
+    write_atomic,
+)
+
+log = logging.getLogger(__name__)
+
+
+MAX_BATCH = 1024
+MAX_BATCH_BYTES = 1 << 20
+SYNC_EVERY = 16384  # fsync the derived files at least this often (bounds recovery rescans)
+FSYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+_set = object.__setattr__
+_FIELDS = set(Entry.model_fields)
+
+
+class LedgerStats(BaseModel):
+    """Counters for /metrics. `fsync_buckets` are cumulative (Prometheus `le` buckets)."""
+
+    appends: int = 0
+    batches: int = 0
+    fsync_count: int = 0
+    fsync_seconds_sum: float = 0.0
+    fsync_buckets: list[tuple[float, int]] = []
+    size: int = 0
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One queued append, encoded by `append` so the writer only splices in seq, ts, prev."""
+
+    actor: str
+    kind: str
+    run: str | None
+    parent: int | None
+    body: bytes | None
+    digest: bytes | None
+    body_hex: str | None
+    head: str
+    tail: str
+    future: asyncio.Future[Entry]
+    redacts: bytes | None = None  # the body this `redaction` entry removes
+
+
+class _Stalled(Exception):
+    """Writer thread: a write or fsync failed. `entries`: the batch was durable anyway (only
+    the derived files failed after its fsyncs), else it was rolled back."""
+
+    def __init__(self, outage: Outage, entries: list[Entry] | None) -> None:
+        super().__init__(outage.detail)
+        self.outage = outage
+        self.entries = entries
+
+
+class _Inbox:
+    """The appenders' FIFO to the one writer task: a deque and a single wake-up future.
+
+    What `asyncio.Queue` does for this case at a fraction of its per-item cost.
+    """
+
+    def __init__(self) -> None:
+        self.items: deque[_Pending | None] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: _Pending | None) -> None:
+        self.items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait(self) -> deque[_Pending | None]:
+        """Return the (non-empty) deque once something is queued."""
+        while not self.items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return self.items
+
+
+@dataclass
+class _Stats:
+    appends: int = 0
+    batches: int = 0
+    fsync_count: int = 0
+    fsync_sum: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(FSYNC_BUCKETS) + 1))
+
+    def observe(self, seconds: float) -> None:
+        self.fsync_count += 1
+        self.fsync_sum += seconds
+        self.buckets[bisect.bisect_left(FSYNC_BUCKETS, seconds)] += 1
+
+
+def check_append(
+    *, actor: str, kind: str, body: Any, run: str | None, parent: int | None, size: int
+) -> bytes | None:
+    """What `Ledger.append` accepts, as one function (the engine's in-memory test ledger calls
+    it too, so both refuse the same inputs): non-empty ASCII-or-UTF-8 actor and kind, a run
+    id or None, a parent that is an existing seq, a body in the canonical JSON subset (no
+    floats, integers within ±2^53, no lone surrogates). Returns the body's canonical bytes."""
+    if not isinstance(actor, str) or not actor or not isinstance(kind, str) or not kind:
+        raise InvalidInput("actor and kind must be non-empty strings")
+    if run is not None and not isinstance(run, str):
+        raise InvalidInput("run must be a string or None")
+    if parent is not None and (
+        not isinstance(parent, int) or isinstance(parent, bool) or not 0 <= parent < size
+    ):
+        raise InvalidInput(f"parent {parent!r} is not an existing seq")
+    try:
+        for text in (actor, kind, run):
+            if text is not None and not text.isascii():  # ASCII is always UTF-8 safe
+                check_text(text)
+        return None if body is None else canonicalize(body)
+    except NotCanonical as err:
+        raise InvalidInput(f"not storable in the ledger: {err}") from err
+
+
+class Writer(Handle):
+    """The writer's side of `Ledger` (module doc)."""
+
+    _entries_end: int
+    _last_hash: str
+    _last_ts: int
+    _synced: int
+    _prober: asyncio.Task[None] | None
+    _write_failures: int
+    _stats: _Stats
+    _queue: _Inbox
+    _syncer: ThreadPoolExecutor
+
+    async def append(
+        self,
+        *,
+        actor: str,
+        kind: str,
+        body: Any = None,
+        run: str | None = None,
+        parent: int | None = None,
+    ) -> Entry:
+        """Append one entry; returns once it (and its body) are fsynced."""
+        if self._failed is not None:
+            raise self._failed
+        if self._outage is not None:
+            raise self._outage.error()
+        if self.readonly or self._closed:
+            raise LedgerFailed("the ledger is closed or read-only")
+        data = check_append(
+            actor=actor, kind=kind, body=body, run=run, parent=parent, size=self._size
+        )
+        return await self._enqueue(actor, kind, run, parent, data, None)
+
+    def _enqueue(
+        self,
+        actor: str,
+        kind: str,
+        run: str | None,
+        parent: int | None,
+        data: bytes | None,
+        redacts: bytes | None,
+    ) -> asyncio.Future[Entry]:
+        """Queue checked fields; the encoding and body hash happen here, off the writer."""
+        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
+        digest = None if data is None else body_digest(data)
+        body_hex = None if digest is None else digest.hex()
+        head, tail = line_template(actor=actor, kind=kind, run=run, parent=parent, body=body_hex)
+        self._queue.put(
+            _Pending(actor, kind, run, parent, data, digest, body_hex, head, tail, future, redacts)
+        )
+        # A cancelled caller cancels only its wait: the writer skips done futures and still
+        # commits the entry, so nothing acknowledged is ever undone.
+        return future
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            items = await self._queue.wait()
+            first = items.popleft()
+            if first is None:
+                return
+            batch, size, stop = [first], len(first.body or b""), False
+            while len(batch) < MAX_BATCH and size < MAX_BATCH_BYTES and items:
+                item = items.popleft()
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+                size += len(item.body or b"")
+            if self._outage is not None:  # queued before the outage began
+                self._refuse(batch, self._outage.error())
+                if stop:
+                    return
+                continue
+            try:
+                entries = await loop.run_in_executor(self._executor, self._commit, batch)
+            except _Stalled as stall:
+                self._begin_outage(stall.outage)
+                if stall.entries is None:
+                    self._refuse(batch, stall.outage.error())
+                    if stop:
+                        return
+                    continue
+                entries = stall.entries
+            except Exception as err:
+                self._fail(err, batch)
+                return
+            self._size += len(entries)
+            for pending, entry in zip(batch, entries, strict=True):
+                if not pending.future.done():
+                    pending.future.set_result(entry)
+            if stop:
+                return
+
+    def _commit(self, batch: list[_Pending]) -> list[Entry]:
+        """Writer thread: commit a batch, or roll it back and raise `_Stalled` (module doc)."""
+        mark = Mark(self.tree.size, self._entries_end_offset(), self.bodies.pack_size)
+        try:
+            entries = self._write_batch(batch)
+        except OSError as err:
+            self._write_failures += 1
+            log.error("ledger: a write or fsync failed (%s): rolling the batch back", err)
+            raise _Stalled(Outage.of(err, self._rollback(mark)), None) from err
+        if self.tree.size - self._synced >= SYNC_EVERY:
+            try:
+                self._sync_derived()
+            except OSError as err:
+                self._write_failures += 1
+                raise _Stalled(Outage.of(err), entries) from err
+        return entries
+
+    def _write_batch(self, batch: list[_Pending]) -> list[Entry]:
+        """Writer thread: encode, write pack + entries, fsync both at once, extend the tree."""
+        tree, bodies = self.tree, self.bodies
+        seq, prev, end = tree.size, self._last_hash, self._entries_end_offset()
+        ts = max(time.time_ns() // 1000, self._last_ts)
+        lines: list[bytes] = []
+        leaves: list[bytes] = []
+        staged: set[bytes] = set()
+        for p in batch:
+            digest = p.digest
+            if digest is not None and digest not in staged:
+                staged.add(digest)
+                if not bodies.has_live(digest):
+                    assert p.body is not None
+                    bodies.stage(digest, p.body)
+        bodies.reserve(len(staged))
+        t0 = time.perf_counter()
+        # The pack is written (and its fsync started) before the entries are even encoded;
+        # the entries' fsync follows their write; this thread then does the rest of the
+        # batch's CPU work while both run. The batch is acknowledged only after both fsyncs
+        # returned (see the module doc).
+        syncs = []
+        failure: BaseException | None = None
+        try:
+            if bodies.pending:
+                bodies.write()
+                syncs.append(self._syncer.submit(bodies.sync_pack))
+            sha256 = hashlib.sha256
+            for p in batch:
+                line = fill_line(p.head, p.tail, seq, ts, prev)
+                leaf = sha256(b"\x00" + line).digest()
+                lines.append(line)
+                leaves.append(leaf)
+                prev = leaf.hex()
+                seq += 1
+            lines.append(b"")
+            write_all(self._entries_fd, b"\n".join(lines))
+            syncs.append(self._syncer.submit(os.fsync, self._entries_fd))
+            entries = self._extend(batch, lines, leaves, end, ts)
+        except BaseException as err:
+            failure = err
+        # Every started fsync is waited for, even after a failure: the rollback must not race
+        # a sync thread still writing the batch.
+        for sync in syncs:
+            try:
+                sync.result()
+            except OSError as err:
+                failure = failure or err
+        if failure is not None:
+            raise failure
+        bodies.index()  # only now: a rolled-back batch never leaves a slot in the table
+        self._head = tree.frontier.snapshot()
+        self._stats.observe(time.perf_counter() - t0)
+        self._stats.appends += len(batch)
+        self._stats.batches += 1
+        self._last_hash, self._last_ts = prev, ts
+        return entries
+
+    def _extend(
+        self, batch: list[_Pending], lines: list[bytes], leaves: list[bytes], end: int, ts: int
+    ) -> list[Entry]:
+        """Writer thread, during the fsyncs: grow the tree, build entries."""
+        tree = self.tree
+        new_entry = Entry.__new__
+        seq, prev = tree.size, self._last_hash
+        entries: list[Entry] = []
+        ends: list[int] = []
+        for p, line, leaf in zip(batch, lines, leaves, strict=False):
+            end += len(line) + 1
+            ends.append(end)
+            leaf_hex = leaf.hex()
+            # What `model_construct` does, minus its per-field work: every field is checked.
+            entry = new_entry(Entry)
+            _set(
+                entry,
+                "__dict__",
+                {
+                    "v": VERSION,
+                    "seq": seq,
+                    "ts": ts,
+                    "actor": p.actor,
+                    "kind": p.kind,
+                    "run": p.run,
+                    "parent": p.parent,
+                    "body": p.body_hex,
+                    "prev": prev,
+                    "hash": leaf_hex,
+                },
+            )
+            _set(entry, "__pydantic_fields_set__", _FIELDS.copy())
+            _set(entry, "__pydantic_extra__", None)
+            _set(entry, "__pydantic_private__", None)
+            entries.append(entry)
+            if p.redacts is not None:
+                self._unapplied[seq] = p.redacts
+            prev = leaf_hex
+            seq += 1
+        tree.extend(leaves, ends)
+        self._entries_end = end
+        tree.flush(force=False)
+        return entries
+
+    def _entries_end_offset(self) -> int:
+        if self._entries_end == 0 and self.tree.size:
+            self._entries_end = self.tree.end(self.tree.size - 1)
+        return self._entries_end
+
+    def _rollback(self, mark: Mark) -> Mark | None:
+        """Writer thread: undo a failed batch. Returns `mark` if the files could not be cut
+        back yet (the probe finishes it); memory is rolled back in any case."""
+        self.tree.truncate(mark.size, Frontier.restore(self._head))
+        self.bodies.forget(mark.pack_size)
+        self._entries_end = mark.entries_end
+        for seq in [s for s in self._unapplied if s >= mark.size]:
+            del self._unapplied[seq]
+        try:
+            self._cut(mark)
+        except OSError as err:
+            log.error("ledger: the rollback failed too (%s); the probe retries it", err)
+            return mark
+        return None
+
+    def _cut(self, mark: Mark) -> None:
+        """Writer thread: truncate the record files to `mark` on fresh descriptions, fsynced."""
+        os.ftruncate(self._entries_fd, mark.entries_end)
+        reopen(self._entries_fd, self.dir / "entries.jsonl", os.O_RDWR | os.O_APPEND)
+        os.fsync(self._entries_fd)
+        self.bodies.cut(mark.pack_size)
+
+    def _refuse(self, batch: list[_Pending], error: LedgerUnwritable) -> None:
+        for pending in batch:
+            if not pending.future.done():
+                pending.future.set_exception(error)
+
+    def _begin_outage(self, outage: Outage) -> None:
+        """Loop thread: stop accepting writes and start probing for the disk's return."""
+        current = self._outage
+        if current is not None:
+            current.rollback = current.rollback or outage.rollback
+            return
+        self._outage = outage
+        log.error(
+            "ledger: cannot write (%s): appends fail with 503 until the disk takes writes again",
+            outage.detail,
+        )
+        if not self._closed:
+            self._prober = asyncio.create_task(self._probe_loop(), name="ledger-probe")
+
+    async def _probe_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while (outage := self._outage) is not None:
+            await asyncio.sleep(outage.delay)
+            try:
+                await loop.run_in_executor(self._executor, self._probe, outage)
+            except OSError as err:
+                self._write_failures += 1
+                outage.again(err)
+                log.warning("ledger: still cannot write (%s); retrying", outage.detail)
+                continue
+            log.warning(
+                "ledger: writable again after %.1f s; appends resume",
+                time.monotonic() - outage.since,
+            )
+            self._outage = None
+
+    def _probe(self, outage: Outage) -> None:
+        """Writer thread: finish the rollback, write + fsync a scratch file, re-zero redactions
+        whose zeroing failed, sync the derived files. Raises OSError while the disk refuses."""
+        if outage.rollback is not None:
+            self._cut(outage.rollback)
+            outage.rollback = None
+        probe(self.dir)
+        for seq, digest in sorted(self._unapplied.items()):
+            self.bodies.redact(digest, force=True)
+            self._unapplied.pop(seq, None)
+        self._sync_derived()
+
+    @property
+    def health(self) -> LedgerHealth:
+        """Whether the ledger can write right now, and if not, why (health, /healthz, /metrics)."""
+        if self._failed is not None:
+            return LedgerHealth(
+                writable=False,
+                reason="failed",
+                detail=self._failed.message,
+                write_failures=self._write_failures,
+            )
+        outage = self._outage
+        if outage is None:
+            return LedgerHealth(writable=True, write_failures=self._write_failures)
+        return LedgerHealth(
+            writable=False,
+            reason=outage.reason,
+            detail=outage.detail,
+            since_s=round(time.monotonic() - outage.since, 3),
+            write_failures=self._write_failures,
+        )
+
+    @property
+    def stats(self) -> LedgerStats:
+        s = self._stats
+        cumulative, total = [], 0
+        for bound, count in zip((*FSYNC_BUCKETS, float("inf")), s.buckets, strict=True):
+            total += count
+            cumulative.append((bound, total))
+        return LedgerStats(
+            appends=s.appends,
+            batches=s.batches,
+            fsync_count=s.fsync_count,
+            fsync_seconds_sum=s.fsync_sum,
+            fsync_buckets=cumulative,
+            size=self._size,
+        )
+
+    def _sync_derived(self) -> None:
+        """Writer thread: fsync the derived files and record how far they can be trusted."""
+        if self._failed is not None:
+            raise self._failed
+        self.tree.sync()
+        self.bodies.sync_table()
+        meta = {
+            "size": self.tree.size,
+            "pack": self.bodies.mark,
+            "bodies": self.bodies.count,
+            "redact_from": min(self._unapplied, default=self.tree.size),
+        }
+        write_atomic(self.dir / "meta.json", json.dumps(meta).encode())
+        self._synced = self.tree.size
+        add_mark(self.dir / MARKS, self.tree.size, self.bodies.mark)
+
+    def _fail(self, err: BaseException, batch: list[_Pending]) -> None:
+        log.critical("ledger: write or fsync failed, refusing further appends: %s", err)
+        self._failed = LedgerFailed(f"ledger write failed: {err}")
+        while self._queue.items:
+            item = self._queue.items.popleft()
+            if item is not None:
+                batch.append(item)
+        for pending in batch:
+            if not pending.future.done():
+                pending.future.set_exception(self._failed)
+
+    async def redact(self, body_hash: str, *, actor: str, reason: str) -> Entry:
+        """Witness the removal with a `redaction` entry, then zero the body in place.
+
+        A crash (or a cancelled caller) between the two steps leaves a witnessed redaction
+        whose body is still there: the writer keeps the entry's seq in `_unapplied` until the
+        body is zeroed, `meta.json` records the lowest such seq (`redact_from`), and open
+        re-applies every redaction from there on (see `_reapply_redactions`).
+        """
+        try:
+            digest = bytes.fromhex(body_hash)
+        except ValueError as err:
+            raise InvalidInput(f"not a body hash: {body_hash!r}") from err
+        if self._failed is not None:
+            raise self._failed
+        if self._outage is not None:
+            raise self._outage.error()
+        if self.readonly or self._closed:
+            raise LedgerFailed("the ledger is closed or read-only")
+        if not isinstance(actor, str) or not actor:
+            raise InvalidInput("actor must be a non-empty string")
+        if self.bodies.locate(digest) is None:
+            raise NotFound(f"no body {body_hash}")
+        try:
+            check_text(actor)
+            data = canonicalize({"redacted": body_hash, "reason": reason})
+        except NotCanonical as err:
+            raise InvalidInput(f"not storable in the ledger: {err}") from err
+        entry = await self._enqueue(actor, "redaction", None, None, data, digest)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._apply_redaction, entry.seq, digest)
+        except OSError as err:
+            self._write_failures += 1
+            outage = Outage.of(err)
+            self._begin_outage(outage)  # the probe zeroes it again (and open re-applies it)
+            raise LedgerUnwritable(
+                outage.reason,
+                outage.detail,
+                outage.delay,
+                what=f"the redaction is witnessed (seq {entry.seq}) but the body is not zeroed "
+                "yet; it will be once the disk takes writes again",
+            ) from err
+        return entry
+
+    def _apply_redaction(self, seq: int, digest: bytes) -> None:
+        """Writer thread: zero the body (fsynced), then forget the pending redaction."""
+        self.bodies.redact(digest)
+        self._unapplied.pop(seq, None)

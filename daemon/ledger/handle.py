@@ -21,6 +21,7 @@ from pathlib import Path
 from daemon.ledger.checkpoint import Checkpoint, Signer
 from daemon.ledger.entry import Entry
 from daemon.ledger.errors import LedgerFailed
+from daemon.ledger.journal import Journal
 from daemon.ledger.outage import Outage
 from daemon.ledger.store import (
     BodyStore,
@@ -50,6 +51,7 @@ class Handle:
     _repaired: bool
     _head: tuple[int, tuple[tuple[int, bytes], ...]]
     _unapplied: dict[int, bytes]
+    _journal: Journal  # the owner's only
 
     @property
     def size(self) -> int:

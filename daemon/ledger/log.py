@@ -6,11 +6,12 @@ state declared (with who may change what) in `handle`:
 - `writer`: group commit, rollback and outages, redaction; it states the durability invariant;
 - `reader`: reads and proofs;
 - here: the lifecycle (open, close, abandon) and checkpoints.
-Self-contained parts: `store` (file formats), `audit` (verify), `outage`, `checkpoint`,
-`summary` (aggregates over the record).
+Self-contained parts: `journal` (the write-ahead journal), `store` (file formats), `audit`
+(verify), `outage`, `checkpoint`, `summary` (aggregates over the record).
 
 Layout of `<state>/ledger/`: `entries.jsonl` (the record: one canonical entry per line),
-`bodies.pack` (content-addressed bodies), derived files (see `store`), `meta.json`,
+`bodies.pack` (content-addressed bodies), `wal` (the journal: see `journal`), derived files
+(see `store`), `meta.json`,
 `checkpoint` (the latest signed note), `checkpoint.key` / `checkpoint.vkey`, `lock`.
 
 An append is acknowledged only once it and its body are durable: see the durability invariant
@@ -79,7 +80,6 @@ class Ledger(Recovery, Writer, Reader):
         self._vkey: str | None = None
         self._queue = _Inbox()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
-        self._syncer = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ledger-sync")
         self._unapplied: dict[int, bytes] = {}  # redaction seq -> body not yet zeroed
         # The writer's frontier after its last batch (vouched for at open): proofs are checked
         # against the root it implies. A snapshot, swapped whole, so readers never see a torn one.
@@ -199,7 +199,6 @@ class Ledger(Recovery, Writer, Reader):
         finally:
             await loop.run_in_executor(self._executor, self._release)
             self._executor.shutdown(wait=True)
-            self._syncer.shutdown(wait=True)
 
     async def _close_outage(self, loop: asyncio.AbstractEventLoop) -> None:
         """One last probe, so a disk that came back lets close checkpoint as usual."""
@@ -223,13 +222,14 @@ class Ledger(Recovery, Writer, Reader):
                     await task
         await asyncio.get_running_loop().run_in_executor(self._executor, self._release)
         self._executor.shutdown(wait=True)
-        self._syncer.shutdown(wait=True)
 
     def _release(self) -> None:
         with contextlib.suppress(AttributeError):
             self.tree.close()
         with contextlib.suppress(AttributeError):
             self.bodies.close()
+        with contextlib.suppress(AttributeError):
+            self._journal.close()
         for fd in (self._entries_fd, self._lock_fd):
             if fd >= 0:
                 os.close(fd)

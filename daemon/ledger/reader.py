@@ -2,7 +2,9 @@
 
 Contract. Reads leave the event loop: every read that touches a file runs in a worker thread, a
 batch in one hop (`read_body` is the blocking form). Reads see exactly the acknowledged entries
-(`_size`; see the durability invariant in `writer`). A body is read back with its state
+(`_size`), from the record files: a batch's bytes are written to them (page cache) before it
+is acknowledged, so a read never waits for a catch-up (see the durability invariant in
+`writer`). A body is read back with its state
 (`Body`), so null, missing, tampered and redacted are told apart. The body store's lock covers
 memory and preads only: the writer grows the table and fsyncs outside it.
 

@@ -6,11 +6,18 @@ has its body zeroed; and the stored tree is vouched for by the latest signed che
 does this without re-reading the history (a compact index, the Merkle frontier, and bounded
 re-checks: TAIL_CHECK, RECHECK_MAX).
 
+- Journal: the record files are restored from the journal first (`Journal.replay`): what lies
+  past its last whole record is cut (a batch never acknowledged), every record's bytes are
+  written back at their offsets, and, once open has checked everything below, the files are
+  fsynced and the journal starts a new cycle on them. With no usable journal (none yet; or the
+  files end before its base, which means fsynced bytes are gone) the files are judged as they
+  are, by the checks below. A read-only opener does not replay: it reads the files as they are,
+  which after a power loss may be a prefix of the record until the owner reopens it.
 - Torn tail: a partial last line (or zero fill after a crash) is truncated back to the last
   complete entry, and fsynced, before the writer starts.
-- Missing-body tail: entries whose body never reached the pack are dropped only when they can
-  be the one unacknowledged batch (see the durability invariant in `writer`); earlier, open
-  refuses and names the seq.
+- Missing-body tail (files with no usable journal): entries whose body never reached the pack
+  are dropped only when they can be the one unacknowledged batch (all with the last line's
+  `ts`, at most MAX_BATCH); earlier, open refuses and names the seq.
 - Derived files are checked, not trusted: the root at the latest signed checkpoint must match
   (else every node is rebuilt from the leaves, and if it still differs the open is refused),
   and the nodes past it are recomputed from the leaves (bounded: RECHECK_MAX). The frontier
@@ -35,6 +42,7 @@ from daemon.ledger.entry import (
 )
 from daemon.ledger.errors import LedgerCorrupt, LedgerLocked
 from daemon.ledger.handle import Handle
+from daemon.ledger.journal import Journal
 from daemon.ledger.merkle import leaf_hash
 from daemon.ledger.store import (
     MARKS,
@@ -82,6 +90,7 @@ class Recovery(Handle):
             )
         else:
             self._entries_fd = open_append(entries_path)
+            self._replay()
         self.bodies = BodyStore(
             self.dir, not self.readonly, int(meta.get("pack", 0)), int(meta.get("bodies", 0))
         )
@@ -104,6 +113,22 @@ class Recovery(Handle):
             self._vkey = self._signer.vkey if self._signer is not None else None
         self._latest = load_checkpoint(self.dir / "checkpoint")
         self._anchor(self._latest)
+        if not self.readonly:
+            # Recovered: the files are the record now; the journal starts a new cycle on them.
+            os.fsync(self._entries_fd)
+            self.bodies.sync_pack()
+            size = self.tree.size
+            self._journal.rotate(size, self.tree.end(size - 1), self.bodies.pack_size)
+
+    def _replay(self) -> None:
+        """Restore the record files from the journal (see `journal`), before anything reads
+        them. With no journal to trust (none yet, or files shorter than its base), nothing is
+        touched: the checks below judge the files as they are."""
+        self._journal = Journal(self.dir)
+        os.close(open_append(self.dir / "bodies.pack", append=False))  # created if new
+        last = self._journal.replay(self.dir / "entries.jsonl", self.dir / "bodies.pack")
+        if last is not None and last.at:
+            log.warning("ledger: replayed the journal up to seq %d", last.next_seq)
 
     def _anchor(self, latest: Checkpoint | None) -> None:
         """Vouch for the stored tree (module doc: derived files are checked, not trusted)."""

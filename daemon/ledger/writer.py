@@ -1,32 +1,32 @@
-"""The writer: group commit on one thread, rollback of a failed batch, outages, redaction.
+"""The writer: group commit through the journal, rollback of a failed batch, outages, redaction.
 
 One piece (past 500 lines) because a commit, its rollback, the outage it may open and the
 redaction that rides on a commit all change the same files under the one invariant below.
 
 Durability invariant (stated here once; the other parts refer to it). A batch is committed as:
-pack records written, entry lines written, then the pack and the entries fsynced concurrently
-(two sync threads); only once both fsyncs have returned are the appenders' futures resolved.
-Both writes precede both fsyncs, and neither fsync's outcome is acted on alone, so a crash may
-leave entry lines on disk whose bodies never reached the pack; such entries were never
-acknowledged (their batch's fsyncs had not both returned). Only one batch is ever
-unacknowledged (the writer commits one at a time) and all of its entries carry the same `ts`,
-so recovery drops the tail from the first entry whose body record is missing only if that tail
-is one batch (one `ts`, the last line's); a body missing under an earlier entry was lost after
-its acknowledgement, and open refuses, naming the seq. A body that was redacted keeps its
-(zeroed, flagged) record, so "missing" never means "redacted".
+its record (pack records + entry lines, with their offsets) written to the journal, the same
+bytes written to `bodies.pack` and `entries.jsonl`, then ONE fdatasync, of the journal; only
+once it has returned are the appenders' futures resolved. So an acknowledged batch is always
+whole in the journal, or (after a catch-up) in the record files, fsynced: a catch-up, between
+batches, fsyncs the record files and only then rotates the journal to a base at their end (see
+`journal`). Readers see an acknowledged batch at once: its bytes are in the files' page cache
+before its futures resolve. A crash may leave a batch whose journal record is not whole; it was
+never acknowledged, and recovery cuts it from the files, so nothing of it stays half-present.
+Only one batch is ever unacknowledged (the writer commits one at a time).
 
-Write failures (ENOSPC, EDQUOT, EIO: see `outage`). The files hold exactly the acknowledged
-prefix, plus at most the one batch being committed. A batch whose write or fsync fails is never
-acknowledged and never fsynced again: after a failed fsync the page cache may hold pages the
-disk never got, and a second fsync on the same description would report success for them. So
-the batch is rolled back (the tree and body table in memory, then the entries and the pack are
-truncated to the offsets of the last acknowledged batch on fresh file descriptions, and
-fsynced), its appenders get `LedgerUnwritable` (503), and an outage begins: appends fail fast,
-a probe retries with backoff (finishing a rollback that failed too), and appends resume when
-the disk takes a write + fsync again. A caller that retries writes its entry anew. A failure in
-the derived files after both fsyncs returned does not undo the batch (it is durable): it is
-acknowledged and the outage begins after it. If the process dies before a failed rollback is
-finished, the unacknowledged batch may survive, as it may in any crash.
+Write failures (ENOSPC, EDQUOT, EIO: see `outage`). A batch whose write or fdatasync fails is
+never acknowledged and never synced again: after a failed sync the page cache may hold pages the
+disk never got, and a second sync on the same description would report success for them. So the
+batch is rolled back (the tree and body table in memory, then the journal, the entries and the
+pack are truncated to the offsets of the last acknowledged batch on fresh file descriptions, and
+synced), its appenders get `LedgerUnwritable` (503), and an outage begins: appends fail fast, a
+probe retries with backoff (finishing a rollback that failed too), and appends resume when the
+disk takes a write + fsync again. A caller that retries writes its entry anew. A failure after
+the journal's fdatasync returned (a catch-up, the derived files) does not undo the batch (it is
+durable in the journal): it is acknowledged and the outage begins after it; the probe rewrites
+the record files from the journal on fresh descriptions before it syncs them (a failed fsync may
+have dropped their pages) and only then rotates the journal. If the process dies before a
+failed rollback is finished, the unacknowledged batch may survive whole, as it may in any crash.
 
 Redaction invariant. `redact` makes the `redaction` entry durable first and zeroes the body
 second. A crash in between is repaired on open: `meta.json`'s `redact_from` is the lowest seq
@@ -45,7 +45,7 @@ import logging
 import os
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +78,7 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 1024
 MAX_BATCH_BYTES = 1 << 20
 SYNC_EVERY = 16384  # fsync the derived files at least this often (bounds recovery rescans)
+JOURNAL_MAX = 16 << 20  # catch the record files up (and rotate the journal) past this
 FSYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 _set = object.__setattr__
@@ -197,7 +198,11 @@ class Writer(Handle):
     _write_failures: int
     _stats: _Stats
     _queue: _Inbox
-    _syncer: ThreadPoolExecutor
+    step_hook: Callable[[str], None] | None = None
+    """Fault injection, for tests: called on the writer thread with the name of each step of
+    a commit and of a catch-up as it completes ("journal written", "pack written", "entries
+    written", "journal synced"; "entries synced", "pack synced", "journal rotated"), so a test
+    can stop the process between any two of them."""
 
     async def append(
         self,
@@ -283,25 +288,31 @@ class Writer(Handle):
 
     def _commit(self, batch: list[_Pending]) -> list[Entry]:
         """Writer thread: commit a batch, or roll it back and raise `_Stalled` (module doc)."""
-        mark = Mark(self.tree.size, self._entries_end_offset(), self.bodies.pack_size)
+        mark = Mark(
+            self.tree.size, self._entries_end_offset(), self.bodies.pack_size, self._journal.end
+        )
         try:
             entries = self._write_batch(batch)
         except OSError as err:
             self._write_failures += 1
             log.error("ledger: a write or fsync failed (%s): rolling the batch back", err)
             raise _Stalled(Outage.of(err, self._rollback(mark)), None) from err
-        if self.tree.size - self._synced >= SYNC_EVERY:
-            try:
+        try:
+            if self.tree.size - self._synced >= SYNC_EVERY:
                 self._sync_derived()
-            except OSError as err:
-                self._write_failures += 1
-                raise _Stalled(Outage.of(err), entries) from err
+            elif self._journal.end >= JOURNAL_MAX:
+                self._catch_up()
+        except OSError as err:
+            self._write_failures += 1
+            raise _Stalled(Outage.of(err), entries) from err
         return entries
 
     def _write_batch(self, batch: list[_Pending]) -> list[Entry]:
-        """Writer thread: encode, write pack + entries, fsync both at once, extend the tree."""
-        tree, bodies = self.tree, self.bodies
-        seq, prev, end = tree.size, self._last_hash, self._entries_end_offset()
+        """Writer thread: encode, journal the batch, write it to the record files, one
+        fdatasync (of the journal), then extend the tree (module doc)."""
+        tree, bodies, hook = self.tree, self.bodies, self.step_hook
+        first, prev, end = tree.size, self._last_hash, self._entries_end_offset()
+        seq = first
         ts = max(time.time_ns() // 1000, self._last_ts)
         lines: list[bytes] = []
         leaves: list[bytes] = []
@@ -314,40 +325,31 @@ class Writer(Handle):
                     assert p.body is not None
                     bodies.stage(digest, p.body)
         bodies.reserve(len(staged))
+        sha256 = hashlib.sha256
+        for p in batch:
+            line = fill_line(p.head, p.tail, seq, ts, prev)
+            leaf = sha256(b"\x00" + line).digest()
+            lines.append(line)
+            leaves.append(leaf)
+            prev = leaf.hex()
+            seq += 1
+        lines.append(b"")
+        data = b"\n".join(lines)
+        pack = bytes(bodies.pending)
         t0 = time.perf_counter()
-        # The pack is written (and its fsync started) before the entries are even encoded;
-        # the entries' fsync follows their write; this thread then does the rest of the
-        # batch's CPU work while both run. The batch is acknowledged only after both fsyncs
-        # returned (see the module doc).
-        syncs = []
-        failure: BaseException | None = None
-        try:
-            if bodies.pending:
-                bodies.write()
-                syncs.append(self._syncer.submit(bodies.sync_pack))
-            sha256 = hashlib.sha256
-            for p in batch:
-                line = fill_line(p.head, p.tail, seq, ts, prev)
-                leaf = sha256(b"\x00" + line).digest()
-                lines.append(line)
-                leaves.append(leaf)
-                prev = leaf.hex()
-                seq += 1
-            lines.append(b"")
-            write_all(self._entries_fd, b"\n".join(lines))
-            syncs.append(self._syncer.submit(os.fsync, self._entries_fd))
-            entries = self._extend(batch, lines, leaves, end, ts)
-        except BaseException as err:
-            failure = err
-        # Every started fsync is waited for, even after a failure: the rollback must not race
-        # a sync thread still writing the batch.
-        for sync in syncs:
-            try:
-                sync.result()
-            except OSError as err:
-                failure = failure or err
-        if failure is not None:
-            raise failure
+        self._journal.append(first, end, bodies.pack_size, len(batch), pack, data)
+        if hook is not None:
+            hook("journal written")
+        bodies.write()
+        if hook is not None:
+            hook("pack written")
+        write_all(self._entries_fd, data)
+        if hook is not None:
+            hook("entries written")
+        self._journal.sync()
+        if hook is not None:
+            hook("journal synced")
+        entries = self._extend(batch, lines, leaves, end, ts)
         bodies.index()  # only now: a rolled-back batch never leaves a slot in the table
         self._head = tree.frontier.snapshot()
         self._stats.observe(time.perf_counter() - t0)
@@ -356,10 +358,32 @@ class Writer(Handle):
         self._last_hash, self._last_ts = prev, ts
         return entries
 
+    def _catch_up(self) -> None:
+        """Writer thread, between batches: fsync the record files (everything the journal
+        holds is in them already), then rotate the journal to a base at their end."""
+        hook = self.step_hook
+        os.fsync(self._entries_fd)
+        if hook is not None:
+            hook("entries synced")
+        self.bodies.sync_pack()
+        if hook is not None:
+            hook("pack synced")
+        self._journal.rotate(self.tree.size, self._entries_end_offset(), self.bodies.pack_size)
+        if hook is not None:
+            hook("journal rotated")
+
+    def _restore(self) -> None:
+        """Writer thread (the probe): rewrite the record files from the journal on fresh
+        descriptions. A failed fsync of them may have left the page cache showing bytes the
+        disk never got; only a new write makes them dirty again (see `Journal.replay`)."""
+        reopen(self._entries_fd, self.dir / "entries.jsonl", os.O_RDWR | os.O_APPEND)
+        reopen(self.bodies.pack, self.bodies.pack_path, os.O_RDWR)
+        self._journal.replay(self.dir / "entries.jsonl", self.bodies.pack_path)
+
     def _extend(
         self, batch: list[_Pending], lines: list[bytes], leaves: list[bytes], end: int, ts: int
     ) -> list[Entry]:
-        """Writer thread, during the fsyncs: grow the tree, build entries."""
+        """Writer thread, once the batch is durable: grow the tree, build entries."""
         tree = self.tree
         new_entry = Entry.__new__
         seq, prev = tree.size, self._last_hash
@@ -421,7 +445,9 @@ class Writer(Handle):
         return None
 
     def _cut(self, mark: Mark) -> None:
-        """Writer thread: truncate the record files to `mark` on fresh descriptions, fsynced."""
+        """Writer thread: truncate the journal, then the record files, to `mark` on fresh
+        descriptions, synced."""
+        self._journal.cut(mark.journal_end)
         os.ftruncate(self._entries_fd, mark.entries_end)
         reopen(self._entries_fd, self.dir / "entries.jsonl", os.O_RDWR | os.O_APPEND)
         os.fsync(self._entries_fd)
@@ -464,16 +490,18 @@ class Writer(Handle):
             self._outage = None
 
     def _probe(self, outage: Outage) -> None:
-        """Writer thread: finish the rollback, write + fsync a scratch file, re-zero redactions
-        whose zeroing failed, sync the derived files. Raises OSError while the disk refuses."""
+        """Writer thread: finish the rollback, write + fsync a scratch file, rewrite the record
+        files from the journal and sync them and the derived files, re-zero redactions whose
+        zeroing failed. Raises OSError while the disk refuses."""
         if outage.rollback is not None:
             self._cut(outage.rollback)
             outage.rollback = None
         probe(self.dir)
+        self._restore()
+        self._sync_derived()  # the journal no longer holds a body zeroed below
         for seq, digest in sorted(self._unapplied.items()):
             self.bodies.redact(digest, force=True)
             self._unapplied.pop(seq, None)
-        self._sync_derived()
 
     @property
     def health(self) -> LedgerHealth:
@@ -513,9 +541,11 @@ class Writer(Handle):
         )
 
     def _sync_derived(self) -> None:
-        """Writer thread: fsync the derived files and record how far they can be trusted."""
+        """Writer thread: catch the record files up, fsync the derived files and record how far
+        they can be trusted (never past what the record files hold durably)."""
         if self._failed is not None:
             raise self._failed
+        self._catch_up()
         self.tree.sync()
         self.bodies.sync_table()
         meta = {
@@ -584,6 +614,8 @@ class Writer(Handle):
         return entry
 
     def _apply_redaction(self, seq: int, digest: bytes) -> None:
-        """Writer thread: zero the body (fsynced), then forget the pending redaction."""
+        """Writer thread: zero the body (fsynced), then forget the pending redaction. The
+        journal is rotated first, so no copy of the body is left in it (nor replayed from it)."""
+        self._catch_up()
         self.bodies.redact(digest)
         self._unapplied.pop(seq, None)

@@ -3,7 +3,7 @@
 Contract. `Ledger` (in `log`) is one object assembled from parts that each own one concept:
 `recovery` (what open guarantees), `writer` (group commit, rollback, outages, redaction) and
 `reader` (reads and proofs). They share the state declared on `Handle`, under one discipline:
-- the writer thread (`_executor`, one worker) is the only one that changes the files, the tree,
+- the writer thread (`_executor`) is the only one that changes the files, the tree,
   the body table and `_head`; open (recovery) runs on it too, before the writer task starts;
 - the event loop owns `_size` (grown only after a batch is durable, see the durability
   invariant in `writer`), `_outage`, `_failed`, `_closed` and `_latest`;
@@ -15,7 +15,7 @@ Contract. `Ledger` (in `log`) is one object assembled from parts that each own o
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from pathlib import Path
 
 from daemon.ledger.checkpoint import Checkpoint, Signer
@@ -44,7 +44,7 @@ class Handle:
     _failed: LedgerFailed | None
     _outage: Outage | None
     _closed: bool
-    _executor: ThreadPoolExecutor
+    _executor: Executor  # the writer thread (see `writer.WriterThread`)
     _latest: Checkpoint | None
     _signer: Signer | None
     _vkey: str | None

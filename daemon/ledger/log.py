@@ -25,7 +25,6 @@ import contextlib
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from daemon.ledger.checkpoint import Checkpoint, Signer, save_checkpoint
@@ -38,7 +37,7 @@ from daemon.ledger.store import (
     BodyStore,
     Tree,
 )
-from daemon.ledger.writer import SYNC_EVERY, LedgerStats, Writer, _Inbox, _Stats, check_append
+from daemon.ledger.writer import SYNC_EVERY, LedgerStats, Writer, WriterThread, _Stats, check_append
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +77,14 @@ class Ledger(Recovery, Writer, Reader):
         self._latest: Checkpoint | None = None
         self._signer: Signer | None = None
         self._vkey: str | None = None
-        self._queue = _Inbox()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
+        self._executor = WriterThread(self._commit_batch)
+        self._halted: Outage | None = None
+        self._broken: LedgerFailed | None = None
         self._unapplied: dict[int, bytes] = {}  # redaction seq -> body not yet zeroed
         # The writer's frontier after its last batch (vouched for at open): proofs are checked
         # against the root it implies. A snapshot, swapped whole, so readers never see a torn one.
         self._head: tuple[int, tuple[tuple[int, bytes], ...]] = (0, ())
         self._repaired = False  # the stored tree is rebuilt at most once per open
-        self._writer: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.tree: Tree
         self.bodies: BodyStore
@@ -106,17 +105,17 @@ class Ledger(Recovery, Writer, Reader):
         history; see TAIL_CHECK): `verify()` finds it.
         """
         ledger = cls(Path(state_dir), readonly, tail_check)
+        ledger._loop = asyncio.get_running_loop()
         try:
-            await asyncio.get_running_loop().run_in_executor(ledger._executor, ledger._open)
+            await ledger._loop.run_in_executor(ledger._executor, ledger._open)
         except BaseException:
             ledger._release()
+            ledger._executor.shutdown()
             raise
-        if not readonly:
-            ledger._writer = asyncio.create_task(ledger._write_loop(), name="ledger-writer")
-            if checkpoint_interval:
-                ledger._ticker = asyncio.create_task(
-                    ledger._tick(checkpoint_interval), name="ledger-checkpoints"
-                )
+        if not readonly and checkpoint_interval:
+            ledger._ticker = asyncio.create_task(
+                ledger._tick(checkpoint_interval), name="ledger-checkpoints"
+            )
         return ledger
 
     @property
@@ -180,9 +179,7 @@ class Ledger(Recovery, Writer, Reader):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        if self._writer is not None:
-            self._queue.put(None)
-            await self._writer
+        # Appends queued before now are committed (and settled) before any job queued below.
         loop = asyncio.get_running_loop()
         try:
             if not self.readonly and self._failed is None:
@@ -215,7 +212,7 @@ class Ledger(Recovery, Writer, Reader):
     async def abandon(self) -> None:
         """Drop the handle as a crash would (no checkpoint, no derived sync); for tests."""
         self._closed = True
-        for task in (self._ticker, self._prober, self._writer):
+        for task in (self._ticker, self._prober):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

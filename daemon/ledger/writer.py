@@ -39,13 +39,16 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import functools
 import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,30 +126,91 @@ class _Stalled(Exception):
         self.entries = entries
 
 
-class _Inbox:
-    """The appenders' FIFO to the one writer task: a deque and a single wake-up future.
+@dataclass(slots=True)
+class _Job:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: Future[Any]
 
-    What `asyncio.Queue` does for this case at a fraction of its per-item cost.
+
+class WriterThread(Executor):
+    """The one writer thread, fed in order with batches of appends and jobs.
+
+    Appends queued by the event loop in one iteration are handed over together (one lock, one
+    wake-up), and the thread takes everything queued when it is free as the next batch
+    (`MAX_BATCH`, `MAX_BATCH_BYTES`), so batches grow with the load while one is syncing.
+    Everything else that must not run beside a commit (open, checkpoints, probes, redaction
+    zeroing, repairs) is a job, through `loop.run_in_executor(thread, ...)`, run between
+    batches in the order it was queued. `submit` and `put` are for the loop thread only.
     """
 
-    def __init__(self) -> None:
-        self.items: deque[_Pending | None] = deque()
-        self._waiter: asyncio.Future[None] | None = None
+    def __init__(self, commit: Callable[[list[_Pending]], None]) -> None:
+        self._commit = commit
+        self._items: deque[_Pending | _Job | None] = deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._idle = False
+        self._loose: list[_Pending] = []  # queued in this loop iteration, not handed over yet
+        self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
+        self._thread.start()
 
-    def put(self, item: _Pending | None) -> None:
-        self.items.append(item)
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+    def put(self, item: _Pending) -> None:
+        if not self._loose:
+            asyncio.get_running_loop().call_soon(self._hand_over)
+        self._loose.append(item)
 
-    async def wait(self) -> deque[_Pending | None]:
-        """Return the (non-empty) deque once something is queued."""
-        while not self.items:
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-        return self.items
+    def _hand_over(self, job: _Job | None = None) -> None:
+        loose, self._loose = self._loose, []
+        with self._cond:
+            self._items.extend(loose)
+            if job is not None:
+                self._items.append(job)
+            if self._idle:
+                self._cond.notify()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        call = functools.partial(fn, **kwargs) if kwargs else fn
+        self._hand_over(_Job(call, args, future))  # after the appends queued before it
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if self._thread.is_alive():
+            with self._cond:
+                self._items.append(None)
+                self._cond.notify()
+            if wait:
+                self._thread.join()
+
+    def _run(self) -> None:
+        items, cond = self._items, self._cond
+        while True:
+            with cond:
+                while not items:
+                    self._idle = True
+                    cond.wait()
+                self._idle = False
+                head = items.popleft()
+                if type(head) is _Pending:
+                    batch, size = [head], len(head.body or b"")
+                    while items and len(batch) < MAX_BATCH and size < MAX_BATCH_BYTES:
+                        item = items[0]
+                        if type(item) is not _Pending:
+                            break
+                        batch.append(item)
+                        size += len(item.body or b"")
+                        items.popleft()
+            if head is None:
+                return
+            if type(head) is _Job:
+                if head.future.set_running_or_notify_cancel():
+                    try:
+                        result = head.fn(*head.args)
+                    except BaseException as err:
+                        head.future.set_exception(err)
+                    else:
+                        head.future.set_result(result)
+                continue
+            self._commit(batch)
 
 
 @dataclass
@@ -197,7 +261,10 @@ class Writer(Handle):
     _prober: asyncio.Task[None] | None
     _write_failures: int
     _stats: _Stats
-    _queue: _Inbox
+    _executor: WriterThread
+    _loop: asyncio.AbstractEventLoop
+    _halted: Outage | None  # writer thread: a batch stalled; refuse batches until a probe ends it
+    _broken: LedgerFailed | None  # writer thread: a bug mid-commit; refuse every batch
     step_hook: Callable[[str], None] | None = None
     """Fault injection, for tests: called on the writer thread with the name of each step of
     a commit and of a catch-up as it completes ("journal written", "pack written", "entries
@@ -239,52 +306,52 @@ class Writer(Handle):
         digest = None if data is None else body_digest(data)
         body_hex = None if digest is None else digest.hex()
         head, tail = line_template(actor=actor, kind=kind, run=run, parent=parent, body=body_hex)
-        self._queue.put(
+        self._executor.put(
             _Pending(actor, kind, run, parent, data, digest, body_hex, head, tail, future, redacts)
         )
         # A cancelled caller cancels only its wait: the writer skips done futures and still
         # commits the entry, so nothing acknowledged is ever undone.
         return future
 
-    async def _write_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            items = await self._queue.wait()
-            first = items.popleft()
-            if first is None:
-                return
-            batch, size, stop = [first], len(first.body or b""), False
-            while len(batch) < MAX_BATCH and size < MAX_BATCH_BYTES and items:
-                item = items.popleft()
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
-                size += len(item.body or b"")
-            if self._outage is not None:  # queued before the outage began
-                self._refuse(batch, self._outage.error())
-                if stop:
-                    return
-                continue
+    def _commit_batch(self, batch: list[_Pending]) -> None:
+        """Writer thread: commit a batch (or refuse it: the ledger failed, or an outage
+        began and no probe has ended it yet), then settle its futures on the loop with one
+        `call_soon_threadsafe`."""
+        outcome: list[Entry] | BaseException
+        outage = None
+        if self._broken is not None:
+            outcome = self._broken
+        elif self._halted is not None:
+            outcome = self._halted.error()
+        else:
             try:
-                entries = await loop.run_in_executor(self._executor, self._commit, batch)
+                outcome = self._commit(batch)
             except _Stalled as stall:
-                self._begin_outage(stall.outage)
-                if stall.entries is None:
-                    self._refuse(batch, stall.outage.error())
-                    if stop:
-                        return
-                    continue
-                entries = stall.entries
+                outage = self._halted = stall.outage
+                outcome = stall.outage.error() if stall.entries is None else stall.entries
             except Exception as err:
-                self._fail(err, batch)
-                return
-            self._size += len(entries)
-            for pending, entry in zip(batch, entries, strict=True):
+                log.critical("ledger: write or fsync failed, refusing further appends: %s", err)
+                outcome = self._broken = LedgerFailed(f"ledger write failed: {err}")
+        self._loop.call_soon_threadsafe(self._settle, batch, outcome, outage)
+
+    def _settle(
+        self, batch: list[_Pending], outcome: list[Entry] | BaseException, outage: Outage | None
+    ) -> None:
+        """Loop thread: resolve a batch's futures (a cancelled caller cancelled only its wait:
+        its entry is committed all the same)."""
+        if outage is not None:
+            self._begin_outage(outage)
+        if isinstance(outcome, BaseException):
+            if isinstance(outcome, LedgerFailed):
+                self._failed = outcome
+            for pending in batch:
                 if not pending.future.done():
-                    pending.future.set_result(entry)
-            if stop:
-                return
+                    pending.future.set_exception(outcome)
+            return
+        self._size += len(outcome)
+        for pending, entry in zip(batch, outcome, strict=True):
+            if not pending.future.done():
+                pending.future.set_result(entry)
 
     def _commit(self, batch: list[_Pending]) -> list[Entry]:
         """Writer thread: commit a batch, or roll it back and raise `_Stalled` (module doc)."""
@@ -362,13 +429,19 @@ class Writer(Handle):
         """Writer thread, between batches: fsync the record files (everything the journal
         holds is in them already), then rotate the journal to a base at their end."""
         hook = self.step_hook
-        os.fsync(self._entries_fd)
-        if hook is not None:
-            hook("entries synced")
-        self.bodies.sync_pack()
-        if hook is not None:
-            hook("pack synced")
-        self._journal.rotate(self.tree.size, self._entries_end_offset(), self.bodies.pack_size)
+        try:
+            os.fsync(self._entries_fd)
+            if hook is not None:
+                hook("entries synced")
+            self.bodies.sync_pack()
+            if hook is not None:
+                hook("pack synced")
+            self._journal.rotate(self.tree.size, self._entries_end_offset(), self.bodies.pack_size)
+        except OSError as err:
+            # No batch is committed until a probe has rewritten the files from the journal: a
+            # later catch-up's fsync on these descriptions could "succeed" for lost pages.
+            self._halted = self._halted or Outage.of(err)
+            raise
         if hook is not None:
             hook("journal rotated")
 
@@ -502,6 +575,7 @@ class Writer(Handle):
         for seq, digest in sorted(self._unapplied.items()):
             self.bodies.redact(digest, force=True)
             self._unapplied.pop(seq, None)
+        self._halted = None
 
     @property
     def health(self) -> LedgerHealth:
@@ -557,17 +631,6 @@ class Writer(Handle):
         write_atomic(self.dir / "meta.json", json.dumps(meta).encode())
         self._synced = self.tree.size
         add_mark(self.dir / MARKS, self.tree.size, self.bodies.mark)
-
-    def _fail(self, err: BaseException, batch: list[_Pending]) -> None:
-        log.critical("ledger: write or fsync failed, refusing further appends: %s", err)
-        self._failed = LedgerFailed(f"ledger write failed: {err}")
-        while self._queue.items:
-            item = self._queue.items.popleft()
-            if item is not None:
-                batch.append(item)
-        for pending in batch:
-            if not pending.future.done():
-                pending.future.set_exception(self._failed)
 
     async def redact(self, body_hash: str, *, actor: str, reason: str) -> Entry:
         """Witness the removal with a `redaction` entry, then zero the body in place.

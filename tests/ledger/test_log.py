@@ -5,6 +5,7 @@ import errno
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -442,3 +443,40 @@ async def test_deep_verify_says_changed_or_missing_without_a_witness(state_dir: 
         gone: "missing (no redaction witnessed)",
     }
     await again.close()
+
+
+async def test_one_thread_writes_and_syncs_and_one_callback_settles_a_batch(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer thread does the write and the sync itself (no sync threads), and a batch's
+    futures are resolved by one `call_soon_threadsafe`, not one per entry."""
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    loop = asyncio.get_running_loop()
+    callbacks: list[str] = []
+    real_call = loop.call_soon_threadsafe
+
+    def counted(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
+        callbacks.append(getattr(callback, "__name__", repr(callback)))
+        return real_call(callback, *args, **kwargs)
+
+    syncing: list[str] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        syncing.append(threading.current_thread().name)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    before = ledger.stats.batches
+    entries = await asyncio.gather(
+        *(ledger.append(actor="a", kind="k", body={"i": i}) for i in range(256))
+    )
+    batches = ledger.stats.batches - before
+    monkeypatch.undo()
+    assert sorted(e.seq for e in entries) == list(range(256))
+    assert batches < 256  # grouped
+    assert callbacks == ["_settle"] * batches
+    assert syncing == ["ledger-writer"] * batches
+    assert not [t.name for t in threading.enumerate() if "sync" in t.name]
+    await ledger.close()

@@ -24,9 +24,11 @@ fill, or a stale record of an earlier cycle left past a rotation) ends it.
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +38,8 @@ MAGIC = b"TWL1"
 HEADER = struct.Struct("<4sIQQQIII")
 _BODY = struct.Struct("<QQQIII")  # the header after the magic and the CRC, as hashed
 JOURNAL = "wal"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,35 +88,49 @@ def header(
 
 def scan(data: bytes) -> list[Record]:
     """The journal's complete, continuous records (the first is its base)."""
+    return _scan(lambda size, at: data[at : at + size])[0]
+
+
+def _scan(read: Callable[[int, int], bytes]) -> tuple[list[Record], bytes]:
+    """Records read one by one with `read(size, offset)` until the first that is not whole or
+    does not continue; and their payloads, concatenated (only whole records are read)."""
     records: list[Record] = []
+    payloads: list[bytes] = []
     at = 0
-    while at + HEADER.size <= len(data):
-        magic, crc, seq, e_off, p_off, count, e_len, p_len = HEADER.unpack_from(data, at)
-        payload_end = at + HEADER.size + p_len + e_len
-        if magic != MAGIC or payload_end > len(data):
+    while True:
+        head = read(HEADER.size, at)
+        if len(head) < HEADER.size:
             break
+        magic, crc, seq, e_off, p_off, count, e_len, p_len = HEADER.unpack(head)
         record = Record(at, seq, e_off, p_off, count, e_len, p_len)
-        if records and not record.continues(records[-1]):
+        if magic != MAGIC or (records and not record.continues(records[-1])):
             break
-        fields = data[at + 8 : at + HEADER.size]
-        if zlib.crc32(data[at + HEADER.size : payload_end], zlib.crc32(fields)) != crc:
+        payload = read(p_len + e_len, at + HEADER.size)
+        if len(payload) < p_len + e_len or zlib.crc32(payload, zlib.crc32(head[8:])) != crc:
             break
         records.append(record)
-        at = payload_end
-    return records
+        payloads.append(payload)
+        at = record.end
+    return records, b"".join(payloads)
 
 
 class Journal:
-    """The open journal; the writer thread is its only user (see `writer`)."""
+    """The open journal; the writer thread is its only user (see `writer`).
 
-    def __init__(self, directory: Path) -> None:
+    The file is kept `space` bytes long, zero-filled, and records overwrite it from the start:
+    a commit's fdatasync then has only the record's pages to write, no file size (so no
+    filesystem journal commit). Zeros, and records left from an earlier cycle, end a scan. On a
+    disk too full for that the file just grows with its records."""
+
+    def __init__(self, directory: Path, space: int) -> None:
         self.path = directory / JOURNAL
+        self.space = space
         self.fd = open_append(self.path, append=False)
-        self.end = os.fstat(self.fd).st_size
+        self.end = 0  # where the next record goes: set by `rotate` (open rotates)
 
-    def records(self) -> tuple[bytes, list[Record]]:
-        data = os.pread(self.fd, self.end, 0)
-        return data, scan(data)
+    def records(self) -> tuple[list[Record], bytes]:
+        fd = self.fd
+        return _scan(lambda size, at: os.pread(fd, size, at))
 
     def replay(self, entries_path: Path, pack_path: Path) -> Record | None:
         """Restore the record files from the journal (module doc) and fsync them; None,
@@ -123,7 +141,7 @@ class Journal:
         failed fsync the page cache may show bytes the disk never got, and only a new write
         makes them dirty again. Their own descriptions, without O_APPEND (where Linux's pwrite
         would append). Returns the last record: the files now end where it does."""
-        data, records = self.records()
+        records, data = self.records()
         if not records:
             return None
         base, last = records[0], records[-1]
@@ -137,11 +155,12 @@ class Journal:
                 return None
             os.ftruncate(entries_fd, min(os.fstat(entries_fd).st_size, last.entries_end))
             os.ftruncate(pack_fd, min(os.fstat(pack_fd).st_size, last.pack_end))
-            for record in records[1:]:
-                payload = record.at + HEADER.size
-                pwrite_all(pack_fd, data[payload : payload + record.pack_len], record.pack_off)
-                lines = payload + record.pack_len
-                pwrite_all(entries_fd, data[lines : lines + record.entries_len], record.entries_off)
+            at = 0
+            for record in records:  # the base has no payload
+                pwrite_all(pack_fd, data[at : at + record.pack_len], record.pack_off)
+                at += record.pack_len
+                pwrite_all(entries_fd, data[at : at + record.entries_len], record.entries_off)
+                at += record.entries_len
             os.fsync(pack_fd)
             os.fsync(entries_fd)
         finally:
@@ -164,18 +183,26 @@ class Journal:
         os.fdatasync(self.fd)
 
     def rotate(self, seq: int, entries_off: int, pack_off: int) -> None:
-        """Start a new cycle from a base (the record files are fsynced up to it): the base is
-        written over the old one at offset 0 and the rest cut. A crash between the write and
-        the cut leaves old records after the new base, which do not continue it (see `scan`)."""
+        """Start a new cycle from a base (the record files are fsynced up to it), written over
+        the old one at offset 0. The old records after it stay until overwritten: none of them
+        continues the new base (their seqs are below it; a rolled-back record was cut), so a
+        scan stops there. Zero-fills the file to `space` first if it is shorter."""
+        size = os.fstat(self.fd).st_size
+        if size < self.space:
+            try:
+                pwrite_all(self.fd, bytes(self.space - size), size)
+            except OSError as err:  # a full disk: do without (each sync then writes the size)
+                log.warning("ledger: cannot zero-fill the journal ahead (%s)", err)
+                os.ftruncate(self.fd, size)
         base = header(seq, entries_off, pack_off, 0, b"", b"")
         pwrite_all(self.fd, base, 0)
-        os.ftruncate(self.fd, len(base))
         os.fdatasync(self.fd)
         self.end = len(base)
 
     def cut(self, end: int) -> None:
         """Roll back to `end` on a fresh file description, synced (see `writer`: a failed
-        fdatasync is never retried on the same description)."""
+        fdatasync is never retried on the same description). The file is cut, not zeroed (a
+        full disk may refuse the write); the next rotation fills it again."""
         os.ftruncate(self.fd, end)
         reopen(self.fd, self.path, os.O_RDWR)
         os.fdatasync(self.fd)

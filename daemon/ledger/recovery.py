@@ -53,7 +53,7 @@ from daemon.ledger.store import (
     open_append,
     read_meta,
 )
-from daemon.ledger.writer import MAX_BATCH
+from daemon.ledger.writer import JOURNAL_SPACE, MAX_BATCH
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class Recovery(Handle):
         """Restore the record files from the journal (see `journal`), before anything reads
         them. With no journal to trust (none yet, or files shorter than its base), nothing is
         touched: the checks below judge the files as they are."""
-        self._journal = Journal(self.dir)
+        self._journal = Journal(self.dir, JOURNAL_SPACE)
         os.close(open_append(self.dir / "bodies.pack", append=False))  # created if new
         last = self._journal.replay(self.dir / "entries.jsonl", self.dir / "bodies.pack")
         if last is not None and last.at:

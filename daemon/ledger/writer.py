@@ -50,6 +50,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
+from hashlib import sha256
 from typing import Any
 
 from pydantic import BaseModel
@@ -59,7 +60,6 @@ from daemon.ledger.canonical import NotCanonical, canonicalize, check_text
 from daemon.ledger.entry import (
     VERSION,
     Entry,
-    fill_line,
     line_template,
 )
 from daemon.ledger.errors import LedgerFailed, LedgerUnwritable
@@ -69,7 +69,6 @@ from daemon.ledger.outage import LedgerHealth, Mark, Outage, probe
 from daemon.ledger.store import (
     MARKS,
     add_mark,
-    body_digest,
     reopen,
     write_all,
     write_atomic,
@@ -81,7 +80,8 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 1024
 MAX_BATCH_BYTES = 1 << 20
 SYNC_EVERY = 16384  # fsync the derived files at least this often (bounds recovery rescans)
-JOURNAL_MAX = 16 << 20  # catch the record files up (and rotate the journal) past this
+JOURNAL_MAX = 8 << 20  # catch the record files up (and rotate the journal) past this
+JOURNAL_SPACE = JOURNAL_MAX + 2 * MAX_BATCH_BYTES + (1 << 20)  # the journal file's length
 FSYNC_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 _set = object.__setattr__
@@ -302,9 +302,12 @@ class Writer(Handle):
         redacts: bytes | None,
     ) -> asyncio.Future[Entry]:
         """Queue checked fields; the encoding and body hash happen here, off the writer."""
-        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
-        digest = None if data is None else body_digest(data)
-        body_hex = None if digest is None else digest.hex()
+        future: asyncio.Future[Entry] = self._loop.create_future()
+        if data is None:
+            digest = body_hex = None
+        else:
+            digest = sha256(data).digest()
+            body_hex = digest.hex()
         head, tail = line_template(actor=actor, kind=kind, run=run, parent=parent, body=body_hex)
         self._executor.put(
             _Pending(actor, kind, run, parent, data, digest, body_hex, head, tail, future, redacts)
@@ -378,11 +381,9 @@ class Writer(Handle):
         """Writer thread: encode, journal the batch, write it to the record files, one
         fdatasync (of the journal), then extend the tree (module doc)."""
         tree, bodies, hook = self.tree, self.bodies, self.step_hook
-        first, prev, end = tree.size, self._last_hash, self._entries_end_offset()
-        seq = first
+        seq, prev, end = tree.size, self._last_hash, self._entries_end_offset()
+        first, start = seq, end
         ts = max(time.time_ns() // 1000, self._last_ts)
-        lines: list[bytes] = []
-        leaves: list[bytes] = []
         staged: set[bytes] = set()
         for p in batch:
             digest = p.digest
@@ -392,19 +393,52 @@ class Writer(Handle):
                     assert p.body is not None
                     bodies.stage(digest, p.body)
         bodies.reserve(len(staged))
-        sha256 = hashlib.sha256
+        # One pass: each line, its leaf hash, where it ends, and the Entry handed back (built
+        # as `model_construct` would, minus its per-field work: every field is checked).
+        sha256, new_entry, version, fields = hashlib.sha256, Entry.__new__, VERSION, _FIELDS
+        lines: list[bytes] = []
+        leaves: list[bytes] = []
+        ends: list[int] = []
+        entries: list[Entry] = []
+        redactions: list[tuple[int, bytes]] = []
         for p in batch:
-            line = fill_line(p.head, p.tail, seq, ts, prev)
+            line = f'{p.head}{prev}{p.tail}{seq},"ts":{ts},"v":{version}}}'.encode()
             leaf = sha256(b"\x00" + line).digest()
+            leaf_hex = leaf.hex()
+            end += len(line) + 1
             lines.append(line)
             leaves.append(leaf)
-            prev = leaf.hex()
+            ends.append(end)
+            entry = new_entry(Entry)
+            _set(
+                entry,
+                "__dict__",
+                {
+                    "v": version,
+                    "seq": seq,
+                    "ts": ts,
+                    "actor": p.actor,
+                    "kind": p.kind,
+                    "run": p.run,
+                    "parent": p.parent,
+                    "body": p.body_hex,
+                    "prev": prev,
+                    "hash": leaf_hex,
+                },
+            )
+            _set(entry, "__pydantic_fields_set__", fields.copy())
+            _set(entry, "__pydantic_extra__", None)
+            _set(entry, "__pydantic_private__", None)
+            entries.append(entry)
+            if p.redacts is not None:
+                redactions.append((seq, p.redacts))
+            prev = leaf_hex
             seq += 1
         lines.append(b"")
         data = b"\n".join(lines)
         pack = bytes(bodies.pending)
         t0 = time.perf_counter()
-        self._journal.append(first, end, bodies.pack_size, len(batch), pack, data)
+        self._journal.append(first, start, bodies.pack_size, len(batch), pack, data)
         if hook is not None:
             hook("journal written")
         bodies.write()
@@ -416,7 +450,10 @@ class Writer(Handle):
         self._journal.sync()
         if hook is not None:
             hook("journal synced")
-        entries = self._extend(batch, lines, leaves, end, ts)
+        tree.extend(leaves, ends)
+        tree.flush(force=False)
+        self._entries_end = end
+        self._unapplied.update(redactions)
         bodies.index()  # only now: a rolled-back batch never leaves a slot in the table
         self._head = tree.frontier.snapshot()
         self._stats.observe(time.perf_counter() - t0)
@@ -452,50 +489,6 @@ class Writer(Handle):
         reopen(self._entries_fd, self.dir / "entries.jsonl", os.O_RDWR | os.O_APPEND)
         reopen(self.bodies.pack, self.bodies.pack_path, os.O_RDWR)
         self._journal.replay(self.dir / "entries.jsonl", self.bodies.pack_path)
-
-    def _extend(
-        self, batch: list[_Pending], lines: list[bytes], leaves: list[bytes], end: int, ts: int
-    ) -> list[Entry]:
-        """Writer thread, once the batch is durable: grow the tree, build entries."""
-        tree = self.tree
-        new_entry = Entry.__new__
-        seq, prev = tree.size, self._last_hash
-        entries: list[Entry] = []
-        ends: list[int] = []
-        for p, line, leaf in zip(batch, lines, leaves, strict=False):
-            end += len(line) + 1
-            ends.append(end)
-            leaf_hex = leaf.hex()
-            # What `model_construct` does, minus its per-field work: every field is checked.
-            entry = new_entry(Entry)
-            _set(
-                entry,
-                "__dict__",
-                {
-                    "v": VERSION,
-                    "seq": seq,
-                    "ts": ts,
-                    "actor": p.actor,
-                    "kind": p.kind,
-                    "run": p.run,
-                    "parent": p.parent,
-                    "body": p.body_hex,
-                    "prev": prev,
-                    "hash": leaf_hex,
-                },
-            )
-            _set(entry, "__pydantic_fields_set__", _FIELDS.copy())
-            _set(entry, "__pydantic_extra__", None)
-            _set(entry, "__pydantic_private__", None)
-            entries.append(entry)
-            if p.redacts is not None:
-                self._unapplied[seq] = p.redacts
-            prev = leaf_hex
-            seq += 1
-        tree.extend(leaves, ends)
-        self._entries_end = end
-        tree.flush(force=False)
-        return entries
 
     def _entries_end_offset(self) -> int:
         if self._entries_end == 0 and self.tree.size:

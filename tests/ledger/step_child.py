@@ -2,9 +2,9 @@
 until the writer reaches the `nth` time a commit or catch-up step completes, then it dies there.
 
 Run as `python -m tests.ledger.step_child STATE_DIR STEP NTH MODE`. MODE "exit": `os._exit` at
-the step (the page cache keeps every write, as after a process crash). MODE "power": first cut
-every ledger file back to the size it had at its last successful fsync/fdatasync, as a power
-loss at that instant may, then `os._exit`. MODE "torn": only the journal is cut back so (the
+the step (the page cache keeps every write, as after a process crash). MODE "power": first drop
+every byte written since its file's last successful fsync/fdatasync, as a power loss at that
+instant may, then `os._exit`. MODE "torn": only the journal loses its unsynced records (the
 record files keep what the page cache wrote: a power loss need not take every unsynced page,
 so a batch's lines may survive where its journal record did not). Each acknowledged entry is
 printed as "seq leaf-hash body-hash-or-none" on stdout.
@@ -20,6 +20,7 @@ import threading
 from daemon.ledger import Ledger
 
 synced: dict[int, int] = {}  # inode -> size at its last successful sync
+journal_synced = [0]  # the journal's end at its last fdatasync
 lock = threading.Lock()
 
 
@@ -33,10 +34,15 @@ def recording(real: object) -> object:
     return sync
 
 
-def power_cut(directory: str, names: tuple[str, ...]) -> None:
-    """Drop what never reached the disk: each named file back to its last synced size."""
-    for name in names:
-        path = os.path.join(directory, name)
+def power_cut(ledger: Ledger, files: bool) -> None:
+    """Drop what never reached the disk: the journal's records past its last fdatasync (its
+    file is zero-filled ahead, so they are zeroed, not cut); with `files`, also the record
+    files' bytes past their last fsync."""
+    journal = ledger._journal
+    if journal.end > journal_synced[0]:
+        os.pwrite(journal.fd, bytes(journal.end - journal_synced[0]), journal_synced[0])
+    for name in ("entries.jsonl", "bodies.pack") if files else ():
+        path = ledger.dir / name
         st = os.stat(path)
         size = synced.get(st.st_ino)
         if size is not None and size < st.st_size:
@@ -60,8 +66,15 @@ async def checkpoints(ledger: Ledger) -> None:
 
 async def main(state: str, step: str, nth: int, mode: str) -> None:
     os.fsync = recording(os.fsync)  # type: ignore[assignment]
-    os.fdatasync = recording(os.fdatasync)  # type: ignore[assignment]
     ledger = await Ledger.open(state, checkpoint_interval=None)
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        real_fdatasync(fd)
+        if fd == ledger._journal.fd:
+            journal_synced[0] = ledger._journal.end
+
+    os.fdatasync = fdatasync  # type: ignore[assignment]
     seen = 0
 
     def hook(name: str) -> None:
@@ -70,10 +83,8 @@ async def main(state: str, step: str, nth: int, mode: str) -> None:
             return
         seen += 1
         if seen == nth:
-            if mode == "power":
-                power_cut(os.path.join(state, "ledger"), ("wal", "entries.jsonl", "bodies.pack"))
-            elif mode == "torn":
-                power_cut(os.path.join(state, "ledger"), ("wal",))
+            if mode in ("power", "torn"):
+                power_cut(ledger, files=mode == "power")
             os._exit(9)
 
     ledger.step_hook = hook

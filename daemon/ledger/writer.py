@@ -308,7 +308,7 @@ class Writer(Handle):
         else:
             digest = sha256(data).digest()
             body_hex = digest.hex()
-        head, tail = line_template(actor=actor, kind=kind, run=run, parent=parent, body=body_hex)
+        head, tail = line_template(actor, kind, run, parent, body_hex)
         self._executor.put(
             _Pending(actor, kind, run, parent, data, digest, body_hex, head, tail, future, redacts)
         )
@@ -393,8 +393,9 @@ class Writer(Handle):
                     assert p.body is not None
                     bodies.stage(digest, p.body)
         bodies.reserve(len(staged))
-        # One pass: each line, its leaf hash, where it ends, and the Entry handed back (built
-        # as `model_construct` would, minus its per-field work: every field is checked).
+        # One pass: each line (`entry.fill_line`, inlined: the call costs more than the
+        # format), its leaf hash, where it ends, and the Entry handed back (built as
+        # `model_construct` would, minus its per-field work: every field is checked).
         sha256, new_entry, version, fields = hashlib.sha256, Entry.__new__, VERSION, _FIELDS
         lines: list[bytes] = []
         leaves: list[bytes] = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 
@@ -36,6 +36,7 @@ from daemon.errors import (
 from daemon.gateway import REPLY as GATEWAY_REPLY
 from daemon.ledger.canonical import MAX_SAFE_INT
 from daemon.ledger.entry import Body, BodyState
+from daemon.ledger.summary import Vocabulary, summarize
 from daemon.planning import Plan, Task, problems, waves
 from daemon.runs import entries as k
 from daemon.runs.replay import replay
@@ -857,111 +858,24 @@ class SummaryOut(_Out):
     checkpoint: dict[str, Any] | None = None
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-class _Tally:
-    """Accumulates a summary from entries in seq order; bodies only of the kinds it reads."""
-
-    READS = frozenset({k.MODEL_CALL, k.MODEL_REPLY, k.ROUTE, k.STATE, k.REQUEST, GATEWAY_REPLY})
-    SYSTEM = frozenset({"daemon", "pool", k.ACTOR})
-    """Actors that are tally itself: their entries belong to no client unless in a run."""
-
-    def __init__(self) -> None:
-        self.by_client: dict[str, ClientUsage] = {}
-        self.run_client: dict[str, str] = {}
-        self.count = 0
-        self.by_kind: dict[str, int] = {}
-        self.members: dict[str, MemberUsage] = {}
-        self.by_purpose: dict[str, int] = {}
-        self.route_escalations = 0
-        self.states: dict[str, int] = {}
-        self.calls: dict[int, int] = {}  # model.call seq -> its ts (µs), until the reply
-        self.gateway: dict[str, dict[str, GatewayUsage]] = {}
-
-    def member(self, name: Any) -> MemberUsage:
-        return self.members.setdefault(str(name or "unknown"), MemberUsage())
-
-    def client_of(self, entry: Any, body: Any) -> str | None:
-        """Whose doing an entry is: its run's submitter, or the client that is its actor."""
-        if entry.kind == k.REQUEST and entry.run is not None:
-            who = body.get("client") if isinstance(body, dict) else None
-            self.run_client[entry.run] = str(who or "unknown")  # runs from before clients
-        if entry.run is not None:
-            return self.run_client.get(entry.run)
-        return None if entry.actor in self.SYSTEM else str(entry.actor)
-
-    def attribute(self, client: str | None, entry: Any) -> None:
-        if client is None:
-            return
-        usage = self.by_client.setdefault(client, ClientUsage())
-        usage.entries += 1
-        usage.runs += entry.kind == k.REQUEST
-
-    def add(self, entry: Any, body: Any) -> None:
-        self.count += 1
-        self.by_kind[entry.kind] = self.by_kind.get(entry.kind, 0) + 1
-        if not isinstance(body, dict):
-            return
-        if entry.kind == k.MODEL_CALL:
-            self.member(body.get("member")).calls += 1
-            purpose = str(body.get("purpose") or "unknown")
-            self.by_purpose[purpose] = self.by_purpose.get(purpose, 0) + 1
-            self.calls[entry.seq] = entry.ts
-        elif entry.kind == k.MODEL_REPLY:
-            m = self.member(body.get("member"))
-            usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-            assert isinstance(usage, dict)
-            m.prompt_tokens += _int(usage.get("prompt_tokens"))
-            m.completion_tokens += _int(usage.get("completion_tokens"))
-            m.cached_tokens += _int(usage.get("cached_tokens"))
-            m.errors += body.get("error") is not None
-            called = self.calls.pop(entry.parent, None) if entry.parent is not None else None
-            if called is not None:
-                m.ms += max(0, entry.ts - called) // 1000
-        elif entry.kind == k.ROUTE:
-            self.route_escalations += body.get("escalate") is True
-        elif entry.kind == k.STATE:
-            state = str(body.get("state"))
-            self.states[state] = self.states.get(state, 0) + 1
-        elif entry.kind == GATEWAY_REPLY:
-            self.gateway_reply(body)
-
-    def gateway_reply(self, body: dict[str, Any]) -> None:
-        models = self.gateway.setdefault(str(body.get("client")), {})
-        usage = models.setdefault(str(body.get("model")), GatewayUsage())
-        if body.get("error") is not None:
-            usage.errors += 1
-            return
-        usage.calls += 1
-        tokens = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-        assert isinstance(tokens, dict)
-        usage.prompt_tokens += _int(tokens.get("prompt_tokens"))
-        usage.completion_tokens += _int(tokens.get("completion_tokens"))
-        usage.ms += _int(body.get("duration_us")) // 1000
+_WORDS = Vocabulary(
+    request=k.REQUEST,
+    route=k.ROUTE,
+    state=k.STATE,
+    model_call=k.MODEL_CALL,
+    model_reply=k.MODEL_REPLY,
+    gateway_reply=GATEWAY_REPLY,
+    system=frozenset({"daemon", "pool", k.ACTOR}),
+)
 
 
 async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> SummaryOut:
-    acc = _Tally()
-    start = 0
-    while True:
-        batch = await daemon.ledger.entries(start=start, limit=1000, run=data.run)
-        wanted = [e.body if e.kind in _Tally.READS else None for e in batch]
-        for e, (_, body) in zip(batch, await daemon.ledger.read_bodies(wanted), strict=True):
-            client = acc.client_of(e, body)
-            if data.client is not None and client != data.client:
-                continue
-            acc.attribute(client, e)
-            acc.add(e, body)
-        if len(batch) < 1000:
-            break
-        start = batch[-1].seq + 1
+    acc = await summarize(daemon.ledger, _WORDS, run=data.run, client=data.client)
     report = None
     if data.verify:
         report = VerifyOut.model_validate((await daemon.ledger.verify()).model_dump(mode="json"))
     cp = daemon.ledger.latest_checkpoint()
-    members = acc.members
+    members = {name: MemberUsage(**asdict(m)) for name, m in acc.members.items()}
     return SummaryOut(
         run=data.run,
         entries=acc.count,
@@ -973,8 +887,11 @@ async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> S
         escalations=acc.by_kind.get(k.TASK_ESCALATE, 0),
         route_escalations=acc.route_escalations,
         runs_by_state=acc.states,
-        by_client=acc.by_client,
-        gateway=acc.gateway,
+        by_client={name: ClientUsage(**asdict(c)) for name, c in acc.by_client.items()},
+        gateway={
+            who: {model: GatewayUsage(**asdict(g)) for model, g in models.items()}
+            for who, models in acc.gateway.items()
+        },
         verify=report,
         checkpoint=None if cp is None else cp.model_dump(mode="json"),
     )

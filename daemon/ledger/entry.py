@@ -69,7 +69,7 @@ class Entry(BaseModel):
 
 
 def line_template(
-    *, actor: str, kind: str, run: str | None, parent: int | None, body: str | None
+    actor: str, kind: str, run: str | None, parent: int | None, body: str | None
 ) -> tuple[str, str]:
     """The parts of an entry's line that do not depend on its place in the log.
 

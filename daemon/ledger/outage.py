@@ -1,7 +1,7 @@
 """Write failures the ledger survives: what they are, and how it finds the disk usable again.
 
 A failed write or fsync (a full disk, a quota, an I/O error) rolls the batch back to what was
-acknowledged (see the durability invariant in `daemon.ledger.log`) and opens an `Outage`: while
+acknowledged (see the durability invariant in `daemon.ledger.writer`) and opens an `Outage`: while
 it lasts, appends and checkpoints fail fast with `LedgerUnwritable` (HTTP 503 + Retry-After),
 and a probe retries with a bounded backoff. The probe finishes an unfinished rollback, writes and
 fsyncs a scratch file, and syncs the derived files; once all of that succeeds, the outage ends
@@ -51,6 +51,7 @@ class Mark:
     size: int
     entries_end: int
     pack_size: int
+    journal_end: int
 
 
 @dataclass(slots=True)

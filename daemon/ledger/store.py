@@ -547,6 +547,31 @@ class BodyStore:
                 return  # already there (written before a crash)
             i = (i + 1) & mask
 
+    def _insert_many(self, records: list[tuple[bytes, int]]) -> None:
+        """`_insert` for new records of a writable table (the writer's batch), in one loop."""
+        while (self.count + len(records)) * 2 > self.slots:
+            self._grow()
+        table = self.map
+        assert table is not None
+        mask, unpack, pack_into, size = (
+            self.slots - 1,
+            _SLOT.unpack_from,
+            _SLOT.pack_into,
+            _SLOT.size,
+        )
+        for digest, offset in records:
+            prefix = int.from_bytes(digest[:8], "little") or 1
+            i = prefix & mask
+            while True:
+                key, off = unpack(table, i * size)
+                if off == 0:
+                    pack_into(table, i * size, prefix, offset + 1)
+                    self.count += 1
+                    break
+                if key == prefix and off - 1 == offset:
+                    break  # already there (written before a crash)
+                i = (i + 1) & mask
+
     def _grow(self) -> None:
         """Rehash into a table twice the size, built in memory and written and fsynced to a
         new file outside the lock (the writer thread is the table's only mutator, so the old
@@ -627,11 +652,19 @@ class BodyStore:
     def has_live(self, digest: bytes) -> bool:
         table = self.map
         if table is not None and not self.extra:
-            # The writer's common case, a new body: one probe of the mapped table, no lock
-            # (the writer thread is the table's only mutator).
-            i = self._probe(digest)[1]
-            if _SLOT.unpack_from(table, i * _SLOT.size)[1] == 0:
-                return False
+            # The writer's common case, a new body: its probe chain in the mapped table holds
+            # no slot with its prefix. No lock, no read of the pack (the writer thread is the
+            # table's only mutator).
+            prefix = int.from_bytes(digest[:8], "little") or 1
+            mask, unpack, size = self.slots - 1, _SLOT.unpack_from, _SLOT.size
+            i = prefix & mask
+            while True:
+                key, off = unpack(table, i * size)
+                if off == 0:
+                    return False
+                if key == prefix:
+                    break
+                i = (i + 1) & mask
         where = self.locate(digest)
         return where is not None and not where[2] & REDACTED
 
@@ -655,12 +688,21 @@ class BodyStore:
     def index(self) -> None:
         """Enter the records written by `write` into the table."""
         with self.lock:
+            header, unpack = PACK_HEADER.size, PACK_HEADER.unpack_from
             for start, staged in self.unindexed:
-                offset = 0
-                while offset < len(staged):
-                    digest, length, _ = PACK_HEADER.unpack_from(staged, offset)
+                offset, end = 0, len(staged)
+                if self.writable:
+                    records = []
+                    while offset < end:
+                        digest, length, _ = unpack(staged, offset)
+                        records.append((digest, start + offset))
+                        offset += header + length
+                    self._insert_many(records)
+                    continue
+                while offset < end:
+                    digest, length, _ = unpack(staged, offset)
                     self._insert(digest, start + offset)
-                    offset += PACK_HEADER.size + length
+                    offset += header + length
             self.unindexed.clear()
 
     def forget(self, size: int) -> None:

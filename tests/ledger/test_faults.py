@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.ledger import Ledger, LedgerUnwritable, log
+from daemon.ledger import Ledger, LedgerUnwritable, writer
 
 
 async def until_writable(ledger: Ledger, timeout: float = 15.0) -> float:
@@ -27,17 +27,23 @@ def sizes(state_dir: Path) -> tuple[int, int]:
     return (root / "entries.jsonl").stat().st_size, (root / "bodies.pack").stat().st_size
 
 
+def break_syncs(monkeypatch: pytest.MonkeyPatch, code: int, words: str) -> None:
+    """Every fsync and fdatasync fails (the journal's commit uses fdatasync)."""
+
+    def broken(fd: int) -> None:
+        raise OSError(code, words)
+
+    monkeypatch.setattr(os, "fsync", broken)
+    monkeypatch.setattr(os, "fdatasync", broken)
+
+
 async def test_a_failed_fsync_rolls_the_batch_back_and_appends_resume(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ledger = await Ledger.open(state_dir, checkpoint_interval=None)
     acked = [await ledger.append(actor="t", kind="note", body={"i": i}) for i in range(3)]
     before = sizes(state_dir)
-
-    def broken(fd: int) -> None:
-        raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(os, "fsync", broken)
+    break_syncs(monkeypatch, errno.EIO, "Input/output error")
     with pytest.raises(LedgerUnwritable) as err:
         await ledger.append(actor="t", kind="note", body={"lost": True})
     assert err.value.status == 503
@@ -115,11 +121,7 @@ async def test_appends_queued_behind_a_failed_batch_are_refused_not_written(
 ) -> None:
     ledger = await Ledger.open(state_dir, checkpoint_interval=None)
     await ledger.append(actor="t", kind="note")
-
-    def broken(fd: int) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "fsync", broken)
+    break_syncs(monkeypatch, errno.ENOSPC, "No space left on device")
     results = await asyncio.gather(
         *(ledger.append(actor="t", kind="note", body={"i": i}) for i in range(50)),
         return_exceptions=True,
@@ -140,10 +142,10 @@ async def test_a_durable_batch_is_acknowledged_when_only_the_derived_sync_fails(
 ) -> None:
     ledger = await Ledger.open(state_dir, checkpoint_interval=None)
     await ledger.append(actor="t", kind="note")
-    monkeypatch.setattr(log, "write_atomic", full_disk)  # meta.json cannot be rewritten
-    ledger._synced = -log.SYNC_EVERY  # the next batch syncs the derived files
+    monkeypatch.setattr(writer, "write_atomic", full_disk)  # meta.json cannot be rewritten
+    ledger._synced = -writer.SYNC_EVERY  # the next batch syncs the derived files
     entry = await ledger.append(actor="t", kind="note", body={"kept": True})
-    assert entry.seq == 1  # both fsyncs returned: acknowledged, then the outage begins
+    assert entry.seq == 1  # the journal's sync returned: acknowledged, then the outage begins
     assert not ledger.health.writable
     with pytest.raises(LedgerUnwritable):
         await ledger.append(actor="t", kind="note")
@@ -161,7 +163,7 @@ async def test_a_checkpoint_on_a_full_disk_is_a_mapped_error(
 ) -> None:
     ledger = await Ledger.open(state_dir, checkpoint_interval=None)
     await ledger.append(actor="t", kind="note")
-    monkeypatch.setattr(log, "write_atomic", full_disk)
+    monkeypatch.setattr(writer, "write_atomic", full_disk)
     with pytest.raises(LedgerUnwritable) as err:
         await ledger.checkpoint()
     assert (err.value.status, err.value.code) == (503, "ledger_unwritable")

@@ -5,6 +5,7 @@ import errno
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -378,32 +379,42 @@ async def test_a_redaction_kind_without_a_witness_body_changes_nothing(state_dir
     await again.close()
 
 
-async def test_an_append_is_acknowledged_only_after_both_fsyncs(
+async def test_a_group_commit_is_one_fdatasync_of_the_journal_and_acks_after_it(
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The pack and entries fsyncs run concurrently; the ack still waits for the slower one."""
+    """A batch costs the journal's fdatasync and no other sync; the ack waits for it."""
     ledger = await Ledger.open(state_dir, checkpoint_interval=None)
     await ledger.append(actor="a", kind="k")
-    pack_fd = ledger.bodies.pack
+    journal = os.fstat(ledger._journal.fd).st_ino
     entered, gate = threading.Event(), threading.Event()
-    real = os.fsync
+    synced: list[tuple[str, int]] = []
+    real_fsync, real_fdatasync = os.fsync, os.fdatasync
 
-    def slow_pack_fsync(fd: int) -> None:
-        if fd == pack_fd:
-            entered.set()
-            gate.wait(5)
-        real(fd)
+    def fsync(fd: int) -> None:
+        synced.append(("fsync", os.fstat(fd).st_ino))
+        real_fsync(fd)
 
-    monkeypatch.setattr(os, "fsync", slow_pack_fsync)
-    task = asyncio.create_task(ledger.append(actor="a", kind="k", body={"x": 1}))
+    def fdatasync(fd: int) -> None:
+        synced.append(("fdatasync", os.fstat(fd).st_ino))
+        entered.set()
+        gate.wait(5)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    tasks = [
+        asyncio.create_task(ledger.append(actor="a", kind="k", body={"x": i})) for i in range(8)
+    ]
     assert await asyncio.to_thread(entered.wait, 5)
-    await asyncio.sleep(0.05)  # the entries fsync has long returned by now
-    assert not task.done()
+    await asyncio.sleep(0.05)
+    assert not any(task.done() for task in tasks)
     assert ledger.size == 1
     gate.set()
-    entry = await task
-    assert (entry.seq, ledger.size) == (1, 2)
+    entries = await asyncio.gather(*tasks)
     monkeypatch.undo()
+    assert [e.seq for e in entries] == list(range(1, 9))
+    assert synced == [("fdatasync", journal)]  # one batch, one sync, nothing else synced
+    assert [(await ledger.body(e.body)).value for e in entries] == [{"x": i} for i in range(8)]
     await ledger.close()
 
 
@@ -432,3 +443,40 @@ async def test_deep_verify_says_changed_or_missing_without_a_witness(state_dir: 
         gone: "missing (no redaction witnessed)",
     }
     await again.close()
+
+
+async def test_one_thread_writes_and_syncs_and_one_callback_settles_a_batch(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer thread does the write and the sync itself (no sync threads), and a batch's
+    futures are resolved by one `call_soon_threadsafe`, not one per entry."""
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    loop = asyncio.get_running_loop()
+    callbacks: list[str] = []
+    real_call = loop.call_soon_threadsafe
+
+    def counted(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
+        callbacks.append(getattr(callback, "__name__", repr(callback)))
+        return real_call(callback, *args, **kwargs)
+
+    syncing: list[str] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        syncing.append(threading.current_thread().name)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    before = ledger.stats.batches
+    entries = await asyncio.gather(
+        *(ledger.append(actor="a", kind="k", body={"i": i}) for i in range(256))
+    )
+    batches = ledger.stats.batches - before
+    monkeypatch.undo()
+    assert sorted(e.seq for e in entries) == list(range(256))
+    assert batches < 256  # grouped
+    assert callbacks == ["_settle"] * batches
+    assert syncing == ["ledger-writer"] * batches
+    assert not [t.name for t in threading.enumerate() if "sync" in t.name]
+    await ledger.close()

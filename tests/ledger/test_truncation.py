@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from daemon.ledger import Ledger, LedgerCorrupt, bulk
+from daemon.ledger.journal import scan
 from daemon.ledger.store import MARKS, marks_before
 from surfaces.cli import main
 
@@ -63,12 +64,42 @@ async def test_a_pack_cut_under_acknowledged_entries_refuses_naming_the_seq(
     assert json.loads(out)["first_bad_seq"] == 217
 
 
-async def test_a_lost_body_under_a_later_batch_is_refused_not_dropped(state_dir: Path) -> None:
+def journal(state_dir: Path) -> Path:
+    return state_dir / "ledger" / "wal"
+
+
+async def crash_after_two_cycles(state_dir: Path) -> None:
+    """Entries 0..4 caught up (checkpoint), 5..7 one batch each, then 8 and 9 in one batch,
+    then a crash: 5..9 are acknowledged, in the files' page cache and in the journal."""
     ledger = await Ledger.open(state_dir, checkpoint_interval=None)
     await one_by_one(ledger, 0, 5)
-    await ledger.checkpoint()  # 0..4 indexed; 5..9 only in entries.jsonl and the pack
-    await one_by_one(ledger, 5, 10)
-    await ledger.abandon()  # a crash: no derived sync
+    await ledger.checkpoint()
+    await one_by_one(ledger, 5, 8)
+    await asyncio.gather(*(ledger.append(actor="t", kind="note", body={"i": i}) for i in (8, 9)))
+    await ledger.abandon()
+
+
+async def test_bytes_the_files_lost_past_the_last_catch_up_come_back_from_the_journal(
+    state_dir: Path,
+) -> None:
+    await crash_after_two_cycles(state_dir)
+    cut_before(state_dir, b'{"i":7}')  # a power loss took the pack's unsynced tail
+    lines = (state_dir / "ledger" / "entries.jsonl").read_bytes().splitlines(keepends=True)
+    (state_dir / "ledger" / "entries.jsonl").write_bytes(b"".join(lines[:6]))
+    again = await Ledger.open(state_dir)
+    assert again.size == 10
+    assert [(await again.body(e.body)).value for e in await again.entries(0, 10)] == [
+        {"i": i} for i in range(10)
+    ]
+    assert (await again.verify(deep=True)).ok
+    await again.close()
+
+
+async def test_without_the_journal_a_lost_body_under_a_later_batch_is_refused(
+    state_dir: Path,
+) -> None:
+    await crash_after_two_cycles(state_dir)
+    journal(state_dir).unlink()
     cut_before(state_dir, b'{"i":7}')
     with pytest.raises(LedgerCorrupt) as err:
         await Ledger.open(state_dir)
@@ -76,14 +107,28 @@ async def test_a_lost_body_under_a_later_batch_is_refused_not_dropped(state_dir:
     assert "a later batch" in err.value.reason
 
 
-async def test_a_lost_body_in_the_last_batch_is_an_unacknowledged_tail(state_dir: Path) -> None:
-    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
-    await one_by_one(ledger, 0, 5)
-    await ledger.checkpoint()
-    await one_by_one(ledger, 5, 8)
-    # One batch: the crash window of the durability invariant (entries on disk, pack not).
-    await asyncio.gather(*(ledger.append(actor="t", kind="note", body={"i": i}) for i in (8, 9)))
-    await ledger.abandon()
+async def test_a_torn_journal_record_is_an_unacknowledged_batch_dropped_whole(
+    state_dir: Path,
+) -> None:
+    await crash_after_two_cycles(state_dir)
+    # The last batch's record did not reach the disk whole: that batch was never acknowledged,
+    # so its lines and body records go, even those the page cache had written to the files.
+    last = scan(journal(state_dir).read_bytes())[-1]
+    with journal(state_dir).open("r+b") as f:
+        f.seek(last.end - 5)
+        f.write(bytes(5))
+    again = await Ledger.open(state_dir)
+    assert again.size == 8
+    assert (await again.verify(deep=True)).ok
+    assert b'{"i":8}' not in pack(state_dir).read_bytes()
+    await again.close()
+
+
+async def test_without_the_journal_a_lost_body_in_the_last_batch_is_an_unacknowledged_tail(
+    state_dir: Path,
+) -> None:
+    await crash_after_two_cycles(state_dir)
+    journal(state_dir).unlink()
     cut_before(state_dir, b'{"i":8}')
     again = await Ledger.open(state_dir)
     assert again.size == 8

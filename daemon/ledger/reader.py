@@ -1,0 +1,290 @@
+"""Reads and proofs: get, body, read_bodies, entries, causal_chain, verify, proofs.
+
+Contract. Reads leave the event loop: every read that touches a file runs in a worker thread, a
+batch in one hop (`read_body` is the blocking form). Reads see exactly the acknowledged entries
+(`_size`), from the record files: a batch's bytes are written to them (page cache) before it
+is acknowledged, so a read never waits for a catch-up (see the durability invariant in
+`writer`). A body is read back with its state
+(`Body`), so null, missing, tampered and redacted are told apart. The body store's lock covers
+memory and preads only: the writer grows the table and fsyncs outside it.
+
+Proofs are never served unchecked: the writer keeps a snapshot of its frontier (`_head`) after
+every batch; every proof is checked against the root it implies before it is served (the leaf
+re-hashed from the entry line), and a mismatch rebuilds the stored nodes once (logged) or
+refuses the proof with `LedgerCorrupt`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from daemon.errors import NotFound
+from daemon.ledger.audit import VerifyReport, verify_files
+from daemon.ledger.canonical import canonical_bytes
+from daemon.ledger.entry import (
+    NO_BODY,
+    Body,
+    Entry,
+)
+from daemon.ledger.errors import LedgerCorrupt
+from daemon.ledger.handle import Handle
+from daemon.ledger.merkle import (
+    EMPTY_ROOT,
+    Frontier,
+    consistency_path,
+    inclusion_path,
+    leaf_hash,
+    root_from_inclusion,
+    verify_consistency,
+)
+from daemon.ledger.store import body_digest
+
+log = logging.getLogger(__name__)
+
+
+_Proof = TypeVar("_Proof", "InclusionProof", "ConsistencyProof")
+
+
+class InclusionProof(BaseModel):
+    leaf_index: int
+    tree_size: int
+    root: str
+    path: list[str]
+
+
+class ConsistencyProof(BaseModel):
+    old_size: int
+    new_size: int
+    old_root: str
+    new_root: str
+    path: list[str]
+
+
+class _Mismatch(Exception):
+    """A proof built from the stored tree did not verify against the trusted root."""
+
+
+class Reader(Handle):
+    """The reading side of `Ledger` (module doc)."""
+
+    async def get(self, seq: int) -> Entry:
+        if not 0 <= seq < self._size:
+            raise NotFound(f"no ledger entry {seq} (size {self._size})")
+        return await asyncio.to_thread(self._read_entry, seq)
+
+    def read_body(self, body_hash: str | None) -> Body:
+        """The body with its state (see `Body`). Blocking: a pread, a SHA-256 and a JSON
+        parse; on the event loop use `body` or `read_bodies`, which run it in a thread."""
+        if body_hash is None:
+            return NO_BODY
+        try:
+            digest = bytes.fromhex(body_hash)
+        except ValueError:
+            return Body("missing")
+        data, redacted = self.bodies.read(digest)
+        if redacted:
+            return Body("redacted")
+        if data is None:
+            return Body("missing")
+        if body_digest(data) != digest:
+            return Body("tampered")
+        return Body("present", json.loads(data))
+
+    async def body(self, body_hash: str | None) -> Body:
+        """One body with its state, read in a worker thread."""
+        return await asyncio.to_thread(self.read_body, body_hash)
+
+    async def read_bodies(self, hashes: Sequence[str | None]) -> list[Body]:
+        """Many bodies in one worker-thread hop, in order (a batch of entries' bodies)."""
+        if not any(hashes):
+            return [NO_BODY] * len(hashes)
+        return await asyncio.to_thread(lambda: [self.read_body(h) for h in hashes])
+
+    async def entries(
+        self,
+        start: int = 0,
+        limit: int = 100,
+        kind: str | None = None,
+        run: str | None = None,
+        actor: str | None = None,
+        in_run: bool = False,
+    ) -> list[Entry]:
+        """Entries with seq >= start matching all given filters, at most `limit` of them.
+
+        `in_run` keeps only entries that belong to some run, so rebuilding run state skips
+        the (possibly millions of) entries that belong to none without parsing them.
+        """
+        size = self._size
+        if limit <= 0 or start >= size:
+            return []
+        needles = [
+            f'"{key}":'.encode() + canonical_bytes(value) + b","
+            for key, value in (("kind", kind), ("run", run), ("actor", actor))
+            if value is not None
+        ]
+        shunned = [b'"run":null,'] if in_run else []
+        return await asyncio.to_thread(self._scan, max(start, 0), size, limit, needles, shunned)
+
+    def _scan(
+        self, start: int, size: int, limit: int, needles: list[bytes], shunned: list[bytes]
+    ) -> list[Entry]:
+        found: list[Entry] = []
+        seq = start
+        while seq < size and len(found) < limit:
+            stop = min(size, seq + 4096)
+            a, b = self.tree.end(seq - 1), self.tree.end(stop - 1)
+            lines = os.pread(self._entries_fd, b - a, a).split(b"\n")[:-1]
+            for line in lines:
+                if all(n in line for n in needles) and not any(n in line for n in shunned):
+                    found.append(Entry.from_line(line))
+                    if len(found) == limit:
+                        break
+            seq = stop
+        return found
+
+    async def causal_chain(self, seq: int) -> list[Entry]:
+        """The entry and its ancestors through `parent`, root first (one thread hop)."""
+        if not 0 <= seq < self._size:
+            raise NotFound(f"no ledger entry {seq} (size {self._size})")
+        return await asyncio.to_thread(self._chain, seq)
+
+    def _chain(self, seq: int) -> list[Entry]:
+        chain = [self._read_entry(seq)]
+        while chain[-1].parent is not None:
+            chain.append(self._read_entry(chain[-1].parent))
+        chain.reverse()
+        return chain
+
+    async def verify(self, deep: bool = False) -> VerifyReport:
+        size = self._size
+        latest = self._latest
+        pinned = None
+        if latest is not None and latest.size <= size:
+            pinned = (latest.size, bytes.fromhex(latest.root))
+        report = await asyncio.to_thread(
+            verify_files, self.dir / "entries.jsonl", self.tree, self.bodies, size, deep, pinned
+        )
+        if report.derived and not self.readonly and self._failed is None:
+            loop = asyncio.get_running_loop()
+            rebuilt = await loop.run_in_executor(self._executor, self._rebuild, report.derived)
+            log.warning(
+                "ledger: verify found derived files that do not match the entries (%s); "
+                "rebuilt: %s",
+                report.derived[0],
+                ", ".join(rebuilt) or "nothing (see the report)",
+            )
+            report = report.model_copy(update={"rebuilt": rebuilt})
+        return report
+
+    def _rebuild(self, problems: list[str]) -> list[str]:
+        """Writer thread: rebuild the caches `verify` found wrong (the tree nodes and the body
+        table; wrong offsets in index.bin are reported only: see the README)."""
+        rebuilt = []
+        if any(p.startswith("tree/") for p in problems) and self._rebuild_tree():
+            rebuilt.append("tree/level-*.bin")
+        if any(p.startswith("bodies.idx") for p in problems):
+            self.bodies.rebuild_table()
+            rebuilt.append("bodies.idx")
+        return rebuilt
+
+    def root(self, size: int | None = None) -> str:
+        """The stored tree's root at `size` (proofs use `_trusted_root`, which checks it)."""
+        size = self._size if size is None else size
+        if not 0 <= size <= self._size:
+            raise NotFound(f"tree size {size} is beyond the ledger's size {self._size}")
+        return self.tree.subtree(0, size).hex() if size else self.tree.root(0).hex()
+
+    def leaf_hash(self, seq: int) -> str:
+        return self.tree.leaf(seq).hex()
+
+    async def inclusion_proof(self, seq: int, size: int | None = None) -> InclusionProof:
+        """An RFC 9162 inclusion proof, checked against the writer's root before it is served."""
+        size = self._size if size is None else size
+        if not 0 <= seq < size <= self._size:
+            raise NotFound(f"no inclusion proof for seq {seq} in a tree of size {size}")
+        return await self._checked(lambda: self._inclusion(seq, size), seq)
+
+    async def consistency_proof(self, old: int, new: int | None = None) -> ConsistencyProof:
+        """An RFC 9162 consistency proof, checked like `inclusion_proof`."""
+        new = self._size if new is None else new
+        if not 0 <= old <= new <= self._size:
+            raise NotFound(f"no consistency proof from size {old} to {new}")
+        return await self._checked(lambda: self._consistency(old, new), max(old - 1, 0))
+
+    def _inclusion(self, seq: int, size: int) -> InclusionProof:
+        path = inclusion_path(seq, size, self.tree.subtree)
+        root = self._trusted_root(size)
+        start, end = self.tree.span(seq)
+        leaf = leaf_hash(os.pread(self._entries_fd, end - start - 1, start))  # the record's
+        if root_from_inclusion(seq, size, leaf, path) != root:
+            raise _Mismatch(f"an inclusion proof of seq {seq} in {size} did not verify")
+        return InclusionProof(
+            leaf_index=seq, tree_size=size, root=root.hex(), path=[p.hex() for p in path]
+        )
+
+    def _consistency(self, old: int, new: int) -> ConsistencyProof:
+        path = consistency_path(old, new, self.tree.subtree)
+        new_root = self._trusted_root(new)
+        old_root = self.tree.subtree(0, old) if old else EMPTY_ROOT
+        if not verify_consistency(old, new, old_root, new_root, path):
+            raise _Mismatch(f"a consistency proof from {old} to {new} did not verify")
+        return ConsistencyProof(
+            old_size=old,
+            new_size=new,
+            old_root=old_root.hex(),
+            new_root=new_root.hex(),
+            path=[p.hex() for p in path],
+        )
+
+    def _trusted_root(self, size: int) -> bytes:
+        """The root at `size`, vouched for by the writer's frontier (`_head`): read from the
+        stored nodes, then proven consistent with the head's root. Raises `_Mismatch`."""
+        head = self._head
+        head_root = Frontier.restore(head).root()
+        if size == head[0]:
+            return head_root
+        root = self.tree.subtree(0, size) if size else EMPTY_ROOT
+        path = consistency_path(size, head[0], self.tree.subtree)
+        if not verify_consistency(size, head[0], root, head_root, path):
+            raise _Mismatch(f"the stored root at size {size} is not consistent with the head")
+        return root
+
+    async def _checked(self, build: Callable[[], _Proof], seq: int) -> _Proof:
+        """Serve `build()`'s proof if it checks; else rebuild the stored tree once and retry;
+        else refuse (a wrong proof is never served). Built in a worker thread: O(log n) preads
+        and hashes, each of which may wait for the disk."""
+        try:
+            return await asyncio.to_thread(build)
+        except _Mismatch as first:
+            await self._repair(str(first))
+            try:
+                return await asyncio.to_thread(build)
+            except _Mismatch as again:
+                raise LedgerCorrupt(
+                    seq,
+                    f"{again}: the stored tree or index does not match the entries; the proof "
+                    "is refused (`tally ledger verify` says where)",
+                ) from None
+
+    async def _repair(self, why: str) -> None:
+        """Rebuild the stored tree nodes from the leaf hashes, once per open, on the writer's
+        thread (so no batch runs meanwhile); the head is kept whatever the rebuild finds."""
+        if self._repaired:
+            return
+        self._repaired = True
+        loop = asyncio.get_running_loop()
+        fixed = await loop.run_in_executor(self._executor, self._rebuild_tree)
+        log.warning("ledger: %s; rebuilt %d stored tree nodes from the leaf hashes", why, fixed)
+
+    def _rebuild_tree(self) -> int:
+        fixed, frontier = self.tree.recheck(0)
+        if frontier.snapshot() != self._head:
+            log.error("ledger: the leaf hashes do not add up to the head: see `ledger verify`")
+        return len(fixed)

@@ -40,7 +40,6 @@ Scoring, in one place so the numbers mean the same thing everywhere:
 
 from __future__ import annotations
 
-import heapq
 import math
 import re
 import unicodedata
@@ -306,10 +305,15 @@ class Router:
         found = [p for term in sorted(terms.bag) for p in keywords.get(term, ())]
         phrases = self._phrases
         sequence = terms.sequence
+        has_all = terms.bag.issuperset  # most candidates lack a word: no walk for them
         seen: set[tuple[str, ...]] = set()
         for position, first in enumerate(sequence):
             for phrase, postings in phrases.get(first, ()):
-                if phrase not in seen and _phrase_at(sequence, position, phrase):
+                if (
+                    has_all(phrase)
+                    and phrase not in seen
+                    and _phrase_at(sequence, position, phrase)
+                ):
                     seen.add(phrase)
                     found.extend(postings)
         return found
@@ -364,9 +368,9 @@ class Router:
             weight = posting.weight
             for lane in posting.lanes:
                 totals[lane] = get(lane, 0.0) + weight
-        top = heapq.nsmallest(
-            self.top_k, ((-e, lane) for lane, e in totals.items() if e > 0)
-        )  # best evidence first, ties by roster order
+        # Best evidence first, ties by roster order; a request touches a handful of lanes, so
+        # sorting them all beats a heap.
+        top = sorted([(-e, lane) for lane, e in totals.items() if e > 0])[: self.top_k]
         ranked = [(lane, -negated / (SATURATION - negated)) for negated, lane in top]
         best = ranked[0][1] if ranked else 0.0
         second = ranked[1][1] if len(ranked) > 1 else 0.0
@@ -380,12 +384,13 @@ class Router:
                 rivals = {lane for negated, lane in top[1:] if -negated >= floor}
                 decided = not self._split_asks(terms.sequence, top[0][1], rivals)
         names = self._names
-        matched: dict[str, list[str]] = {}
-        for lane, _ in ranked:
-            matched[names[lane]] = sorted(
-                label for p in matches if (label := p.labels.get(lane)) is not None
-            )
-        return Route.model_construct(
+        labels: dict[int, list[str]] = {lane: [] for lane, _ in ranked}
+        for posting in matches:
+            for lane, label in posting.labels.items():
+                if lane in labels:
+                    labels[lane].append(label)
+        matched = {names[lane]: sorted(found) for lane, found in labels.items()}
+        return Route(  # validating is faster than model_construct in pydantic 2
             lane=names[ranked[0][0]] if decided else None,
             confidence=confidence,
             escalate=not decided,

@@ -14,6 +14,8 @@ Contract, for `sandbox = "bwrap"` (the default):
   file size) are applied by `prlimit` inside the sandbox, so they bind the task, not bwrap.
 `sandbox = "none"` runs the same argv with the same rlimits and env, unconfined: an explicit
 roster opt-in that the daemon witnesses at start-up.
+Either way a task runs `TASK_NICENESS` steps nicer than the daemon (`nice`, when installed), so
+busy tasks take the CPU after the daemon's event loop, not from it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from daemon.errors import InvalidInput
 from daemon.planning import Plan
 from roster.models import CommandPolicy
 
+TASK_NICENESS = 10
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 MB = 1024 * 1024
 
@@ -107,6 +110,12 @@ def bwrap_path() -> str:
     return found
 
 
+def nice_argv() -> list[str]:
+    """The prefix that lowers a task's CPU priority (exec'd in place: the pid stays bwrap's)."""
+    nice = _which("nice")
+    return [nice, "-n", str(TASK_NICENESS)] if nice is not None else []
+
+
 def prlimit_argv(policy: CommandPolicy) -> list[str]:
     prlimit = _which("prlimit") or "/usr/bin/prlimit"
     return [
@@ -148,8 +157,8 @@ def wrap(
     """The argv that runs `argv` confined as the module docstring says."""
     limited = [*prlimit_argv(policy), *argv]
     if policy.sandbox == "none":
-        return limited
-    args = [bwrap_path(), "--die-with-parent", "--new-session", "--unshare-all"]
+        return [*nice_argv(), *limited]
+    args = [*nice_argv(), bwrap_path(), "--die-with-parent", "--new-session", "--unshare-all"]
     if network:
         args.append("--share-net")
     # The empty mounts first: a bind below them (a venv in /tmp) must land on top, not under.

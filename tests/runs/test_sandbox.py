@@ -22,7 +22,7 @@ import pytest
 
 from daemon.errors import InvalidInput
 from daemon.runs import entries as k
-from daemon.runs.sandbox import SandboxUnavailable, python_prefixes, tasks_root
+from daemon.runs.sandbox import TASK_NICENESS, SandboxUnavailable, python_prefixes, tasks_root
 from daemon.service import Daemon
 from tests.runs.model_server import ScriptedServer, roster_toml, settings_for
 
@@ -223,6 +223,17 @@ async def test_without_bwrap_commands_are_refused_naming_the_fix(
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
         await daemon.engine.submit("x", plan=command_plan("true"))
+
+
+async def test_tasks_run_nicer_than_the_daemon(sandboxed: Make) -> None:
+    """A busy task yields the CPU to the daemon's event loop: it runs TASK_NICENESS steps
+    nicer, sandboxed or not (`nice` with no argument prints the niceness it runs at)."""
+    own = os.nice(0)
+    for policy in ("", 'sandbox = "none"'):
+        daemon = await sandboxed(policy)
+        body = await run(daemon, "nice")
+        assert int(body["stdout"]) == min(19, own + TASK_NICENESS), policy
+        await daemon.stop()
 
 
 async def test_running_unsandboxed_is_an_explicit_witnessed_choice(sandboxed: Make) -> None:

@@ -34,6 +34,9 @@ answer's JSON text — for a stream, the completion its chunks add up to. Both a
 `[gateway] bodies = "hashes"`. `response_sha256` hashes the bytes of a non-streamed answer,
 or of a stream's chunks up to (not including) its closing tally chunk; `text_sha256` the
 assistant text, so either side can check it without the body.
+
+One piece (past 500 lines) because admission, the witnessed call, streaming, disconnects and
+failover all act on one call's lease and its two entries, under the ordering stated above.
 """
 
 from __future__ import annotations

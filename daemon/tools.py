@@ -8,6 +8,10 @@ pydantic input model, a pydantic output model and an async handler on the Daemon
 models are defined here (not borrowed from the engine or the ledger) so that the published
 schemas stay stable while the internals move; handlers convert the internal pydantic models
 with `model_dump(mode="json")` and validate that into the published one.
+
+One file (past 500 lines) because it is the published contract: every tool's input and output
+schema and its handler side by side, read as one list by HTTP, OpenAPI, MCP and the parity
+tests; the aggregation, the engine and the pool it calls live elsewhere.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ over the pack). The bulk check only says "all of this chunk is right": when it c
 the chunk is walked again entry by entry, exactly as before, and that walk names the first
 fault and its reason. So a damaged ledger gets the same report, and an intact one is never
 parsed into models.
+
+One piece (past 500 lines) because the bulk check and the reference walk must agree on every
+fault: they share the walk's state (frontier, last link, what was found) and are read together.
 """
 
 from __future__ import annotations

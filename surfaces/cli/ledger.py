@@ -2,6 +2,7 @@
 
 These commands open the ledger read-only (no lock, no writes), so they work on a copy of the
 state dir or beside a running daemon. Exit codes: 0 ok, 1 check failed, 2 usage error.
+One file (past 500 lines): the `ledger` command group, each subcommand a parser and a printer.
 """
 
 from __future__ import annotations

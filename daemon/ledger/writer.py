@@ -271,6 +271,15 @@ class Writer(Handle):
     written", "journal synced"; "entries synced", "pack synced", "journal rotated"), so a test
     can stop the process between any two of them."""
 
+    def _check_writable(self) -> None:
+        """Refuse at once while the ledger failed, an outage lasts, or it is closed/read-only."""
+        if self._failed is not None:
+            raise self._failed
+        if self._outage is not None:
+            raise self._outage.error()
+        if self.readonly or self._closed:
+            raise LedgerFailed("the ledger is closed or read-only")
+
     async def append(
         self,
         *,
@@ -281,12 +290,7 @@ class Writer(Handle):
         parent: int | None = None,
     ) -> Entry:
         """Append one entry; returns once it (and its body) are fsynced."""
-        if self._failed is not None:
-            raise self._failed
-        if self._outage is not None:
-            raise self._outage.error()
-        if self.readonly or self._closed:
-            raise LedgerFailed("the ledger is closed or read-only")
+        self._check_writable()
         data = check_append(
             actor=actor, kind=kind, body=body, run=run, parent=parent, size=self._size
         )
@@ -638,12 +642,7 @@ class Writer(Handle):
             digest = bytes.fromhex(body_hash)
         except ValueError as err:
             raise InvalidInput(f"not a body hash: {body_hash!r}") from err
-        if self._failed is not None:
-            raise self._failed
-        if self._outage is not None:
-            raise self._outage.error()
-        if self.readonly or self._closed:
-            raise LedgerFailed("the ledger is closed or read-only")
+        self._check_writable()
         if not isinstance(actor, str) or not actor:
             raise InvalidInput("actor must be a non-empty string")
         if self.bodies.locate(digest) is None:

@@ -38,6 +38,7 @@ MAGIC = b"TWL1"
 HEADER = struct.Struct("<4sIQQQIII")
 _BODY = struct.Struct("<QQQIII")  # the header after the magic and the CRC, as hashed
 JOURNAL = "wal"
+FILL_STEP = 1 << 20  # zeros written ahead of a new file's records at a time
 
 log = logging.getLogger(__name__)
 
@@ -117,16 +118,35 @@ def _scan(read: Callable[[int, int], bytes]) -> tuple[list[Record], bytes]:
 class Journal:
     """The open journal; the writer thread is its only user (see `writer`).
 
-    The file is kept `space` bytes long, zero-filled, and records overwrite it from the start:
-    a commit's fdatasync then has only the record's pages to write, no file size (so no
-    filesystem journal commit). Zeros, and records left from an earlier cycle, end a scan. On a
-    disk too full for that the file just grows with its records."""
+    The file is kept zero-filled ahead of its records, up to `space` bytes, and records
+    overwrite it from the start: a commit's fdatasync then has only the record's pages to
+    write, no file size (so no filesystem journal commit). Zeros, and records left from an
+    earlier cycle, end a scan. A new file is filled FILL_STEP at a time as records reach the
+    end of the fill (one size change per step, not per commit, and no 16 MiB write before the
+    daemon's first answer); a rotation fills it whole. On a disk too full for that the file
+    just grows with its records."""
 
     def __init__(self, directory: Path, space: int) -> None:
         self.path = directory / JOURNAL
         self.space = space
         self.fd = open_append(self.path, append=False)
         self.end = 0  # where the next record goes: set by `rotate` (open rotates)
+        self.filled = os.fstat(self.fd).st_size  # zeros (or old records) up to here
+        self.can_fill = True  # False after a full disk refused a fill, until a rotation
+
+    def _fill(self, upto: int) -> None:
+        """Zero the file from its end to `upto` (not synced: the next fdatasync takes it)."""
+        upto = min(upto, self.space)
+        if not self.can_fill or upto <= self.filled:
+            return
+        try:
+            pwrite_all(self.fd, bytes(upto - self.filled), self.filled)
+        except OSError as err:  # a full disk: do without (each sync then writes the size)
+            log.warning("ledger: cannot zero-fill the journal ahead (%s)", err)
+            os.ftruncate(self.fd, self.filled)
+            self.can_fill = False
+            return
+        self.filled = upto
 
     def records(self) -> tuple[list[Record], bytes]:
         fd = self.fd
@@ -174,6 +194,8 @@ class Journal:
         """Write a batch's record (not synced: `sync` is the commit's one fdatasync)."""
         head = header(seq, entries_off, pack_off, count, pack, lines)
         total = len(head) + len(pack) + len(lines)
+        if self.end + total > self.filled:
+            self._fill(self.end + total + FILL_STEP)
         written = os.pwritev(self.fd, [head, pack, lines], self.end)
         if written < total:  # a short write (a nearly full disk): finish it, or raise
             pwrite_all(self.fd, (head + pack + lines)[written:], self.end + written)
@@ -182,18 +204,15 @@ class Journal:
     def sync(self) -> None:
         os.fdatasync(self.fd)
 
-    def rotate(self, seq: int, entries_off: int, pack_off: int) -> None:
+    def rotate(self, seq: int, entries_off: int, pack_off: int, fill: int | None = None) -> None:
         """Start a new cycle from a base (the record files are fsynced up to it), written over
         the old one at offset 0. The old records after it stay until overwritten: none of them
         continues the new base (their seqs are below it; a rolled-back record was cut), so a
-        scan stops there. Zero-fills the file to `space` first if it is shorter."""
-        size = os.fstat(self.fd).st_size
-        if size < self.space:
-            try:
-                pwrite_all(self.fd, bytes(self.space - size), size)
-            except OSError as err:  # a full disk: do without (each sync then writes the size)
-                log.warning("ledger: cannot zero-fill the journal ahead (%s)", err)
-                os.ftruncate(self.fd, size)
+        scan stops there. Zero-fills the file to `fill` (default: `space`) first if it is
+        shorter."""
+        self.filled = os.fstat(self.fd).st_size
+        self.can_fill = True
+        self._fill(self.space if fill is None else fill)
         base = header(seq, entries_off, pack_off, 0, b"", b"")
         pwrite_all(self.fd, base, 0)
         os.fdatasync(self.fd)
@@ -206,7 +225,7 @@ class Journal:
         os.ftruncate(self.fd, end)
         reopen(self.fd, self.path, os.O_RDWR)
         os.fdatasync(self.fd)
-        self.end = end
+        self.end = self.filled = end
 
     def close(self) -> None:
         if self.fd >= 0:

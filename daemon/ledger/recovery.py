@@ -42,7 +42,7 @@ from daemon.ledger.entry import (
 )
 from daemon.ledger.errors import LedgerCorrupt, LedgerLocked
 from daemon.ledger.handle import Handle
-from daemon.ledger.journal import Journal
+from daemon.ledger.journal import FILL_STEP, Journal
 from daemon.ledger.merkle import leaf_hash
 from daemon.ledger.store import (
     MARKS,
@@ -118,7 +118,11 @@ class Recovery(Handle):
             os.fsync(self._entries_fd)
             self.bodies.sync_pack()
             size = self.tree.size
-            self._journal.rotate(size, self.tree.end(size - 1), self.bodies.pack_size)
+            # A new journal is filled a step at a time from here (see Journal), not before
+            # the first answer.
+            self._journal.rotate(
+                size, self.tree.end(size - 1), self.bodies.pack_size, fill=FILL_STEP
+            )
 
     def _replay(self) -> None:
         """Restore the record files from the journal (see `journal`), before anything reads

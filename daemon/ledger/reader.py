@@ -305,6 +305,8 @@ def _lines_with(block: bytes, needles: list[bytes]) -> Iterator[bytes]:
     while at >= 0:
         begin = block.rfind(b"\n", 0, at) + 1
         end = block.find(b"\n", at)
+        if end < 0:  # not a whole line: the block ends early (it never does; stop rather than loop)
+            return
         line = block[begin:end]
         if all(n in line for n in rest):
             yield line

@@ -18,6 +18,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from tests.bench.table import print_rows
+
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -118,10 +120,7 @@ async def measure(rows: list[tuple[str, str]]) -> None:
 def main() -> None:
     rows: list[tuple[str, str]] = []
     asyncio.run(measure(rows))
-    print("| measure | value |")
-    print("|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
+    print_rows(rows)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from tests.bench.table import print_rows
+
 TOKEN = "bench-token"
 ROUNDS = 3
 REQUESTS = 6  # per concurrency slot per round
@@ -320,10 +322,7 @@ def main() -> None:
     asyncio.run(added_latency(rows))
     asyncio.run(throughput(rows))
     asyncio.run(affinity(rows))
-    print("| measure | value |")
-    print("|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
+    print_rows(rows)
 
 
 if __name__ == "__main__":

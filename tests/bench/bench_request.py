@@ -25,6 +25,7 @@ import aiohttp
 
 from surfaces.http import HttpOptions, create_app
 from tests.bench.bench_surfaces import a_daemon, hello_app, served
+from tests.bench.table import print_rows
 
 TOKEN = "bench-token"
 CONNECTIONS = 16
@@ -143,10 +144,7 @@ async def measure(rows: list[tuple[str, str]]) -> None:
 def main() -> None:
     rows: list[tuple[str, str]] = []
     asyncio.run(measure(rows))
-    print("| measure | value |")
-    print("|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
+    print_rows(rows)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import aiohttp
 from aiohttp import web
 
 from surfaces.http import HttpOptions, create_app
+from tests.bench.table import print_rows
 
 TOKEN = "bench-token"
 CLIENTS = 32
@@ -236,10 +237,7 @@ def main() -> None:
     asyncio.run(http_route(rows))
     asyncio.run(mcp_route(rows))
     asyncio.run(reads_vs_size(rows, big))
-    print("| measure | value |")
-    print("|---|---|")
-    for name, value in rows:
-        print(f"| {name} | {value} |")
+    print_rows(rows)
 
 
 if __name__ == "__main__":

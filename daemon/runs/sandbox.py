@@ -78,9 +78,7 @@ def _reveals(bind: str, hidden: Iterable[Path]) -> bool:
 def check_binds(policy: CommandPolicy, hidden: Sequence[Path]) -> None:
     """Refuse roster binds that would expose the state, runtime, key or home dirs."""
     for bind in (*policy.ro_binds, *policy.rw_binds):
-        real = os.path.realpath(bind)
-        bad = [str(h) for h in hidden if _inside(real, os.path.realpath(h))]
-        if bad or any(_inside(os.path.realpath(h), real) for h in hidden):
+        if _reveals(bind, hidden):
             raise InvalidInput(
                 f"[policy.command] bind {bind!r} would expose a path tasks must not see",
                 details={"bind": bind},

@@ -84,9 +84,9 @@ class Tool(Generic[In, Out]):
     before validating the arguments, so a refused client learns nothing from validation."""
 
 
-# Tool models are built (validator, serializer) at their first use, not at import: the daemon
-# imports all ~50 before it listens, and building them took ~20 ms of its start; the first call
-# of a tool builds its two in about a millisecond.
+# Tool models are built (validator, serializer) at their first use, not at import: building all
+# ~50 took ~13 ms, and the first call of a tool builds its two in about a millisecond. That use
+# is on the event loop's thread (HTTP, MCP), so no two threads race to build one.
 class _In(BaseModel):
     # The published schema is the contract: no coercion (`"1"` is not 1, `0` is not false),
     # no unknown fields, every number finite and bounded (NaN, Infinity, 1e308 are a 422).

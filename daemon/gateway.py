@@ -90,7 +90,8 @@ class Message(_Open):
 class ChatRequest(BaseModel):
     """OpenAI's chat completion request, the fields a llama.cpp server can act on."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+    # Built by the first call (~2 ms) on the loop, not by every daemon's start.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, defer_build=True)
 
     model: str = Field(min_length=1, max_length=200)
     messages: list[Message] = Field(min_length=1, max_length=10_000)
@@ -125,7 +126,7 @@ class ChatRequest(BaseModel):
 class EmbeddingRequest(BaseModel):
     """OpenAI's embeddings request."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True, defer_build=True)
 
     model: str = Field(min_length=1, max_length=200)
     input: str | list[str] | list[int] | list[list[int]] = Field(min_length=1)

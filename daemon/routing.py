@@ -1,8 +1,8 @@
 """The keyword router: a request's text -> the lane that should handle it, or an escalation.
 
 Deterministic and model-free. Every lane's keywords, phrases and negative keywords are
-normalized once (`Router(roster)` builds an inverted index); `route(text)` normalizes the
-request the same way and only touches the lanes its terms point at.
+normalized once (a `Router(roster)` builds an inverted index at its first route);
+`route(text)` normalizes the request the same way and only touches the lanes its terms point at.
 
 Scoring, in one place so the numbers mean the same thing everywhere:
 
@@ -44,8 +44,8 @@ import math
 import re
 import unicodedata
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -252,22 +252,17 @@ class _Posting:
     labels: dict[int, str]  # lane -> the roster word, for `Route.matched`
 
 
-class Router:
-    """Routes request text to a lane of `roster`; build once per roster (the index is fixed)."""
+@dataclass(slots=True)
+class _Index:
+    """The inverted index of a roster's lane words."""
 
-    def __init__(self, roster: Roster, *, top_k: int = TOP_K) -> None:
-        self.roster = roster
-        self.threshold = roster.policy.threshold
-        self.margin = roster.policy.margin
-        self.top_k = top_k
-        self._names = [lane.name for lane in roster.lanes]
-        # term -> postings (its keyword posting, then negative ones)
-        self._keywords: dict[str, list[_Posting]] = {}
-        # first stem of a phrase -> (the whole phrase, its postings)
-        self._phrases: dict[str, list[tuple[tuple[str, ...], list[_Posting]]]] = {}
-        self._build(roster.lanes)
+    # term -> postings (its keyword posting, then negative ones)
+    keywords: dict[str, list[_Posting]] = field(default_factory=dict)
+    # first stem of a phrase -> (the whole phrase, its postings)
+    phrases: dict[str, list[tuple[tuple[str, ...], list[_Posting]]]] = field(default_factory=dict)
 
-    def _build(self, lanes: Sequence[Lane]) -> None:
+    @classmethod
+    def of(cls, lanes: Sequence[Lane]) -> _Index:
         positive: dict[str | tuple[str, ...], dict[int, str]] = {}
         negative: dict[str | tuple[str, ...], dict[int, str]] = {}
         for index, lane in enumerate(lanes):
@@ -277,33 +272,52 @@ class Router:
             for word in lane.negative:
                 if term := term_of(word):
                     negative.setdefault(term, {}).setdefault(index, f"-{word}")
+        built = cls()
         count = len(lanes)
         for term, owners in positive.items():
             if isinstance(term, str):
                 boost = GENERIC_FACTOR if term in _GENERIC_STEMS else 1.0
             else:
                 boost = PHRASE_BOOST
-            self._add(term, _Posting(boost * _idf(len(owners), count), tuple(owners), owners))
+            built.add(term, _Posting(boost * _idf(len(owners), count), tuple(owners), owners))
         for term, owners in negative.items():
-            self._add(term, _Posting(-NEGATIVE_PENALTY, tuple(owners), owners))
+            built.add(term, _Posting(-NEGATIVE_PENALTY, tuple(owners), owners))
+        return built
 
-    def _add(self, term: str | tuple[str, ...], posting: _Posting) -> None:
+    def add(self, term: str | tuple[str, ...], posting: _Posting) -> None:
         if isinstance(term, str):
-            self._keywords.setdefault(term, []).append(posting)
+            self.keywords.setdefault(term, []).append(posting)
             return
-        for phrase, postings in self._phrases.setdefault(term[0], []):
+        for phrase, postings in self.phrases.setdefault(term[0], []):
             if phrase == term:
                 postings.append(posting)
                 return
-        self._phrases[term[0]].append((term, [posting]))
+        self.phrases[term[0]].append((term, [posting]))
+
+
+class Router:
+    """Routes request text to a lane of `roster`; build once per roster (the index is fixed)."""
+
+    def __init__(self, roster: Roster, *, top_k: int = TOP_K) -> None:
+        self.roster = roster
+        self.threshold = roster.policy.threshold
+        self.margin = roster.policy.margin
+        self.top_k = top_k
+        self._names = [lane.name for lane in roster.lanes]
+
+    @cached_property
+    def _index(self) -> _Index:
+        """Built by the first route, not with the router: the daemon makes one as it starts,
+        and normalizing the default roster's ~1,400 words took ~12 ms of its start."""
+        return _Index.of(self.roster.lanes)
 
     def _matches(self, terms: Terms) -> list[_Posting]:
         """The postings of the distinct keywords and phrases found in `text`, in a fixed
         order (sorted terms, then phrases by position) so float sums never depend on
         hash order."""
-        keywords = self._keywords
+        keywords = self._index.keywords
         found = [p for term in sorted(terms.bag) for p in keywords.get(term, ())]
-        phrases = self._phrases
+        phrases = self._index.phrases
         sequence = terms.sequence
         has_all = terms.bag.issuperset  # most candidates lack a word: no walk for them
         seen: set[tuple[str, ...]] = set()
@@ -340,11 +354,12 @@ class Router:
     def _lanes_in(self, part: tuple[str, ...]) -> set[int]:
         """The lanes with positive evidence from the words and phrases inside `part`."""
         lanes: set[int] = set()
+        index = self._index
         for position, word in enumerate(part):
-            for posting in self._keywords.get(word, ()):
+            for posting in index.keywords.get(word, ()):
                 if posting.weight > 0:
                     lanes.update(posting.lanes)
-            for phrase, postings in self._phrases.get(word, ()):
+            for phrase, postings in index.phrases.get(word, ()):
                 if _phrase_at(part, position, phrase):
                     lanes.update(ln for p in postings if p.weight > 0 for ln in p.lanes)
         return lanes

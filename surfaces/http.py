@@ -1,4 +1,4 @@
-"""The daemon's HTTP API (aiohttp), generated from `daemon.tools.TOOLS`.
+"""The daemon's HTTP API (aiohttp), generated from `daemon.tools.TOOLS` (loaded at first use).
 
 Routes: GET /v1/tools, POST /v1/tools/{name}, GET /v1/runs/{id}/events (SSE), GET /metrics,
 GET /openapi.json, GET /healthz. Default transport is a unix socket (0600, peers trusted);
@@ -38,7 +38,6 @@ from pydantic_core import to_jsonable_python
 
 from daemon.clients import DEFAULT, OWNER, Client, Scope
 from daemon.errors import Busy, TallyError
-from daemon.tools import ERRORS, TOOLS, SubmitIn, Tool, ToolContext
 from surfaces import console, metrics
 from surfaces.auth import bearer_ok
 from surfaces.gateway import add_routes as gateway_routes
@@ -46,6 +45,7 @@ from surfaces.notify import sd_notify, watchdog_task
 
 if TYPE_CHECKING:
     from daemon.service import Daemon
+    from daemon.tools import Tool
 
 log = logging.getLogger("tally.http")
 
@@ -252,6 +252,15 @@ async def surface_mw(
 # ---------------------------------------------------------------- tools
 
 
+@functools.cache
+def registry() -> dict[str, Tool[Any, Any]]:
+    """`daemon.tools.TOOLS`, imported by the first request that needs it: the daemon listens
+    without it (collecting its ~50 models' fields is ~15 ms of a start; a first call pays it)."""
+    from daemon.tools import TOOLS
+
+    return TOOLS
+
+
 def tool_listing() -> list[dict[str, Any]]:
     """The tool list as HTTP and MCP publish it (the parity test compares both)."""
     return [
@@ -262,7 +271,7 @@ def tool_listing() -> list[dict[str, Any]]:
             "input_schema": t.input.model_json_schema(mode="validation"),
             "output_schema": t.output.model_json_schema(mode="serialization"),
         }
-        for t in TOOLS.values()
+        for t in registry().values()
     ]
 
 
@@ -282,9 +291,11 @@ async def list_tools(request: web.Request) -> web.Response:
 
 
 async def call_tool(request: web.Request) -> web.Response:
-    tool = TOOLS.get(request.match_info["name"])
+    tool = registry().get(request.match_info["name"])
     if tool is None:
         raise web.HTTPNotFound(reason=f"no tool named {request.match_info['name']!r}")
+    from daemon.tools import SubmitIn, ToolContext  # loaded by registry() already
+
     client = client_of(request) or OWNER
     if not client.allows(tool.scope):  # before reading the body: a refusal reveals nothing
         return _forbidden(client, tool.scope, tool.name)
@@ -480,6 +491,8 @@ def _errors(statuses: dict[int, str]) -> dict[str, Any]:
 
 
 def _tool_operation(t: Tool[Any, Any], refs: dict[Any, Any]) -> dict[str, Any]:
+    from daemon.tools import ERRORS
+
     statuses = dict(_TOOL_STATUSES)
     for error in ERRORS.get(t.name, ()):
         statuses[error.status] = _ERROR_WHY[error.status]
@@ -509,15 +522,16 @@ def _tool_operation(t: Tool[Any, Any], refs: dict[Any, Any]) -> dict[str, Any]:
 
 def openapi_document() -> dict[str, Any]:
     """OpenAPI 3.1 from the registry's models (plain JSON Schema 2020-12 throughout)."""
+    tools = registry()
     pairs: list[tuple[type[BaseModel], Any]] = []
-    for t in TOOLS.values():
+    for t in tools.values():
         pairs.append((t.input, "validation"))
         pairs.append((t.output, "serialization"))
     refs, top = models_json_schema(pairs, ref_template="#/components/schemas/{model}")
     schemas: dict[str, Any] = dict(top.get("$defs", {}))
     schemas["Error"] = _ERROR_SCHEMA
     paths: dict[str, Any] = {
-        f"/v1/tools/{t.name}": {"post": _tool_operation(t, refs)} for t in TOOLS.values()
+        f"/v1/tools/{t.name}": {"post": _tool_operation(t, refs)} for t in tools.values()
     }
     paths["/v1/tools"] = {
         "get": {

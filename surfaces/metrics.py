@@ -10,7 +10,6 @@ import math
 from typing import TYPE_CHECKING
 
 from daemon.runs.state import RunState
-from daemon.tools import slots_out
 
 if TYPE_CHECKING:
     from daemon.service import Daemon
@@ -83,6 +82,8 @@ def _runs(out: _Text, daemon: Daemon) -> None:
 
 
 def _slots(out: _Text, daemon: Daemon) -> None:
+    from daemon.tools import slots_out  # the daemon listens without the tool registry
+
     status = slots_out(daemon.pool.status())
     out.family("tally_slots", "gauge", "Model server slots of running instances, by state.")
     for m in status.members:

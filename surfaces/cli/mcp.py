@@ -21,9 +21,11 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from surfaces.cli import long_start, settled
+
+    long_start()  # before the SDK's imports
     import anyio
 
-    from surfaces.cli import settled
     from surfaces.mcp import configure_logging, run_stdio
 
     settled()  # the SDK is loaded: what follows is the session

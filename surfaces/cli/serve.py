@@ -64,12 +64,14 @@ def settings_from(args: argparse.Namespace) -> Any:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from surfaces.cli import long_start, settled
+
+    long_start()  # before the imports: they are most of the start's objects
     import asyncio
     import logging
 
     from daemon.service import Daemon
     from surfaces.auth import load_or_create_token
-    from surfaces.cli import settled
     from surfaces.cli.mcp import mcp_config_block
     from surfaces.http import HttpOptions, Listen, log_to_stderr, parse_tcp, serve
 

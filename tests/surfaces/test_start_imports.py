@@ -82,6 +82,7 @@ def stop_when_listening():
 
 threading.Thread(target=stop_when_listening, daemon=True).start()
 assert main(["serve", "--state", {str(tmp_path / "state")!r}, "--socket", {str(sock)!r}]) == 0
+print("tool registry loaded:", "daemon.tools" in sys.modules, file=sys.stderr)
 """
     heavy, done = loaded(code, tmp_path)
     assert '"mcpServers"' in done.stderr  # the IDE block was printed
@@ -89,6 +90,7 @@ assert main(["serve", "--state", {str(tmp_path / "state")!r}, "--socket", {str(s
     assert "mcp" not in heavy
     assert "mcp_types" not in heavy
     assert "jsonschema" not in heavy  # loaded with the first schema check, not at start
+    assert "tool registry loaded: False" in done.stderr  # loaded by the first tool request
     assert "aiohttp" in heavy  # the report is real: the daemon ran
 
 

@@ -311,6 +311,10 @@ class Router:
         and normalizing the default roster's ~1,400 words took ~12 ms of its start."""
         return _Index.of(self.roster.lanes)
 
+    def prepare(self) -> None:
+        """Build the index now (a daemon does it once it listens, before a first route)."""
+        _ = self._index
+
     def _matches(self, terms: Terms) -> list[_Posting]:
         """The postings of the distinct keywords and phrases found in `text`, in a fixed
         order (sorted terms, then phrases by position) so float sums never depend on

@@ -562,3 +562,34 @@ async def test_run_get_reads_an_old_finished_run_back_from_the_ledger(
     again = await call(client, "run_get", run_id=first["id"])
     assert again["tasks"] == first["tasks"]
     assert again["answer"] == first["answer"]
+
+
+async def test_serve_warms_the_first_calls_needs_after_it_listens(
+    tmp_path: Path, model: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The daemon listens first; WARM_AFTER_S later the router's index exists without a route."""
+    from surfaces import http
+
+    monkeypatch.setattr(http, "WARM_AFTER_S", 0.05)
+    daemon = Daemon(daemon_settings(tmp_path, model.url))
+    stop = asyncio.Event()
+    listening: list[list[str]] = []
+    serving = asyncio.create_task(
+        serve(
+            daemon,
+            Listen(socket_path=tmp_path / "t.sock"),
+            HttpOptions(),
+            announce=listening.append,
+            stop=stop,
+        )
+    )
+    try:
+        async with asyncio.timeout(10):
+            while not listening:
+                await asyncio.sleep(0.01)
+            assert "_index" not in vars(daemon.router)  # not built before the daemon listened
+            while "_index" not in vars(daemon.router):
+                await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        await serving

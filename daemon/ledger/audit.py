@@ -33,8 +33,7 @@ from pydantic import BaseModel
 from daemon.ledger.entry import GENESIS_PREV, Entry
 from daemon.ledger.lineform import REDACTION, FormCheck
 from daemon.ledger.merkle import EMPTY_ROOT, node_hash
-from daemon.ledger.packjob import PackJob, start_scan
-from daemon.ledger.packscan import audit_table
+from daemon.ledger.packjob import PackJob, audit_table, start_scan
 from daemon.ledger.store import INDEX_RECORD, BodyStore, Tree
 
 _RECORD = struct.Struct("<32sQ")  # an index.bin record: leaf hash, end offset
@@ -298,8 +297,13 @@ class _Walk:
         others, and every body a `redaction` entry names, are judged one by one."""
         if not self.named or self.pack is None or not (wait or self.pack.ready()):
             return
-        intact = self.pack.result().intact
+        found = self.pack.result()
         for named in self.named:
+            if not named.redactions and found.follows(b"".join(named.names)):
+                continue
+            if named.names:
+                found.resync(named.names[-1])
+            intact = found.intact()
             if not named.redactions and intact.issuperset(named.names):
                 continue
             seqs = named.seqs if named.seqs is not None else range(named.seq, 1 << 62)
@@ -322,7 +326,7 @@ class _Walk:
     def _judge(self, seq: int, body: str, witness: bool) -> None:
         """Whether entry `seq`'s body is intact, redacted or tampered; a `redaction` entry
         (`witness`) also names the body it redacted."""
-        if not witness and self.pack is not None and body.encode() in self.pack.result().intact:
+        if not witness and self.pack is not None and body.encode() in self.pack.result().intact():
             return
         seen = self.seen
         digest = bytes.fromhex(body)

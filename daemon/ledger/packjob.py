@@ -21,11 +21,12 @@ import os
 import subprocess
 import sys
 import threading
+from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from daemon.ledger import packscan
-from daemon.ledger.packscan import REPLY, PackScan, Snapshot, scan, snapshot
+from daemon.ledger.packscan import REPLY, PackScan, Snapshot, scan
 
 if TYPE_CHECKING:
     from daemon.ledger.store import BodyStore
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 CHILD_MIN_BYTES = 4 << 20
 """Smallest pack scanned in a child: ~35k small records, ~50 ms of scanning in the parent."""
 CHILD_ARGS = [sys.executable, "-I", "-S", str(Path(packscan.__file__).resolve())]
-_HEX = b"0123456789abcdef "
+_HEX = b"0123456789abcdef"
 
 
 def start_scan(bodies: BodyStore) -> PackJob:
@@ -47,6 +48,15 @@ def start_scan(bodies: BodyStore) -> PackJob:
     else:
         job.found = scan(snap)
     return job
+
+
+def snapshot(bodies: BodyStore) -> Snapshot:
+    """The pack as the store describes it now: under its lock, so the table copy and the synced
+    mark describe the same records."""
+    with bodies.lock:
+        slots = bodies.map[:] if bodies.map is not None else b""
+        size = bodies.pack_size
+        return Snapshot(bodies.pack, size, min(bodies.mark, size), slots)
 
 
 def _cores() -> int:
@@ -126,13 +136,26 @@ def decode_reply(out: bytes, snap: Snapshot) -> PackScan:
     body = out[len(magic) : len(out) - len(trailer)]
     if len(body) < REPLY.size:
         raise ValueError("reply cut short")
-    size, end, indexed, unindexed, count = REPLY.unpack_from(body)
-    digests = body[REPLY.size :]
+    size, end, indexed, unindexed, length = REPLY.unpack_from(body)
+    order = body[REPLY.size :]
     if (size, end) != (snap.size, snap.end) or unindexed > 1:
         raise ValueError("reply about another pack")
-    if len(digests) != max(0, 65 * count - 1) or digests.translate(None, _HEX):
+    if len(order) != length or length % 64 or order.translate(None, _HEX):
         raise ValueError("reply's digests malformed")
-    intact = set(digests.split(b" ")) if count else set()
-    if len(intact) != count or (count and set(map(len, intact)) != {64}):
-        raise ValueError("reply's digests malformed")
-    return PackScan(intact, indexed, bool(unindexed), snap.slots, snap.end)
+    return PackScan(order, indexed, bool(unindexed), snap.slots, snap.end)
+
+
+def audit_table(bodies: BodyStore, found: PackScan | None) -> list[str]:
+    """`BodyStore.audit` in bulk: when every record below the table's synced mark is found
+    from its home slot (`scan`) and no other slot points below the mark, there is nothing
+    to report; otherwise the exact audit names the problems."""
+    if found is None or found.unindexed or not found.slots:
+        return bodies.audit()
+    offsets = array("Q", found.slots)[1::2]
+    zeros = offsets.count(0)
+    if max(offsets) <= found.end:
+        below = len(offsets) - zeros
+    else:  # slots of records written since the mark: count only the ones below it
+        below = sum(map(found.end.__ge__, offsets)) - zeros
+    # Records have distinct offsets, so as many slots as found records means one slot each.
+    return bodies.audit() if below != found.indexed else []

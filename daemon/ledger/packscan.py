@@ -1,9 +1,10 @@
 """One sequential pass over `bodies.pack` for deep verify: which bodies are intact.
 
-Imports the standard library only, so that `packjob` can run this file as a small child
-process (`python -I -S packscan.py FD`): deep verify then hashes the pack on the other core
-while the verifying thread walks the entries. The pack's layout is restated here for the same
-reason; a test holds it equal to `store`'s.
+Imports a few modules of the standard library only (no dataclasses, no typing: ~10 ms of a
+child's start), so that `packjob` can run this file as a small child process (`python -I -S
+packscan.py FD`): deep verify then hashes the pack on the other core while the verifying
+thread walks the entries. The pack's layout is restated here for the same reason; a test holds
+it equal to `store`'s. The parent's side (snapshot, child, table audit) is in `packjob`.
 
 The child reads a request (the pack size and table snapshot the parent took under the store's
 lock) on stdin and writes its `PackScan` on stdout; `packjob` checks every part of the reply.
@@ -15,13 +16,7 @@ import binascii
 import os
 import struct
 import sys
-from array import array
-from dataclasses import dataclass, field
 from hashlib import sha256
-from typing import TYPE_CHECKING, BinaryIO
-
-if TYPE_CHECKING:
-    from daemon.ledger.store import BodyStore
 
 PACK_HEADER = struct.Struct("<32sII")  # as in store: body hash, length, flags
 REDACTED = 1  # as in store: the record's flag for a redacted body
@@ -29,42 +24,85 @@ SLOT = struct.Struct("<QQ")  # as in store: a bodies.idx slot, hash prefix (0 ->
 READ_BYTES = 1 << 22
 
 
-@dataclass(slots=True)
 class Snapshot:
-    """The pack as the store describes it at one instant: taken under its lock, so the table
-    copy and the synced mark describe the same records."""
+    """The pack as the store describes it at one instant (`packjob.snapshot` takes it under the
+    store's lock, so the table copy and the synced mark describe the same records)."""
 
-    fd: int  # the pack, open for reading (-1: no pack)
-    size: int  # the pack's readable size
-    end: int  # the table's synced mark, bounded by `size`
-    slots: bytes  # the table's bytes
+    __slots__ = ("end", "fd", "size", "slots")
 
-
-def snapshot(bodies: BodyStore) -> Snapshot:
-    with bodies.lock:
-        slots = bodies.map[:] if bodies.map is not None else b""
-        size = bodies.pack_size
-        return Snapshot(bodies.pack, size, min(bodies.mark, size), slots)
+    def __init__(self, fd: int, size: int, end: int, slots: bytes) -> None:
+        self.fd = fd  # the pack, open for reading (-1: no pack)
+        self.size = size  # the pack's readable size
+        self.end = end  # the table's synced mark, bounded by `size`
+        self.slots = slots  # the table's bytes
 
 
-@dataclass(slots=True)
 class PackScan:
     """What one pass over the pack found.
 
-    `intact` holds, as lowercase hex (the form entries name them in), the digests whose newest
-    record is live (not redacted) and whose bytes still hash to the digest: a body in it needs
-    no further look. Any other body is looked up the old way (`BodyStore.read`), so redacted,
-    changed and missing bodies are told apart exactly as before. Costs about 100 bytes of memory
-    per distinct body while deep verify runs.
+    `order` holds the digests whose newest record is live (not redacted) and whose bytes still
+    hash to the digest, as lowercase hex (the form entries name them in), joined, in pack order:
+    a body among them needs no further look. Any other body is looked up the old way
+    (`BodyStore.read`), so redacted, changed and missing bodies are told apart exactly as
+    before. Entries usually name new bodies in the order the pack holds them, so the walk
+    first compares a chunk's names with the next stretch of `order` (`follows`), and builds the
+    set (`intact`, ~100 bytes per body) only when they differ.
     """
 
-    intact: set[bytes] = field(default_factory=set)
-    indexed: int = 0
-    """Records below the table's synced mark, each found in the table from its home slot."""
-    unindexed: bool = False
-    """Some record below the mark is not where a lookup finds it."""
-    slots: bytes = b""  # the table as it was when the scan began (the mark with it)
-    end: int = 0  # the synced mark, bounded by the pack's size
+    __slots__ = ("at", "end", "indexed", "known", "order", "slots", "unindexed")
+
+    def __init__(
+        self,
+        order: bytes = b"",
+        indexed: int = 0,
+        unindexed: bool = False,
+        slots: bytes = b"",
+        end: int = 0,
+    ) -> None:
+        self.order = order
+        self.indexed = indexed
+        """Records below the table's synced mark, each found in the table from its home slot."""
+        self.unindexed = unindexed
+        """Some record below the mark is not where a lookup finds it."""
+        self.slots = slots  # the table as it was when the scan began (the mark with it)
+        self.end = end  # the synced mark, bounded by the pack's size
+        self.at = 0  # where in `order` the next chunk's names start
+        self.known: set[bytes] | None = None  # `order` as a set, once needed
+
+    def _key(self) -> tuple[bytes, int, bool, bytes, int]:
+        return self.order, self.indexed, self.unindexed, self.slots, self.end
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PackScan) and self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: equal by value, not hashable
+
+    def __repr__(self) -> str:
+        return (
+            f"PackScan({len(self.order) // 64} intact, indexed={self.indexed}, "
+            f"unindexed={self.unindexed}, end={self.end})"
+        )
+
+    def follows(self, names: bytes) -> bool:
+        """Whether `names` (a chunk's body digests as hex, joined) come next in `order`; then
+        each of them is intact, and the next chunk is compared from after them."""
+        if not self.order.startswith(names, self.at):
+            return False
+        self.at += len(names)
+        return True
+
+    def resync(self, name: bytes) -> None:
+        """Compare the next chunk from after `name` (the last body a chunk named, which did not
+        follow): one body named twice must not send every later chunk to the set."""
+        at = self.order.find(name)
+        if at >= 0 and at % 64 == 0:
+            self.at = at + 64
+
+    def intact(self) -> set[bytes]:
+        if self.known is None:
+            order = self.order
+            self.known = {order[i : i + 64] for i in range(0, len(order), 64)}
+        return self.known
 
 
 def scan(snap: Snapshot) -> PackScan:
@@ -92,8 +130,7 @@ def scan(snap: Snapshot) -> PackScan:
         spoilt = set(bad)
         newest = {digest: i not in spoilt for i, digest in enumerate(digests)}
         digests = [digest for digest, ok in newest.items() if ok]
-    if digests:
-        out.intact = set(binascii.hexlify(b"".join(digests), b" ", 32).split(b" "))
+    out.order = binascii.hexlify(b"".join(digests))
     return out
 
 
@@ -145,48 +182,30 @@ def _probe(table: bytes, key: int, start: int, mask: int) -> bool:
         i = (i + 1) & mask
 
 
-def audit_table(bodies: BodyStore, found: PackScan | None) -> list[str]:
-    """`BodyStore.audit` in bulk: when every record below the table's synced mark is found
-    from its home slot (`scan`) and no other slot points below the mark, there is nothing
-    to report; otherwise the exact audit names the problems."""
-    if found is None or found.unindexed or not found.slots:
-        return bodies.audit()
-    offsets = array("Q", found.slots)[1::2]
-    zeros = offsets.count(0)
-    if max(offsets) <= found.end:
-        below = len(offsets) - zeros
-    else:  # slots of records written since the mark: count only the ones below it
-        below = sum(map(found.end.__ge__, offsets)) - zeros
-    # Records have distinct offsets, so as many slots as found records means one slot each.
-    return bodies.audit() if below != found.indexed else []
-
-
 # ---- the child's side of `packjob` ---------------------------------------------------------
 
 REQUEST = struct.Struct("<QQQ")  # pack size, synced mark, length of the table copy
-REPLY = struct.Struct("<QQQQQ")  # echoed size and mark, indexed, unindexed, intact digests
+REPLY = struct.Struct("<QQQQQ")  # echoed size and mark, indexed, unindexed, len(order)
 MAGIC = b"tally-packscan/1\n"
 TRAILER = b"\nend\n"
 
 
-def read_request(stream: BinaryIO, fd: int) -> Snapshot:
-    head = stream.read(REQUEST.size)
-    size, end, table = REQUEST.unpack(head)
-    slots = stream.read(table)
+def read_request(data: bytes, fd: int) -> Snapshot:
+    size, end, table = REQUEST.unpack_from(data)
+    slots = data[REQUEST.size :]
     if len(slots) != table:
         raise ValueError("the request is cut short")
     return Snapshot(fd, size, end, slots)
 
 
 def encode_reply(snap: Snapshot, found: PackScan) -> bytes:
-    digests = b" ".join(found.intact)
-    counts = (snap.size, snap.end, found.indexed, int(found.unindexed), len(found.intact))
-    return MAGIC + REPLY.pack(*counts) + digests + TRAILER
+    counts = (snap.size, snap.end, found.indexed, int(found.unindexed), len(found.order))
+    return MAGIC + REPLY.pack(*counts) + found.order + TRAILER
 
 
 def main(argv: list[str]) -> int:
     fd = int(argv[1])
-    snap = read_request(sys.stdin.buffer, fd)
+    snap = read_request(sys.stdin.buffer.read(), fd)
     sys.stdout.buffer.write(encode_reply(snap, scan(snap)))
     sys.stdout.buffer.flush()
     return 0

@@ -12,8 +12,8 @@ import pytest
 
 from daemon.ledger import Ledger, audit, packjob, packscan, store
 from daemon.ledger.audit import VerifyReport
-from daemon.ledger.packjob import PackJob, decode_reply, start_scan
-from daemon.ledger.packscan import PackScan, encode_reply, scan, snapshot
+from daemon.ledger.packjob import PackJob, decode_reply, snapshot, start_scan
+from daemon.ledger.packscan import PackScan, encode_reply, scan
 
 
 def test_the_scan_restates_the_stores_layout() -> None:
@@ -61,8 +61,8 @@ async def test_the_child_scans_as_the_parent_does(state_dir: Path, in_child: Non
     here = scan(snapshot(ledger.bodies))
     assert job.result() == here
     assert job.proc.returncode == 0
-    assert names[7].encode() not in here.intact
-    assert names[8].encode() in here.intact
+    assert names[7].encode() not in here.intact()
+    assert names[8].encode() in here.intact()
     report = verify_files(ledger)
     assert report.tampered == [names[7], names[40]]
     assert report.redacted == [names[20]]
@@ -144,8 +144,8 @@ def reply_cases(good: bytes) -> list[bytes]:
         reply(size, end, indexed, 2, count),
         reply(size, end, indexed, unindexed, count + 1),
         reply(size, end, indexed, unindexed, count, names=digests[:-1] + b"g"),
-        reply(size, end, indexed, unindexed, count, names=digests[:64] + b" " + digests[:-65]),
-        reply(size, end, indexed, unindexed, count, names=digests[:63] + b" " + digests[63:-1]),
+        reply(size, end, indexed, unindexed, count, names=digests[:-1] + b"A"),
+        reply(size, end, indexed, unindexed, count - 1, names=digests[:-1]),
     ]
 
 
@@ -168,3 +168,19 @@ def test_a_finished_job_is_ready() -> None:
     job = PackJob.finished(found)
     assert job.ready()
     assert job.result() is found
+
+
+def test_names_in_pack_order_follow_and_others_fall_to_the_set() -> None:
+    a, b, c = (bytes([48 + i]) * 64 for i in range(3))
+    found = PackScan(order=a + b + c)
+    assert found.follows(a)
+    assert not found.follows(c)  # b comes next
+    assert found.follows(b + c)
+    assert found.follows(b"")
+    again = PackScan(order=a + b + c)
+    assert not again.follows(b)
+    again.resync(b)
+    assert again.follows(c)
+    again.resync(a[1:] + b[:1])  # found, but not at a digest's start: the cursor stays
+    assert again.at == 192
+    assert again.intact() == {a, b, c}

@@ -3,9 +3,9 @@
 The scan (`packscan.scan`) is Python bound by the GIL, so a thread would not overlap it with
 the walk; a child process does. Verify runs in a worker thread of a multi-threaded daemon, so
 the child is never a fork of the daemon: `subprocess` starts a fresh interpreter (`-I -S`, so
-~10 ms) on `packscan.py`, which imports the standard library only. It inherits the pack's
-descriptor (`pass_fds`) and gets the table snapshot on stdin, so it reads exactly the records
-the parent's snapshot describes.
+~10 ms) on `packscan.py`, which imports a little of the standard library only. It inherits
+the pack's descriptor (`pass_fds`) and reads the table snapshot from an anonymous file, so it
+scans exactly the records the parent's snapshot describes; it writes its reply to another.
 
 The child's answer is used only if it is whole and consistent (magic, trailer, echoed size and
 mark, counts, hex digests, exit status 0); otherwise the parent scans the pack itself from the
@@ -20,6 +20,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 from array import array
 from pathlib import Path
@@ -71,6 +72,7 @@ class PackJob:
         self.found = found
         self.proc: subprocess.Popen[bytes] | None = None
         self.thread: threading.Thread | None = None
+        self.files: tuple[int, ...] = ()  # the request's and the reply's, while the child runs
 
     @classmethod
     def finished(cls, found: PackScan) -> PackJob:
@@ -78,19 +80,29 @@ class PackJob:
         return cls(Snapshot(-1, 0, found.end, found.slots), found)
 
     def spawn(self) -> None:
-        """Start the child and a thread that feeds it the request and collects its reply (the
-        pipes must be drained while the verifying thread works, or the child would block)."""
+        """Start the child and a thread that waits for it and reads its reply.
+
+        The request and the reply pass through anonymous files, not pipes: a pipe is drained
+        64 KiB at a time by a thread that needs the GIL for each read, and the verifying thread
+        holds the GIL, so megabytes through a pipe would trickle at one switch interval (5 ms)
+        per 64 KiB. A file is written and read whole, once."""
         snap = self.snap
+        request = packscan.REQUEST.pack(snap.size, snap.end, len(snap.slots)) + snap.slots
         try:
+            self.files = (_anonymous_file("packscan-request"),)
+            self.files += (_anonymous_file("packscan-reply"),)
+            _write_all(self.files[0], request)
+            fds = (snap.fd, *self.files)
             self.proc = subprocess.Popen(
-                [*CHILD_ARGS, str(snap.fd)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
+                [*CHILD_ARGS, *map(str, fds)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                pass_fds=(snap.fd,),
+                pass_fds=fds,
             )
         except OSError as err:
             log.warning("ledger: pack scan child did not start (%s); scanning in-process", err)
+            self._close_files()
             return
         self.thread = threading.Thread(target=self._collect, name="packscan", daemon=True)
         self.thread.start()
@@ -98,14 +110,21 @@ class PackJob:
     def _collect(self) -> None:
         proc, snap = self.proc, self.snap
         assert proc is not None
-        request = packscan.REQUEST.pack(snap.size, snap.end, len(snap.slots)) + snap.slots
         try:
-            out, err = proc.communicate(request)
+            _, err = proc.communicate()
             if proc.returncode != 0:
                 raise ValueError(f"exit status {proc.returncode}: {err[-500:]!r}")
-            self.found = decode_reply(out, snap)
+            reply = self.files[1]
+            self.found = decode_reply(os.pread(reply, os.fstat(reply).st_size, 0), snap)
         except (OSError, ValueError) as problem:
             log.warning("ledger: pack scan child failed (%s); scanning in-process", problem)
+        finally:
+            self._close_files()
+
+    def _close_files(self) -> None:
+        for fd in self.files:
+            os.close(fd)
+        self.files = ()
 
     def ready(self) -> bool:
         return self.thread is None or not self.thread.is_alive()
@@ -126,6 +145,20 @@ class PackJob:
         if self.thread is not None:
             self.thread.join()
             self.thread = None
+
+
+def _anonymous_file(name: str) -> int:
+    """A file with no name (in memory where the system allows), closed on exec unless passed."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create(name, os.MFD_CLOEXEC)
+    with tempfile.TemporaryFile() as f:
+        return os.dup(f.fileno())
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def decode_reply(out: bytes, snap: Snapshot) -> PackScan:

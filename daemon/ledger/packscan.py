@@ -7,7 +7,8 @@ thread walks the entries. The pack's layout is restated here for the same reason
 it equal to `store`'s. The parent's side (snapshot, child, table audit) is in `packjob`.
 
 The child reads a request (the pack size and table snapshot the parent took under the store's
-lock) on stdin and writes its `PackScan` on stdout; `packjob` checks every part of the reply.
+lock) and writes its `PackScan`, each through a file the parent passes; `packjob` checks every
+part of the reply.
 """
 
 from __future__ import annotations
@@ -204,10 +205,12 @@ def encode_reply(snap: Snapshot, found: PackScan) -> bytes:
 
 
 def main(argv: list[str]) -> int:
-    fd = int(argv[1])
-    snap = read_request(sys.stdin.buffer.read(), fd)
-    sys.stdout.buffer.write(encode_reply(snap, scan(snap)))
-    sys.stdout.buffer.flush()
+    """`packscan.py PACK REQUEST REPLY` (descriptors): scan, and write the reply whole."""
+    pack, request, reply = map(int, argv[1:4])
+    snap = read_request(os.pread(request, os.fstat(request).st_size, 0), pack)
+    view = memoryview(encode_reply(snap, scan(snap)))
+    while view:
+        view = view[os.write(reply, view) :]
     return 0
 
 

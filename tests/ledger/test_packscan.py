@@ -69,17 +69,21 @@ async def test_the_child_scans_as_the_parent_does(state_dir: Path, in_child: Non
     await ledger.close()
 
 
+REPLY = "import os, sys; os.write(int(sys.argv[3]),"  # a fake child's reply: ... bytes)
+
+
 @pytest.mark.parametrize(
     "child",
     [
         "import sys; sys.exit(3)",
         "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
-        "import sys; sys.stdout.write('garbage')",
-        "import sys; sys.stdout.buffer.write(b'tally-packscan/1\\n' + bytes(40) + b'\\nend\\n')",
+        f"{REPLY} b'garbage')",
+        f"{REPLY} b'tally-packscan/1\\n' + bytes(40) + b'\\nend\\n')",
         # A reply that would say every body is intact, cut short before its trailer.
-        "import sys; sys.stdout.buffer.write(b'tally-packscan/1\\n' + bytes(40) + b'ab')",
+        f"{REPLY} b'tally-packscan/1\\n' + bytes(40) + b'ab')",
+        f"{REPLY} b'ok'); import sys; sys.exit(1)",
     ],
-    ids=["exits-3", "killed", "garbage", "another-pack", "cut-short"],
+    ids=["exits-3", "killed", "garbage", "another-pack", "cut-short", "writes-then-fails"],
 )
 async def test_a_failing_child_changes_nothing(
     state_dir: Path,

@@ -126,8 +126,9 @@ def scan(snap: Snapshot) -> PackScan:
         if used == 0:
             break  # a record cut short: the end of what the store can read
         pos += used
-    if bad or len(set(digests)) != len(digests):
+    if bad:
         # The newest record of a body decides, as in `BodyStore.locate`: later ones overwrite.
+        # (With none spoilt every record is intact, and a body stored twice is listed twice.)
         spoilt = set(bad)
         newest = {digest: i not in spoilt for i, digest in enumerate(digests)}
         digests = [digest for digest, ok in newest.items() if ok]

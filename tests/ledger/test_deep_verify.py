@@ -390,3 +390,23 @@ def test_the_bulk_pattern_accepts_the_lines_the_writer_writes() -> None:
                 parent=None, body="ab" * 32, prev="0" * 64,
             )  # fmt: skip
             assert lineform.CANONICAL.fullmatch(line + b"\n") is not None, line
+
+
+async def test_a_body_stored_again_after_its_redaction(
+    state_dir: Path, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pack holds the body twice, the old record redacted: the newest record decides."""
+    writer = await Ledger.open(state_dir, checkpoint_interval=None)
+    for i in range(30):
+        await writer.append(actor="t", kind="note", body={"i": i})
+    first = await writer.append(actor="t", kind="note", body={"again": True})
+    await writer.redact(first.body or "", actor="admin", reason="pii")
+    await writer.append(actor="t", kind="note", body={"again": True})
+    for i in range(30):
+        await writer.append(actor="t", kind="note", body={"j": i})
+    await writer.close()
+    ledger = await Ledger.open(state_dir, readonly=True, checkpoint_interval=None)
+    assert ledger.bodies.read(bytes.fromhex(first.body or ""))[0] is not None
+    report = verify(ledger, monkeypatch)
+    assert report.ok, report
+    await ledger.close()

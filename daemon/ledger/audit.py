@@ -7,11 +7,16 @@ Deep verify also checks every line (canonical form, field types, seq) and re-has
 
 Each chunk of entries is first checked in bulk (leaf hashes, links and index records compared
 as whole byte strings, the Merkle levels built a level at a time, every line of the chunk held
-against one linear-time pattern of the canonical entry, bodies looked up in one sequential pass
-over the pack). The bulk check only says "all of this chunk is right": when it cannot say so,
-the chunk is walked again entry by entry, exactly as before, and that walk names the first
-fault and its reason. So a damaged ledger gets the same report, and an intact one is never
-parsed into models.
+against one linear-time pattern of the canonical entry (`lineform`, on a thread of its own),
+bodies looked up in one sequential pass over the pack). The bulk check only says "all of this
+chunk is right": when it cannot say so, the chunk is walked again entry by entry, exactly as
+before, and that walk names the first fault and its reason. So a damaged ledger gets the same
+report, and an intact one is never parsed into models.
+
+The pass over the pack (`packscan`) may run in a child process while the entries are walked
+(`packjob`): the bodies a chunk names wait for it (`_Walk.settle`) and are judged in entry
+order before any entry-by-entry walk, before the end, and before a fault is reported, so what
+the report says about bodies does not depend on when the scan finished.
 
 One piece (past 500 lines) because the bulk check and the reference walk must agree on every
 fault: they share the walk's state (frontier, last link, what was found) and are read together.

@@ -94,8 +94,9 @@ class PackScan:
 
     def resync(self, name: bytes) -> None:
         """Compare the next chunk from after `name` (the last body a chunk named, which did not
-        follow): one body named twice must not send every later chunk to the set."""
-        at = self.order.find(name)
+        follow): one body named twice must not send every later chunk to the set. Searched
+        forward only: an earlier copy of a body named again would send the cursor back."""
+        at = self.order.find(name, self.at)
         if at >= 0 and at % 64 == 0:
             self.at = at + 64
 

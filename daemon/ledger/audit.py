@@ -7,11 +7,16 @@ Deep verify also checks every line (canonical form, field types, seq) and re-has
 
 Each chunk of entries is first checked in bulk (leaf hashes, links and index records compared
 as whole byte strings, the Merkle levels built a level at a time, every line of the chunk held
-against one linear-time pattern of the canonical entry, bodies looked up in one sequential pass
-over the pack). The bulk check only says "all of this chunk is right": when it cannot say so,
-the chunk is walked again entry by entry, exactly as before, and that walk names the first
-fault and its reason. So a damaged ledger gets the same report, and an intact one is never
-parsed into models.
+against one linear-time pattern of the canonical entry (`lineform`, on a thread of its own),
+bodies looked up in one sequential pass over the pack). The bulk check only says "all of this
+chunk is right": when it cannot say so, the chunk is walked again entry by entry, exactly as
+before, and that walk names the first fault and its reason. So a damaged ledger gets the same
+report, and an intact one is never parsed into models.
+
+The pass over the pack (`packscan`) may run in a child process while the entries are walked
+(`packjob`): the bodies a chunk names wait for it (`_Walk.settle`) and are judged in entry
+order before any entry-by-entry walk, before the end, and before a fault is reported, so what
+the report says about bodies does not depend on when the scan finished.
 
 One piece (past 500 lines) because the bulk check and the reference walk must agree on every
 fault: they share the walk's state (frontier, last link, what was found) and are read together.
@@ -22,21 +27,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import struct
-from array import array
-from binascii import unhexlify
 from dataclasses import dataclass, field
 from hashlib import sha256
 from itertools import accumulate, repeat
 from pathlib import Path
 
-import re2
 from pydantic import BaseModel
 
 from daemon.ledger.entry import GENESIS_PREV, Entry
+from daemon.ledger.lineform import REDACTION, FormCheck
 from daemon.ledger.merkle import EMPTY_ROOT, node_hash
-from daemon.ledger.store import INDEX_RECORD, PACK_HEADER, REDACTED, BodyStore, Tree
+from daemon.ledger.packjob import PackJob, audit_table, start_scan
+from daemon.ledger.store import INDEX_RECORD, BodyStore, Tree
 
 _RECORD = struct.Struct("<32sQ")  # an index.bin record: leaf hash, end offset
 _PLUS_ONE = (1).__add__
@@ -46,32 +49,8 @@ READ_BYTES = 1 << 22
 _PREV = b'"prev":"'
 
 
-def _canonical_entries() -> re2._Regexp:
-    """Lines of canonical entries, each ending in a newline: the exact bytes `Entry.line()`
-    writes for valid fields, nothing else. Strings hold only what the canonical encoder leaves
-    raw (any byte from 0x20 but `"` and `\\`) or its own escapes; numbers have no leading
-    zeros and stay below 9 * 10**15 (< 2**53: larger, rarer ones are left to the parser).
-    RE2 runs in time linear in the chunk, with no backtracking; bytes are matched as Latin-1
-    and UTF-8 is checked on its own."""
-    char = rb'(?:[^"\\\x00-\x1f]|\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f])))'
-    number = rb"(?:0|[1-9][0-9]{0,14}|[1-8][0-9]{15})"
-    line = (
-        rb'\{"actor":"' + char + rb'+","body":(?:null|"[0-9a-f]{64}"),"kind":"' + char + rb'+",'
-        rb'"parent":(?:null|' + number + rb'),"prev":"[0-9a-f]{64}",'
-        rb'"run":(?:null|"' + char + rb'*"),"seq":' + number + rb',"ts":' + number + rb',"v":1\}'
-    )
-    options = re2.Options()
-    options.encoding = re2.Options.Encoding.LATIN1
-    options.max_mem = 64 << 20
-    options.log_errors = False
-    return re2.compile(rb"(?:" + line + rb"\n)*", options)
-
-
-_CANONICAL = _canonical_entries()
-# In a canonical line a quote inside a string is escaped, so these keys occur once, as keys.
-_SEQ = re.compile(rb'"seq":([0-9]+)')
-_BODY = re.compile(rb'"body":"([0-9a-f]{64})"')
-_REDACTION = b'"kind":"redaction"'
+# In a canonical line a quote inside a string is escaped, so this key occurs once, as a key.
+_BODY = b'"body":"'  # then 64 hex digits (the pattern says so), or the key is `"body":null`
 
 
 class VerifyReport(BaseModel):
@@ -123,7 +102,7 @@ def verify_files(
     root_hex = ""
     try:
         if deep:
-            walk.pack = scan_pack(bodies)
+            walk.pack = start_scan(bodies)
         with open(entries_path, "rb", buffering=0) as f:
             reader = _Lines(f.fileno())
             seq = 0
@@ -154,9 +133,11 @@ def verify_files(
                 seq = stop
         root = _fold(walk.stack)
         root_hex = root.hex()
-        if deep:
-            walk.derived.problems += audit_table(bodies, walk.pack)
+        if walk.pack is not None:
+            walk.settle(wait=True)
+            walk.derived.problems += audit_table(bodies, walk.pack.result())
     except _Bad as bad:
+        walk.settle(wait=True)  # what the chunks before the fault found about bodies
         return VerifyReport(
             ok=False,
             size=size,
@@ -167,6 +148,9 @@ def verify_files(
             tampered=walk.seen.tampered,
             derived=walk.derived.listed(),
         )
+    finally:
+        if walk.pack is not None:
+            walk.pack.close()
     seen, derived = walk.seen, walk.derived
     redacted, tampered = seen.redacted, seen.tampered
     unwitnessed = [h for h in redacted if h not in seen.witnessed]
@@ -191,6 +175,16 @@ def verify_files(
 
 
 @dataclass(slots=True)
+class _Named:
+    """The bodies a chunk names, checked in bulk, waiting for the pack scan (`_Walk.settle`)."""
+
+    seq: int  # the chunk's first entry
+    names: list[bytes]  # body digests as hex, in entry order
+    seqs: list[int] | None  # each name's entry (None: every entry of the chunk has a body)
+    redactions: set[int]  # entries of kind `redaction` (they witness the body they name)
+
+
+@dataclass(slots=True)
 class _Seen:
     """What deep verify has found so far about bodies."""
 
@@ -198,107 +192,6 @@ class _Seen:
     tampered: list[str] = field(default_factory=list)
     witnessed: set[str] = field(default_factory=set)  # bodies named by a `redaction` entry
     changed: set[str] = field(default_factory=set)  # tampered, (altered) bytes still stored
-
-
-@dataclass(slots=True)
-class PackScan:
-    """One sequential pass over `bodies.pack`: which bodies are intact, and the table's audit.
-
-    `intact` holds the digests whose newest record is live (not redacted) and whose bytes still
-    hash to the digest: a body in it needs no further look. Any other body is looked up the old
-    way (`BodyStore.read`), so redacted, changed and missing bodies are told apart exactly as
-    before. Costs about 100 bytes of memory per distinct body while deep verify runs.
-    """
-
-    intact: set[bytes] = field(default_factory=set)
-    indexed: int = 0
-    """Records below the table's synced mark, each found in the table from its home slot."""
-    unindexed: bool = False
-    """Some record below the mark is not where a lookup finds it."""
-    slots: bytes = b""  # the table as it was when the scan began (the mark with it)
-    end: int = 0  # the synced mark, bounded by the pack's size
-
-
-_PREFIX = struct.Struct("<Q")
-_SLOT = struct.Struct("<QQ")  # a bodies.idx slot: the body's hash prefix (0 -> 1), offset + 1
-
-
-def scan_pack(bodies: BodyStore) -> PackScan:
-    """Read the pack front to back in big blocks, hashing every record once, and look each
-    record up in a copy of the table (taken with the mark, so both describe the same records)."""
-    scan = PackScan()
-    with bodies.lock:
-        fd, size = bodies.pack, bodies.pack_size
-        if bodies.map is not None:
-            scan.slots = bodies.map[:]
-        scan.end = end = min(bodies.mark, size)
-    if fd < 0:
-        return scan
-    intact, table = scan.intact, scan.slots
-    mask = len(table) // _SLOT.size - 1
-    head, header, prefix_of = PACK_HEADER.size, PACK_HEADER.unpack_from, _PREFIX.unpack_from
-    slot, add, discard, indexed, unindexed = _SLOT.unpack_from, intact.add, intact.discard, 0, False
-    pos = 0
-    while pos + head <= size:
-        buf = os.pread(fd, min(READ_BYTES, size - pos), pos)
-        at, n = 0, len(buf)
-        if n < head:
-            break
-        if header(buf, 0)[1] + head > n:  # a record bigger than a block: read it whole
-            buf = os.pread(fd, min(header(buf, 0)[1] + head, size - pos), pos)
-            n = len(buf)
-        view = memoryview(buf)  # hashed in place: no copy of each body
-        while at + head <= n:
-            digest, length, flags = header(buf, at)
-            stop = at + head + length
-            if stop > n:
-                break
-            if flags & REDACTED or sha256(view[at + head : stop]).digest() != digest:
-                discard(digest)  # the newest record decides, as in `BodyStore.locate`
-            else:
-                add(digest)
-            if pos + at + head <= end:
-                key = prefix_of(buf, at)[0] or 1
-                if mask < 0 or (
-                    slot(table, (key & mask) << 4) != (key, pos + at + 1)
-                    and not _probe(table, key, pos + at + 1, mask)
-                ):
-                    unindexed = True
-                indexed += 1
-            at = stop
-        if at == 0:
-            break  # a record cut short: the end of what the store can read
-        pos += at
-    scan.indexed, scan.unindexed = indexed, unindexed
-    return scan
-
-
-def _probe(table: bytes, key: int, start: int, mask: int) -> bool:
-    """Whether a lookup from `key`'s home slot meets the slot (key, start) before an empty one."""
-    i = key & mask
-    while True:
-        k, off = _SLOT.unpack_from(table, i << 4)
-        if off == 0:
-            return False
-        if k == key and off == start:
-            return True
-        i = (i + 1) & mask
-
-
-def audit_table(bodies: BodyStore, scan: PackScan | None) -> list[str]:
-    """`BodyStore.audit` in bulk: when every record below the table's synced mark is found
-    from its home slot (`scan_pack`) and no other slot points below the mark, there is nothing
-    to report; otherwise the exact audit names the problems."""
-    if scan is None or scan.unindexed or not scan.slots:
-        return bodies.audit()
-    offsets = array("Q", scan.slots)[1::2]
-    zeros = offsets.count(0)
-    if max(offsets) <= scan.end:
-        below = len(offsets) - zeros
-    else:  # slots of records written since the mark: count only the ones below it
-        below = sum(map(scan.end.__ge__, offsets)) - zeros
-    # Records have distinct offsets, so as many slots as found records means one slot each.
-    return bodies.audit() if below != scan.indexed else []
 
 
 class _Walk:
@@ -313,7 +206,8 @@ class _Walk:
         self.seen = _Seen()
         self.first_tampered: int | None = None
         self.derived = _Derived()
-        self.pack: PackScan | None = None
+        self.pack: PackJob | None = None
+        self.named: list[_Named] = []  # chunks whose bodies await the pack scan, in order
 
     def one_by_one(
         self, seq: int, lines: list[bytes], index: bytes, done: list[list[bytes]]
@@ -321,6 +215,7 @@ class _Walk:
         """The reference walk: every check on every entry, in order; raises at the first fault."""
         stack, prev, pinned = self.stack, self.prev, self.pinned
         pin = pinned[0] - seq if pinned is not None else -1
+        self.settle(wait=True)  # bodies are judged in entry order
         for i, line in enumerate(lines):
             h = sha256(b"\x00" + line).digest()
             at = line.find(_PREV)
@@ -349,6 +244,7 @@ class _Walk:
         it), False if anything is off or unsure (then nothing has changed)."""
         if not lines:
             return True
+        form = FormCheck(seq, lines) if self.deep else None  # overlaps the hashing below
         hashes = [sha256(b"\x00" + line).digest() for line in lines]
         # Links: every line's `prev` slice, joined, against the previous leaves' hex, joined.
         ats = list(map(bytes.find, lines, repeat(_PREV)))
@@ -367,45 +263,60 @@ class _Walk:
             _push_prefix(at_pin, levels, pin, None)
             if _fold(at_pin) != pinned[1]:
                 return False
-        effects: list[tuple[int, bytes]] = []
-        if self.deep and not self._bulk_deep(seq, lines, effects):
+        named = self._bulk_deep(seq, lines, form) if form is not None else None
+        if form is not None and named is None:
             return False
         for level in range(1, len(levels)):
             done[level] = levels[level]
         _push_prefix(self.stack, levels, len(lines), done)
         self.prev = hashes[-1].hex().encode()
-        for at_seq, line in effects:
-            self._check_deep(at_seq, line)
+        if named is not None:
+            self.named.append(named)
+            self.settle(wait=False)
         return True
 
-    def _bulk_deep(self, seq: int, lines: list[bytes], effects: list[tuple[int, bytes]]) -> bool:
-        """Canonical form, field types and seqs of a whole chunk; bodies against the pack scan.
-        Entries whose body is not simply intact (or that witness a redaction) go to `effects`,
-        to be judged one by one, in order."""
-        block = b"\n".join(lines) + b"\n"
-        if not block.isascii():
-            try:
-                block.decode("utf-8")
-            except UnicodeDecodeError:
-                return False
-        if _CANONICAL.fullmatch(block) is None:
-            return False
-        seqs = _SEQ.findall(block)
-        if list(map(int, seqs)) != list(range(seq, seq + len(lines))):
-            return False
-        intact = self.pack.intact if self.pack is not None else set()
-        named = list(map(unhexlify, _BODY.findall(block)))
-        if all(map(intact.__contains__, named)) and _REDACTION not in block:
-            return True
-        for i, line in enumerate(lines):
-            m = _BODY.search(line)
-            if _REDACTION in line or (m is not None and unhexlify(m.group(1)) not in intact):
+    def _bulk_deep(self, seq: int, lines: list[bytes], form: FormCheck) -> _Named | None:
+        """Canonical form, field types and seqs of a whole chunk, and the bodies it names (to
+        be held against the pack scan by `settle`); None if unsure (then walk it)."""
+        ats = list(map(bytes.find, lines, repeat(_BODY)))
+        ok, redaction = form.result()
+        if not ok:
+            return None
+        # The lines are canonical, so each find found the key itself (or none: a null body).
+        names = [line[at + 8 : at + 72] for line, at in zip(lines, ats, strict=True) if at >= 0]
+        seqs = [seq + i for i, at in enumerate(ats) if at >= 0] if -1 in ats else None
+        redactions: set[int] = set()
+        for i, line in enumerate(lines if redaction else []):
+            if REDACTION in line:
                 try:
-                    Entry.from_line(line)
+                    entry = Entry.from_line(line)
                 except ValueError:
-                    return False  # the pattern let through what the parser refuses: walk it
-                effects.append((seq + i, line))
-        return True
+                    return None  # the pattern let through what the parser refuses: walk it
+                if entry.kind == "redaction":
+                    redactions.add(seq + i)
+        return _Named(seq, names, seqs, redactions)
+
+    def settle(self, wait: bool) -> None:
+        """Judge the bodies of the chunks checked so far against the pack scan, in entry order:
+        at once if the scan is done, else only when `wait`. An intact body needs no more; the
+        others, and every body a `redaction` entry names, are judged one by one."""
+        if not self.named or self.pack is None or not (wait or self.pack.ready()):
+            return
+        found = self.pack.result()
+        for named in self.named:
+            if not named.redactions and found.follows(b"".join(named.names)):
+                continue
+            if named.names:
+                found.resync(named.names[-1])
+            intact = found.intact()
+            if not named.redactions and intact.issuperset(named.names):
+                continue
+            seqs = named.seqs if named.seqs is not None else range(named.seq, 1 << 62)
+            for at_seq, name in zip(seqs, named.names, strict=False):
+                witness = at_seq in named.redactions
+                if witness or name not in intact:
+                    self._judge(at_seq, name.decode(), witness)
+        self.named.clear()
 
     def _check_deep(self, seq: int, line: bytes) -> None:
         try:
@@ -414,24 +325,28 @@ class _Walk:
             raise _Bad(seq, f"entry does not parse as a canonical entry: {err}") from err
         if entry.seq != seq:
             raise _Bad(seq, f"entry says seq {entry.seq}")
-        if entry.body is None:
-            return
-        digest = bytes.fromhex(entry.body)
-        if entry.kind != "redaction" and self.pack is not None and digest in self.pack.intact:
+        if entry.body is not None:
+            self._judge(seq, entry.body, entry.kind == "redaction")
+
+    def _judge(self, seq: int, body: str, witness: bool) -> None:
+        """Whether entry `seq`'s body is intact, redacted or tampered; a `redaction` entry
+        (`witness`) also names the body it redacted."""
+        if not witness and self.pack is not None and body.encode() in self.pack.result().intact():
             return
         seen = self.seen
+        digest = bytes.fromhex(body)
         data, is_redacted = self.bodies.read(digest)
         bad = False
         if is_redacted:
-            if entry.body not in seen.redacted:
-                seen.redacted.append(entry.body)
+            if body not in seen.redacted:
+                seen.redacted.append(body)
         elif data is None or hashlib.sha256(data).digest() != digest:
             bad = True
-            if entry.body not in seen.tampered:
-                seen.tampered.append(entry.body)
+            if body not in seen.tampered:
+                seen.tampered.append(body)
             if data is not None:
-                seen.changed.add(entry.body)
-        if entry.kind == "redaction" and data is not None:
+                seen.changed.add(body)
+        if witness and data is not None:
             target = json.loads(data).get("redacted") if data.startswith(b"{") else None
             if isinstance(target, str):
                 seen.witnessed.add(target)

@@ -57,6 +57,7 @@ class Daemon:
         self._gateway: Gateway | None = None
         self._snapshots: asyncio.Task[None] | None = None
         self._checkup: asyncio.Task[None] | None = None
+        self._warming: asyncio.Task[None] | None = None
         self._snapshot_size = -1
         self.interrupted_on_start: list[str] = []
         self.restored_from: int | None = None
@@ -153,6 +154,13 @@ class Daemon:
         self.lag.start()
         self._checkup = asyncio.create_task(self._check_members(roster), name="member checkup")
         self.start_seconds = time.perf_counter() - started
+
+    def warm(self) -> None:
+        """Load what a start leaves for later (`surfaces.http.warm` calls this once listening):
+        the router's index here on the loop, the ledger's signing key on a worker thread."""
+        self.router.prepare()
+        self._warming = asyncio.create_task(asyncio.to_thread(self.ledger.load_signer))
+        self._warming.add_done_callback(_said_if_failed)
 
     def _start_tracing(self) -> Any:
         """The OTLP exporter, if configured (the SDK is imported only then)."""
@@ -310,6 +318,14 @@ class Daemon:
                 await self.write_snapshot()
             except Exception:  # derived data: logged, the next period retries
                 log.exception("run snapshot failed")
+
+
+def _said_if_failed(task: asyncio.Task[None]) -> None:
+    err = None if task.cancelled() else task.exception()
+    if isinstance(err, TallyError):
+        log.warning("checkpoint key: %s (no checkpoint is signed until it is fixed)", err.message)
+    elif err is not None:
+        log.error("loading the checkpoint key failed", exc_info=err)
 
 
 def _loaded(path: Path) -> Roster:

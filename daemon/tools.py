@@ -784,9 +784,8 @@ async def ledger_checkpoint(daemon: Daemon, data: CheckpointIn, ctx: ToolContext
     if data.create:
         require(ctx, "admin", "signing a checkpoint (create=true)")
     cp = await daemon.ledger.checkpoint() if data.create else daemon.ledger.latest_checkpoint()
-    return CheckpointOut(
-        checkpoint=None if cp is None else cp.model_dump(mode="json"), vkey=daemon.ledger.vkey
-    )
+    vkey = await asyncio.to_thread(lambda: daemon.ledger.vkey)  # may load the key: off the loop
+    return CheckpointOut(checkpoint=None if cp is None else cp.model_dump(mode="json"), vkey=vkey)
 
 
 class ChainIn(_In):

@@ -274,12 +274,13 @@ def _call_types() -> tuple[type[SubmitIn], type[ToolContext]]:
 
 
 def warm(daemon: Daemon) -> None:
-    """Load what the first tool call would otherwise pay for (~30 ms): the registry and the
-    router's index. `serve` runs it on the loop once the daemon has listened for
-    `WARM_AFTER_S`, so neither readiness nor a quick first call waits on the other."""
+    """Load what the first tool call would otherwise pay for (~30 ms): the registry, the
+    router's index and the checkpoint key (`Daemon.warm`). `serve` runs it on the loop once
+    the daemon has listened for `WARM_AFTER_S`, so neither readiness nor a quick first call
+    waits on the other."""
     registry()
     _call_types()
-    daemon.router.prepare()
+    daemon.warm()
 
 
 def tool_listing() -> list[dict[str, Any]]:

@@ -32,14 +32,19 @@ from dataclasses import dataclass, field
 from hashlib import sha256
 from itertools import accumulate, repeat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
 from daemon.ledger.entry import GENESIS_PREV, Entry
-from daemon.ledger.lineform import REDACTION, FormCheck
 from daemon.ledger.merkle import EMPTY_ROOT, node_hash
-from daemon.ledger.packjob import PackJob, audit_table, start_scan
 from daemon.ledger.store import INDEX_RECORD, BodyStore, Tree
+
+# Deep verify's own parts (the RE2 pattern, the pack scan) load at the first deep verify, not
+# with the daemon: every start imports this module, few verify deeply.
+if TYPE_CHECKING:
+    from daemon.ledger.lineform import FormCheck
+    from daemon.ledger.packjob import PackJob
 
 _RECORD = struct.Struct("<32sQ")  # an index.bin record: leaf hash, end offset
 _PLUS_ONE = (1).__add__
@@ -102,6 +107,8 @@ def verify_files(
     root_hex = ""
     try:
         if deep:
+            from daemon.ledger.packjob import start_scan
+
             walk.pack = start_scan(bodies)
         with open(entries_path, "rb", buffering=0) as f:
             reader = _Lines(f.fileno())
@@ -134,6 +141,8 @@ def verify_files(
         root = _fold(walk.stack)
         root_hex = root.hex()
         if walk.pack is not None:
+            from daemon.ledger.packjob import audit_table
+
             walk.settle(wait=True)
             walk.derived.problems += audit_table(bodies, walk.pack.result())
     except _Bad as bad:
@@ -244,6 +253,8 @@ class _Walk:
         it), False if anything is off or unsure (then nothing has changed)."""
         if not lines:
             return True
+        from daemon.ledger.lineform import FormCheck
+
         form = FormCheck(seq, lines) if self.deep else None  # overlaps the hashing below
         hashes = [sha256(b"\x00" + line).digest() for line in lines]
         # Links: every line's `prev` slice, joined, against the previous leaves' hex, joined.
@@ -278,6 +289,8 @@ class _Walk:
     def _bulk_deep(self, seq: int, lines: list[bytes], form: FormCheck) -> _Named | None:
         """Canonical form, field types and seqs of a whole chunk, and the bodies it names (to
         be held against the pack scan by `settle`); None if unsure (then walk it)."""
+        from daemon.ledger.lineform import REDACTION
+
         ats = list(map(bytes.find, lines, repeat(_BODY)))
         ok, redaction = form.result()
         if not ok:

@@ -12,21 +12,29 @@ Note text::
 The key id is the first 4 bytes of SHA-256(name || "\\n" || 0x01 || public key). The public
 key is also written as a C2SP verifier key string (`name+hexid+base64(0x01 || key)`) in
 `checkpoint.vkey`, so checkpoints can be verified offline with nothing but that file.
+
+The signature library (`cryptography`, 10–40 ms to import) loads at the first signature or
+check, not with the daemon: opening a ledger only finds its key, or writes a new one, and
+checks that it is an ed25519 key (`SignerOnDemand`).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import os
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict
 
+from daemon.ledger.errors import SignerUnusable
 from daemon.ledger.store import write_atomic
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 ED25519 = b"\x01"
 SIG_PREFIX = "— "
@@ -91,47 +99,61 @@ def credential_key() -> Path | None:
         return None
 
 
-class Signer:
-    """The state dir's ed25519 checkpoint key (created 0600 on first use)."""
+# RFC 8410: a PKCS #8 ed25519 private key is this DER header and the 32-byte seed. (The form
+# with the public key after the seed is refused by `cryptography`'s loader, so here too.)
+_PKCS8_ED25519 = bytes.fromhex("302e020100300506032b657004220420")
+_PEM_BEGIN, _PEM_END = "-----BEGIN PRIVATE KEY-----", "-----END PRIVATE KEY-----"
 
-    def __init__(self, private: Ed25519PrivateKey, name: str) -> None:
+
+def key_pem(seed: bytes) -> bytes:
+    """A new key's file: the PKCS #8 PEM that `cryptography` writes for this seed (a test holds
+    the two equal), made without loading it."""
+    der = base64.encodebytes(_PKCS8_ED25519 + seed).decode().replace("\n", "")
+    lines = [der[i : i + 64] for i in range(0, len(der), 64)]
+    return "\n".join([_PEM_BEGIN, *lines, _PEM_END, ""]).encode()
+
+
+def read_key(path: Path) -> bytes:
+    """The file's bytes if it holds a PKCS #8 PEM ed25519 private key, else `CheckpointError`:
+    exactly the keys `cryptography` loads as ed25519 (a test holds the two to the same cases)."""
+    pem = path.read_bytes()
+    try:
+        text = pem.decode("ascii").strip()
+        body = text.removeprefix(_PEM_BEGIN).removesuffix(_PEM_END)
+        der = base64.b64decode("".join(body.split()), validate=True)
+    except (UnicodeDecodeError, binascii.Error) as err:
+        raise CheckpointError(f"{path} is not an ed25519 key: {err}") from err
+    armored = text.startswith(_PEM_BEGIN) and text.endswith(_PEM_END)
+    if not (armored and len(der) == 48 and der.startswith(_PKCS8_ED25519)):
+        raise CheckpointError(f"{path} is not an ed25519 key")
+    return pem
+
+
+class Signer:
+    """An ed25519 checkpoint key, loaded."""
+
+    def __init__(self, private: Ed25519PrivateKey) -> None:
+        from cryptography.hazmat.primitives import serialization
+
         self.private = private
         self.public = private.public_key().public_bytes(
             serialization.Encoding.Raw, serialization.PublicFormat.Raw
         )
-        self.name = name
-        self.key_id = key_id(name, self.public)
+        self.name = f"tally/ledger/{hashlib.sha256(self.public).hexdigest()[:16]}"
+        self.key_id = key_id(self.name, self.public)
 
     @classmethod
-    def load_or_create(cls, ledger_dir: Path, writable: bool) -> Signer | None:
-        """The credential's key if systemd passed one, else the state dir's (made if missing)."""
-        key_path = credential_key() or ledger_dir / "checkpoint.key"
-        if key_path.exists():
-            private = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
-            if not isinstance(private, Ed25519PrivateKey):
-                raise CheckpointError(f"{key_path} is not an ed25519 key")
-        elif writable:
-            private = Ed25519PrivateKey.generate()
-            pem = private.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-            write_atomic(key_path, pem, mode=0o600)
-        else:
-            return None
-        signer = cls(private, cls.origin_for(private))
-        vkey_path = ledger_dir / "checkpoint.vkey"
-        if writable and not vkey_path.exists():
-            write_atomic(vkey_path, (signer.vkey + "\n").encode(), mode=0o644)
-        return signer
+    def load(cls, pem: bytes, where: Path) -> Signer:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    @staticmethod
-    def origin_for(private: Ed25519PrivateKey) -> str:
-        public = private.public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw
-        )
-        return f"tally/ledger/{hashlib.sha256(public).hexdigest()[:16]}"
+        try:
+            private = serialization.load_pem_private_key(pem, password=None)
+        except ValueError as err:
+            raise CheckpointError(f"{where} is not an ed25519 key: {err}") from err
+        if not isinstance(private, Ed25519PrivateKey):
+            raise CheckpointError(f"{where} is not an ed25519 key")
+        return cls(private)
 
     @property
     def vkey(self) -> str:
@@ -142,6 +164,38 @@ class Signer:
         sig = self.private.sign(body.encode())
         line = f"{SIG_PREFIX}{self.name} {base64.b64encode(self.key_id + sig).decode()}\n"
         return parse_note(body + "\n" + line)
+
+
+class SignerOnDemand:
+    """The ledger owner's signer, loaded at its first use (a checkpoint, `vkey`, or the daemon's
+    warm-up) from any thread, once.
+
+    Made at open: the key is the credential systemd passed, else the state dir's, written there
+    (0600) from a fresh random seed when missing. It is read then, once, and checked to be an
+    ed25519 key, so a wrong key still stops the open and names its path. `checkpoint.vkey` is
+    written at the load if missing: before any checkpoint exists."""
+
+    def __init__(self, ledger_dir: Path) -> None:
+        self.dir = ledger_dir
+        self.path = credential_key() or ledger_dir / "checkpoint.key"
+        if not self.path.exists():
+            write_atomic(self.path, key_pem(os.urandom(32)), mode=0o600)
+        self._pem = read_key(self.path)
+        self._signer: Signer | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Signer:
+        with self._lock:
+            if self._signer is None:
+                try:
+                    signer = Signer.load(self._pem, self.path)
+                except CheckpointError as err:
+                    raise SignerUnusable(str(err), details={"path": str(self.path)}) from err
+                vkey_path = self.dir / "checkpoint.vkey"
+                if not vkey_path.exists():
+                    write_atomic(vkey_path, (signer.vkey + "\n").encode(), mode=0o644)
+                self._signer = signer
+            return self._signer
 
 
 def parse_note(text: str) -> Checkpoint:
@@ -196,6 +250,9 @@ def verify_note(text: str, vkey: str) -> Checkpoint:
         raw = base64.b64decode(b64)
         if sig_name != name or raw[:4] != want_id:
             continue
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
         try:
             Ed25519PublicKey.from_public_bytes(public).verify(raw[4:], body.encode())
         except InvalidSignature as err:

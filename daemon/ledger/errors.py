@@ -64,3 +64,11 @@ class LedgerUnwritable(Busy):
             details={"reason": reason, "detail": detail},
         )
         self.reason = reason
+
+
+class SignerUnusable(TallyError):
+    """The checkpoint key passed the open's check but does not load: nothing is signed until
+    the key is fixed and the daemon restarted; appends go on."""
+
+    code = "checkpoint_key_unusable"
+    status = 500

@@ -18,7 +18,7 @@ import os
 from concurrent.futures import Executor
 from pathlib import Path
 
-from daemon.ledger.checkpoint import Checkpoint, Signer
+from daemon.ledger.checkpoint import Checkpoint, SignerOnDemand
 from daemon.ledger.entry import Entry
 from daemon.ledger.errors import LedgerFailed
 from daemon.ledger.journal import Journal
@@ -46,8 +46,8 @@ class Handle:
     _closed: bool
     _executor: Executor  # the writer thread (see `writer.WriterThread`)
     _latest: Checkpoint | None
-    _signer: Signer | None
-    _vkey: str | None
+    _signer: SignerOnDemand | None  # the owner's
+    _vkey: str | None  # a read-only opener's, from `checkpoint.vkey`
     _repaired: bool
     _head: tuple[int, tuple[tuple[int, bytes], ...]]
     _unapplied: dict[int, bytes]

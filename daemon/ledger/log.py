@@ -27,9 +27,9 @@ import os
 import time
 from pathlib import Path
 
-from daemon.ledger.checkpoint import Checkpoint, Signer, save_checkpoint
+from daemon.ledger.checkpoint import Checkpoint, SignerOnDemand, save_checkpoint
 from daemon.ledger.entry import GENESIS_PREV
-from daemon.ledger.errors import LedgerFailed, LedgerUnwritable
+from daemon.ledger.errors import LedgerFailed, LedgerUnwritable, SignerUnusable
 from daemon.ledger.outage import Outage
 from daemon.ledger.reader import ConsistencyProof, InclusionProof, Reader
 from daemon.ledger.recovery import TAIL_CHECK, Recovery
@@ -75,7 +75,7 @@ class Ledger(Recovery, Writer, Reader):
         self._closed = False
         self._stats = _Stats()
         self._latest: Checkpoint | None = None
-        self._signer: Signer | None = None
+        self._signer: SignerOnDemand | None = None
         self._vkey: str | None = None
         self._executor = WriterThread(self._commit_batch)
         self._halted: Outage | None = None
@@ -120,8 +120,17 @@ class Ledger(Recovery, Writer, Reader):
 
     @property
     def vkey(self) -> str | None:
-        """The checkpoint verifier key (C2SP vkey string), if the ledger has one."""
+        """The checkpoint verifier key (C2SP vkey string), if the ledger has one. The owner's
+        first call loads the signer (see `load_signer`)."""
+        if self._signer is not None:
+            return self._signer.get().vkey
         return self._vkey
+
+    def load_signer(self) -> None:
+        """Load the owner's signing key now (it loads at first use otherwise): the daemon's
+        warm-up calls it off the loop, after the start."""
+        if self._signer is not None:
+            self._signer.get()
 
     def latest_checkpoint(self) -> Checkpoint | None:
         return self._latest
@@ -150,7 +159,7 @@ class Ledger(Recovery, Writer, Reader):
         if self._failed is not None:
             raise self._failed
         self._sync_derived()
-        checkpoint = self._signer.sign(
+        checkpoint = self._signer.get().sign(
             self.tree.size, self.tree.root(), max(time.time_ns() // 1000, self._last_ts)
         )
         save_checkpoint(self.dir / "checkpoint", checkpoint)
@@ -191,7 +200,7 @@ class Ledger(Recovery, Writer, Reader):
                         self._latest = await loop.run_in_executor(self._executor, self._checkpoint)
                     else:
                         await loop.run_in_executor(self._executor, self._sync_derived)
-                except (LedgerFailed, OSError) as err:
+                except (LedgerFailed, SignerUnusable, OSError) as err:
                     log.warning("ledger: closing without a final checkpoint: %s", err)
         finally:
             await loop.run_in_executor(self._executor, self._release)

@@ -35,7 +35,7 @@ import os
 
 from daemon.errors import NotFound
 from daemon.ledger.audit import gap_reason
-from daemon.ledger.checkpoint import Checkpoint, Signer, load_checkpoint
+from daemon.ledger.checkpoint import Checkpoint, SignerOnDemand, load_checkpoint
 from daemon.ledger.entry import (
     GENESIS_PREV,
     Entry,
@@ -109,8 +109,7 @@ class Recovery(Handle):
             vkey_path = self.dir / "checkpoint.vkey"
             self._vkey = vkey_path.read_text().strip() if vkey_path.exists() else None
         else:
-            self._signer = Signer.load_or_create(self.dir, writable=True)
-            self._vkey = self._signer.vkey if self._signer is not None else None
+            self._signer = SignerOnDemand(self.dir)
         self._latest = load_checkpoint(self.dir / "checkpoint")
         self._anchor(self._latest)
         if not self.readonly:

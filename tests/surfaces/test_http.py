@@ -567,7 +567,8 @@ async def test_run_get_reads_an_old_finished_run_back_from_the_ledger(
 async def test_serve_warms_the_first_calls_needs_after_it_listens(
     tmp_path: Path, model: FakeServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The daemon listens first; WARM_AFTER_S later the router's index exists without a route."""
+    """The daemon listens first; WARM_AFTER_S later the router's index exists without a route,
+    and the checkpoint key has been loaded (it writes `checkpoint.vkey` then)."""
     from surfaces import http
 
     monkeypatch.setattr(http, "WARM_AFTER_S", 0.05)
@@ -588,8 +589,11 @@ async def test_serve_warms_the_first_calls_needs_after_it_listens(
             while not listening:
                 await asyncio.sleep(0.01)
             assert "_index" not in vars(daemon.router)  # not built before the daemon listened
-            while "_index" not in vars(daemon.router):
+            vkey = daemon.settings.state_dir / "ledger" / "checkpoint.vkey"
+            assert not vkey.exists()
+            while "_index" not in vars(daemon.router) or not vkey.exists():
                 await asyncio.sleep(0.01)
+            assert vkey.read_text().strip() == daemon.ledger.vkey
     finally:
         stop.set()
         await serving

@@ -78,6 +78,8 @@ from surfaces.cli import main
 def stop_when_listening():
     while not os.path.exists({str(sock)!r}):
         time.sleep(0.01)
+    crypto = any(m.split(".")[0] == "cryptography" for m in list(sys.modules))
+    print("signature library when listening:", crypto, file=sys.stderr)
     os.kill(os.getpid(), signal.SIGTERM)
 
 threading.Thread(target=stop_when_listening, daemon=True).start()
@@ -91,6 +93,9 @@ print("tool registry loaded:", "daemon.tools" in sys.modules, file=sys.stderr)
     assert "mcp_types" not in heavy
     assert "jsonschema" not in heavy  # loaded with the first schema check, not at start
     assert "tool registry loaded: False" in done.stderr  # loaded by the first tool request
+    # The checkpoint key loads after the start (warm-up, first checkpoint: here the last one).
+    assert "signature library when listening: False" in done.stderr
+    assert "cryptography" in heavy
     assert "aiohttp" in heavy  # the report is real: the daemon ran
 
 

@@ -2,6 +2,8 @@
 
 All numbers come from one run on one disk (a temp dir; set TALLY_BENCH_DIR to pick the disk).
 Appends are medians of interleaved rounds so the references see the same disk weather.
+forum-engine 1.17 (the `bench` extra) runs beside ours where it has an equivalent: durable
+appends (its own file storage, fsync per append) and deep verify.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from daemon.ledger.merkle import verify_consistency, verify_inclusion
 ROUNDS = 5
 LINE = b'{"k":"' + b"x" * 290 + b'"}\n'  # ~300-byte records, as in the notes' measurements
 APPENDS = {1: 200, 8: 2000, 64: 16000}
+FORUM_APPENDS = {1: 200, 64: 640}  # its appends take turns: a few hundred say its rate
 
 
 def plain_fsync_loop(base: Path, n: int = 200) -> float:
@@ -120,6 +123,31 @@ async def durable_appends(base: Path, concurrency: int, total: int) -> float:
     return rate
 
 
+async def forum_appends(base: Path, concurrency: int, total: int) -> float | None:
+    """forum-engine's durable appends with the same bodies: its `FileStorage` fsyncs every
+    append (the payload file, then the entries file) on the calling thread, so its writers,
+    async handlers as in its daemon, take turns on the loop. None without the `bench` extra."""
+    try:
+        from forum.ledger import Ledger as ForumLedger
+        from forum.storage import FileStorage
+    except ImportError:
+        return None
+    path = Path(tempfile.mkdtemp(dir=base))
+    ledger = ForumLedger(FileStorage(str(path / "forum")))
+    per = total // concurrency
+
+    async def appender(k: int) -> None:
+        for i in range(per):
+            ledger.append(actor=f"a{k}", kind="bench", payload={"i": i, "k": k, "t": "y" * 100})
+            await asyncio.sleep(0)  # a handler's turn ends, as between two requests
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(appender(k) for k in range(concurrency)))
+    rate = per * concurrency / (time.perf_counter() - t0)
+    shutil.rmtree(path)
+    return rate
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -208,6 +236,9 @@ def sha256_files(paths: list[Path]) -> None:
                 digest.update(block)
 
 
+FORUM_MISSING = "not installed (pip install -e '.[bench]')"
+
+
 def forum_ledger(base: Path, n: int) -> Callable[[], bool] | None:
     """forum-engine's file ledger with the same payloads (its deep verify is `verify(deep=True)`
     over what `FileStorage` loaded); None when the `bench` extra is not installed."""
@@ -284,9 +315,7 @@ async def deep_verify(base: Path) -> list[tuple[str, str, str, str]]:
         ),
     ]
     if forum is None:
-        rows.append(
-            ("forum-engine deep verify", "not installed (pip install -e '.[bench]')", "", "")
-        )
+        rows.append(("forum-engine deep verify", FORUM_MISSING, "", ""))
     else:
         rows.append(
             (
@@ -305,12 +334,19 @@ def main() -> None:
         plain, group, ceiling = [], [], []
         durable: dict[int, list[float]] = {c: [] for c in APPENDS}
         vs_ref: dict[int, list[float]] = {c: [] for c in APPENDS}
+        forum: dict[int, list[float]] = {c: [] for c in FORUM_APPENDS}
+        vs_forum: dict[int, list[float]] = {c: [] for c in FORUM_APPENDS}
         for _ in range(ROUNDS):
             plain.append(plain_fsync_loop(base))
             group.append(asyncio.run(bare_group_commit(base)))
             for c, total in APPENDS.items():
                 durable[c].append(asyncio.run(durable_appends(base, c, total)))
                 vs_ref[c].append(durable[c][-1] / (plain[-1] if c == 1 else group[-1]))
+            for c, total in FORUM_APPENDS.items():
+                rate = asyncio.run(forum_appends(base, c, total))
+                if rate is not None:
+                    forum[c].append(rate)
+                    vs_forum[c].append(durable[c][-1] / rate)
             ceiling.append(cpu_ceiling(base))
         deep_rows = asyncio.run(deep_verify(base))
         small = asyncio.run(big_ledger(base, 100_000, full=False))
@@ -339,6 +375,18 @@ def main() -> None:
                 f"{d:,.0f} appends/s",
                 f"{statistics.median(vs_ref[c]):.2f} × {ref}",
                 targets.get(c, ""),
+            )
+        )
+    for c in FORUM_APPENDS:
+        if not forum[c]:
+            rows.append((f"forum-engine append, {c} concurrent", FORUM_MISSING, "", ""))
+            continue
+        rows.append(
+            (
+                f"forum-engine 1.17 append, {c} concurrent (fsync per append, on the loop)",
+                f"{statistics.median(forum[c]):,.0f} appends/s",
+                f"tally = {statistics.median(vs_forum[c]):.2f} × forum",
+                "",
             )
         )
     rows += [

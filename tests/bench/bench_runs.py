@@ -17,6 +17,17 @@
    (zero latency): p50 / p90 wall time of one routed one-task run, submit to done, one run at
    a time. Beside it, the same number of sequential ledger appends alone (what the run's
    causal chain costs in fsyncs at least) and the ledger's batches per run.
+   Beside that, forum-engine 1.17 (the `bench` extra; a "not installed" row without it) doing
+   the equivalent in the same rounds: one request submitted and answered end to end, in
+   process, as `forum submit` and its daemon's `POST /submit` do it (`build_orchestrator` with
+   a file ledger, `Orchestrator.submit`, then `submit_receipt`), its `--chat-url` executor
+   (ChatExecutor) on a second zero-latency scripted server. It differs from tally's run: its
+   executor makes four model calls per request (a plan, asked as JSON and answered with one
+   task; the task; a validator verdict, asked as JSON; the synthesis), each a new connection
+   from a worker thread; it fsyncs every ledger append on its event loop (where its stub, like
+   tally's, also answers, so those fsyncs hold up the stub too); and the receipt deep-verifies
+   its whole ledger, so that part grows with history (the ledger starts empty here). Last,
+   runs/s at c=8 (8 clients, each one run at a time) for both, in alternating 1 s rounds.
 
 `python -m tests.bench.bench_runs overhead` runs only the last section.
 """
@@ -26,12 +37,15 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib
+import json
 import random
 import resource
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -331,6 +345,108 @@ async def one_run(engine: Engine, i: int) -> float:
     return (time.perf_counter() - started) * 1000
 
 
+FORUM_PER_ROUND_C1 = 10
+FORUM_WARMUP_C1 = 10
+C8 = 8
+C8_ROUND_S = 1.0
+C8_ROUNDS = 3
+# forum's Coordinator and Validator prompts begin with these words (forum.control); the stub
+# answers each with what forum parses from it, and everything else (the task, the synthesis)
+# with "done".
+FORUM_RULES: list[tuple[str, str | list[str], float]] = [
+    (
+        "You are a planner",
+        json.dumps(
+            {
+                "tasks": [
+                    {
+                        "id": "T1",
+                        "agent": "backend",
+                        "instruction": "fix the backend handler",
+                        "depends_on": [],
+                    }
+                ]
+            }
+        ),
+        0.0,
+    ),
+    ("Judge whether the output satisfies", json.dumps({"ok": True, "score": 1.0}), 0.0),
+]
+
+
+class ForumRig:
+    """forum-engine's Orchestrator as `forum submit --chat-url` and `POST /submit` build it."""
+
+    def __init__(self, orchestrator: Any, executor: Any, receipt: Callable[..., Any]) -> None:
+        self.orchestrator = orchestrator
+        self.executor = executor
+        self.receipt = receipt
+
+    async def one(self, i: int) -> tuple[float, float]:
+        """ms from submit to the answer and its receipt (what /submit returns), and ms of
+        `Orchestrator.submit` alone."""
+        ledger = self.orchestrator.ledger
+        request = f"fix the backend handler {i}"
+        started = time.perf_counter()
+        before = ledger.count()
+        answer = await self.orchestrator.submit(request)
+        answered = time.perf_counter()
+        receipt = self.receipt(
+            ledger, before_seq=before, request=request, answer=answer, executor=self.executor
+        )
+        done = time.perf_counter()
+        assert answer == "done", answer
+        assert receipt["ledger"]["verified"], receipt
+        return (done - started) * 1000, (answered - started) * 1000
+
+    def verdicts(self) -> tuple[int, int]:
+        """(passing, all) validator verdicts in forum's ledger: a stub answer forum did not
+        accept would fail the task without failing `submit`."""
+        ledger = self.orchestrator.ledger
+        found = [e for e in ledger.replay() if e.kind == "verdict"]
+        return sum(1 for e in found if ledger.get_payload(e.payload_hash)["ok"] is True), len(found)
+
+
+@asynccontextmanager
+async def forum_rig(tmp: Path) -> AsyncIterator[ForumRig | None]:
+    """forum-engine on its own zero-latency stub, its ledger under `tmp`; None when the `bench`
+    extra is not installed."""
+    try:
+        from forum.chat_executor import ChatExecutor
+        from forum.daemon import build_orchestrator
+        from forum.receipts import submit_receipt
+    except ImportError:
+        yield None
+        return
+    server = ScriptedServer(FORUM_RULES, default="done")
+    await server.start()
+    try:
+        executor = ChatExecutor("stub", base_url=f"{server.url}/chat/completions")
+        orchestrator = build_orchestrator(str(tmp / "forum-ledger"), executor=executor)
+        yield ForumRig(orchestrator, executor, submit_receipt)
+    finally:
+        await server.stop()
+
+
+async def runs_per_s(one: Callable[[int], Awaitable[object]]) -> float:
+    """Runs/s of C8 clients, each submitting its next run when its last one is done, for
+    C8_ROUND_S (a bounded time, not a count: forum is an order of magnitude slower)."""
+    started = time.perf_counter()
+    stop = started + C8_ROUND_S
+    done = 0
+
+    async def client(k: int) -> None:
+        nonlocal done
+        j = 0
+        while time.perf_counter() < stop:
+            await one(k * 1000 + j)
+            done += 1
+            j += 1
+
+    await asyncio.gather(*(client(k) for k in range(C8)))
+    return done / (time.perf_counter() - started)
+
+
 async def run_overhead_rows() -> list[str]:
     """Rounds alternate runs and bare chains on a second ledger (same disk): noise hits both."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -340,28 +456,54 @@ async def run_overhead_rows() -> list[str]:
         await daemon.start()
         bare_ledger = await Ledger.open(Path(tmp) / "bare")
         try:
-            engine, ledger = daemon.engine, daemon.ledger
-            size = ledger.size
-            for i in range(WARMUP_C1):
-                await one_run(engine, i)
-            per_run = round((ledger.size - size) / WARMUP_C1)
-            size, batches = ledger.size, ledger.stats.batches
-            runs: list[float] = []
-            bare: list[float] = []
-            for r in range(ROUNDS_C1):
-                for i in range(PER_ROUND_C1):
-                    runs.append(await one_run(engine, i))
-                for i in range(PER_ROUND_C1):
-                    bare.append(await chained_appends(bare_ledger, f"b{r}.{i}", per_run))
-            n = ROUNDS_C1 * PER_ROUND_C1
-            entries, commits = (ledger.size - size) / n, (ledger.stats.batches - batches) / n
+            async with forum_rig(Path(tmp)) as forum:
+                engine, ledger = daemon.engine, daemon.ledger
+                size = ledger.size
+                for i in range(WARMUP_C1):
+                    await one_run(engine, i)
+                per_run = round((ledger.size - size) / WARMUP_C1)
+                if forum is not None:
+                    for i in range(FORUM_WARMUP_C1):
+                        await forum.one(i)
+                    forum_size = forum.orchestrator.ledger.count()
+                size, batches = ledger.size, ledger.stats.batches
+                runs: list[float] = []
+                bare: list[float] = []
+                forum_runs: list[float] = []
+                forum_submits: list[float] = []
+                for r in range(ROUNDS_C1):
+                    for i in range(PER_ROUND_C1):
+                        runs.append(await one_run(engine, i))
+                    for i in range(PER_ROUND_C1):
+                        bare.append(await chained_appends(bare_ledger, f"b{r}.{i}", per_run))
+                    if forum is not None:
+                        for i in range(FORUM_PER_ROUND_C1):
+                            total, submit = await forum.one(i)
+                            forum_runs.append(total)
+                            forum_submits.append(submit)
+                n = ROUNDS_C1 * PER_ROUND_C1
+                entries, commits = (ledger.size - size) / n, (ledger.stats.batches - batches) / n
+                if forum is not None:
+                    forum_entries = (forum.orchestrator.ledger.count() - forum_size) / len(
+                        forum_runs
+                    )
+                tally_c8: list[float] = []
+                forum_c8: list[float] = []
+                for _ in range(C8_ROUNDS):
+                    tally_c8.append(await runs_per_s(lambda i: one_run(engine, i)))
+                    if forum is not None:
+                        forum_c8.append(await runs_per_s(forum.one))
+                if forum is not None:
+                    passing, verdicts = forum.verdicts()
+                    assert passing == verdicts, f"forum: {passing} of {verdicts} verdicts passed"
+                    forum_ledger = forum.orchestrator.ledger.count()
         finally:
             await bare_ledger.close()
             await daemon.stop()
             await server.stop()
     p50, p90 = percentiles(runs)
     b50, b90 = percentiles(bare)
-    return [
+    rows = [
         f"| run overhead at c=1, zero-latency stub over loopback ({n} runs: {entries:.0f} "
         f"entries, {commits:.1f} group commits each) | p50 / p90 ms | {p50:.2f} / {p90:.2f} "
         "| p50 ≤ 8 |",
@@ -369,6 +511,29 @@ async def run_overhead_rows() -> list[str]:
         f"{b50:.2f} / {b90:.2f} | — |",
         f"| run overhead above its appends alone | p50 ratio | {p50 / b50:.2f} | — |",
     ]
+    if forum is None:
+        rows.append("| forum-engine runs | — | not installed (pip install -e '.[bench]') | — |")
+        rows.append(
+            f"| runs at c={C8}, tally ({C8_ROUND_S:g} s rounds, median of {C8_ROUNDS}) | runs/s "
+            f"| {statistics.median(tally_c8):.0f} | — |"
+        )
+        return rows
+    f50, f90 = percentiles(forum_runs)
+    s50, _ = percentiles(forum_submits)
+    ratios = [t / f for t, f in zip(tally_c8, forum_c8, strict=True)]
+    rows += [
+        f"| forum-engine 1.17 at c=1, one request submitted and answered, zero-latency stub "
+        f"({len(forum_runs)} runs, interleaved: {forum_entries:.0f} entries, 4 model calls "
+        "each; receipt included, as /submit) | p50 / p90 ms | "
+        f"{f50:.2f} / {f90:.2f} (Orchestrator.submit alone: p50 {s50:.2f}) | — |",
+        f"| forum-engine run / tally run at c=1 | p50 ratio | {f50 / p50:.2f} | — |",
+        f"| runs at c={C8} ({C8} clients, {C8_ROUND_S:g} s rounds alternating, median of "
+        f"{C8_ROUNDS}) | runs/s | tally {statistics.median(tally_c8):.0f}, forum-engine 1.17 "
+        f"{statistics.median(forum_c8):.1f} (rounds: {', '.join(f'{r:.1f}' for r in forum_c8)}; "
+        f"each receipt deep-verifies its whole ledger, {forum_ledger:,} entries at the end): "
+        f"tally = {statistics.median(ratios):.2f} × forum | — (issue: 144 vs 38.5) |",
+    ]
+    return rows
 
 
 async def amain(sections: list[str] | None = None) -> None:

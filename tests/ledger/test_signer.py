@@ -10,8 +10,6 @@ from __future__ import annotations
 import base64
 import os
 import re
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -22,8 +20,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from daemon.ledger import CheckpointError, Ledger, verify_note
 from daemon.ledger.checkpoint import Signer, key_pem, read_key
 from daemon.ledger.errors import SignerUnusable
+from tests.interpreter import run_fresh
 
-ROOT = Path(__file__).resolve().parents[2]
 PKCS8 = (serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8)
 
 
@@ -128,18 +126,7 @@ def test_open_reads_the_key_without_the_library_and_signs_at_first_use(tmp_path:
         asyncio.run(main(Path(sys.argv[1])))
         """
     )
-    state = tmp_path / "state"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TALLY_")}
-    env.pop("CREDENTIALS_DIRECTORY", None)
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(state)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_fresh(script, str(tmp_path / "state"), timeout=60)
     assert done.stdout.strip() == "ok"
 
 

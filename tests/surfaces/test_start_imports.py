@@ -7,14 +7,13 @@ only in `tally mcp`, and nothing beyond argparse for `tally --help`.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.interpreter import run_fresh
+
 HEAVY = ("mcp", "mcp_types", "aiohttp", "pydantic", "jsonschema", "cryptography", "anyio")
 
 REPORT = f"""
@@ -25,17 +24,7 @@ print(json.dumps(sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r}
 
 def loaded(code: str, tmp_path: Path) -> tuple[list[str], subprocess.CompletedProcess[str]]:
     """Run `code` then REPORT in a fresh interpreter: the heavy packages it left loaded."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TALLY_")}
-    env["HOME"] = str(tmp_path)  # nothing of the user's state dir or roster
-    done = subprocess.run(
-        [sys.executable, "-c", code + REPORT],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_fresh(code + REPORT, home=tmp_path)
     return json.loads(done.stdout.splitlines()[-1]), done
 
 

@@ -254,6 +254,8 @@ class Daemon:
 
     async def stop(self) -> None:
         await self.lag.stop()
+        if self._warming is not None:  # a thread: it cannot be cancelled, so it ends first
+            await asyncio.wait([self._warming])
         for loop in (self._snapshots, self._checkup):
             if loop is not None:
                 loop.cancel()

@@ -739,6 +739,7 @@ async def serve(
     runner = app_runner(create_app(daemon, options), options)
     where: list[str] = []
     bound_socket = False
+    warming: asyncio.TimerHandle | None = None
     try:
         await runner.setup()
         if listen.socket_path is not None:
@@ -759,12 +760,14 @@ async def serve(
         if announce is not None:
             announce(where)
         sd_notify(f"READY=1\nSTATUS=listening on {', '.join(where)}")
-        loop.call_later(WARM_AFTER_S, warm, daemon)
+        warming = loop.call_later(WARM_AFTER_S, warm, daemon)
         async with watchdog_task():
             await stop.wait()
         sd_notify("STOPPING=1")
         _say_stopping(daemon)
     finally:
+        if warming is not None:
+            warming.cancel()  # a stop within WARM_AFTER_S: nothing to load into a closing daemon
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await runner.cleanup()

@@ -102,6 +102,7 @@ def credential_key() -> Path | None:
 # RFC 8410: a PKCS #8 ed25519 private key is this DER header and the 32-byte seed. (The form
 # with the public key after the seed is refused by `cryptography`'s loader, so here too.)
 _PKCS8_ED25519 = bytes.fromhex("302e020100300506032b657004220420")
+MAX_KEY_BYTES = 4096
 _PEM_BEGIN, _PEM_END = "-----BEGIN PRIVATE KEY-----", "-----END PRIVATE KEY-----"
 
 
@@ -115,8 +116,12 @@ def key_pem(seed: bytes) -> bytes:
 
 def read_key(path: Path) -> bytes:
     """The file's bytes if it holds a PKCS #8 PEM ed25519 private key, else `CheckpointError`:
-    exactly the keys `cryptography` loads as ed25519 (a test holds the two to the same cases)."""
-    pem = path.read_bytes()
+    exactly the keys `cryptography` loads as ed25519 (a test holds the two to the same cases).
+    Such a file is about 120 bytes: more than MAX_KEY_BYTES is refused unread."""
+    with path.open("rb") as f:
+        pem = f.read(MAX_KEY_BYTES + 1)
+    if len(pem) > MAX_KEY_BYTES:
+        raise CheckpointError(f"{path} is not an ed25519 key: over {MAX_KEY_BYTES} bytes")
     try:
         text = pem.decode("ascii").strip()
         body = text.removeprefix(_PEM_BEGIN).removesuffix(_PEM_END)

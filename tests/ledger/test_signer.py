@@ -160,3 +160,10 @@ async def test_a_key_that_fails_to_load_stops_signing_not_the_ledger(
     assert again.vkey is not None
     assert verify_note(checkpoint.note, again.vkey).size == 2
     await again.close()
+
+
+def test_a_key_file_past_the_bound_is_refused_unread(tmp_path: Path) -> None:
+    path = tmp_path / "key"
+    path.write_bytes(key_pem(os.urandom(32)) + b"\n" * (1 << 20))
+    with pytest.raises(CheckpointError, match=re.escape(f"{path} is not an ed25519 key: over")):
+        read_key(path)

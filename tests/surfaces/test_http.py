@@ -597,3 +597,33 @@ async def test_serve_warms_the_first_calls_needs_after_it_listens(
     finally:
         stop.set()
         await serving
+
+
+async def test_a_stop_before_the_warm_up_cancels_it(
+    tmp_path: Path, model: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped within WARM_AFTER_S, the daemon loads nothing more into itself while it closes
+    (the warm-up would otherwise run mid-stop, or find the ledger gone)."""
+    from surfaces import http
+
+    warmed: list[object] = []
+    monkeypatch.setattr(http, "WARM_AFTER_S", 0.2)
+    monkeypatch.setattr(http, "warm", warmed.append)
+    daemon = Daemon(daemon_settings(tmp_path, model.url))
+    stop = asyncio.Event()
+    listening: list[list[str]] = []
+
+    def stop_at_once(where: list[str]) -> None:
+        listening.append(where)
+        stop.set()
+
+    await serve(
+        daemon,
+        Listen(socket_path=tmp_path / "t.sock"),
+        HttpOptions(),
+        announce=stop_at_once,
+        stop=stop,
+    )
+    await asyncio.sleep(0.4)
+    assert listening
+    assert warmed == []

@@ -188,7 +188,7 @@ class _Named:
     """The bodies a chunk names, checked in bulk, waiting for the pack scan (`_Walk.settle`)."""
 
     seq: int  # the chunk's first entry
-    names: list[bytes]  # body digests as hex, in entry order
+    names: bytes  # body digests as hex, in entry order, joined: one object per chunk
     seqs: list[int] | None  # each name's entry (None: every entry of the chunk has a body)
     redactions: set[int]  # entries of kind `redaction` (they witness the body they name)
 
@@ -253,9 +253,11 @@ class _Walk:
         it), False if anything is off or unsure (then nothing has changed)."""
         if not lines:
             return True
-        from daemon.ledger.lineform import FormCheck
+        form = None
+        if self.deep:
+            from daemon.ledger.lineform import FormCheck
 
-        form = FormCheck(seq, lines) if self.deep else None  # overlaps the hashing below
+            form = FormCheck(seq, lines)  # overlaps the hashing below
         hashes = [sha256(b"\x00" + line).digest() for line in lines]
         # Links: every line's `prev` slice, joined, against the previous leaves' hex, joined.
         ats = list(map(bytes.find, lines, repeat(_PREV)))
@@ -296,7 +298,9 @@ class _Walk:
         if not ok:
             return None
         # The lines are canonical, so each find found the key itself (or none: a null body).
-        names = [line[at + 8 : at + 72] for line, at in zip(lines, ats, strict=True) if at >= 0]
+        names = b"".join(
+            [line[at + 8 : at + 72] for line, at in zip(lines, ats, strict=True) if at >= 0]
+        )
         seqs = [seq + i for i, at in enumerate(ats) if at >= 0] if -1 in ats else None
         redactions: set[int] = set()
         for i, line in enumerate(lines if redaction else []):
@@ -317,15 +321,18 @@ class _Walk:
             return
         found = self.pack.result()
         for named in self.named:
-            if not named.redactions and found.follows(b"".join(named.names)):
+            if not named.redactions and found.follows(named.names):
                 continue
             if named.names:
-                found.resync(named.names[-1])
+                found.resync(named.names[-64:], within=2 * len(named.names))
             intact = found.intact()
-            if not named.redactions and intact.issuperset(named.names):
+            names = [named.names[i : i + 64] for i in range(0, len(named.names), 64)]
+            if not named.redactions and intact.issuperset(names):
                 continue
-            seqs = named.seqs if named.seqs is not None else range(named.seq, 1 << 62)
-            for at_seq, name in zip(seqs, named.names, strict=False):
+            seqs = (
+                named.seqs if named.seqs is not None else range(named.seq, named.seq + len(names))
+            )
+            for at_seq, name in zip(seqs, names, strict=True):
                 witness = at_seq in named.redactions
                 if witness or name not in intact:
                     self._judge(at_seq, name.decode(), witness)
@@ -459,7 +466,7 @@ class _Lines:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.pos = 0
-        self.rest = b""
+        self.rest: list[bytes] = []  # the pieces of a line not ended yet
         self.ready: list[bytes] = []
         self.at = 0
 
@@ -476,8 +483,11 @@ class _Lines:
             if not block:
                 break
             self.pos += len(block)
-            self.ready = (self.rest + block).split(b"\n")
-            self.rest = self.ready.pop()
+            self.rest.append(block)
+            if b"\n" not in block:
+                continue  # a line longer than a block: joined once it ends, not per block
+            self.ready = b"".join(self.rest).split(b"\n")
+            self.rest = [self.ready.pop()]
             self.at = 0
         return out
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from daemon.ledger import packscan
 from daemon.ledger.packscan import REPLY, PackScan, Snapshot, scan
+from daemon.ledger.store import write_all
 
 if TYPE_CHECKING:
     from daemon.ledger.store import BodyStore
@@ -87,11 +88,12 @@ class PackJob:
         holds the GIL, so megabytes through a pipe would trickle at one switch interval (5 ms)
         per 64 KiB. A file is written and read whole, once."""
         snap = self.snap
-        request = packscan.REQUEST.pack(snap.size, snap.end, len(snap.slots)) + snap.slots
         try:
             self.files = (_anonymous_file("packscan-request"),)
             self.files += (_anonymous_file("packscan-reply"),)
-            _write_all(self.files[0], request)
+            # Header and table apart: one more copy of the table would cost its size again.
+            write_all(self.files[0], packscan.REQUEST.pack(snap.size, snap.end, len(snap.slots)))
+            write_all(self.files[0], snap.slots)
             fds = (snap.fd, *self.files)
             self.proc = subprocess.Popen(
                 [*CHILD_ARGS, *map(str, fds)],
@@ -155,22 +157,15 @@ def _anonymous_file(name: str) -> int:
         return os.dup(f.fileno())
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 def decode_reply(out: bytes, snap: Snapshot) -> PackScan:
     """The child's `PackScan`, or ValueError if any part of the reply is off."""
     magic, trailer = packscan.MAGIC, packscan.TRAILER
     if not out.startswith(magic) or not out.endswith(trailer):
         raise ValueError("reply without its magic or trailer")
-    body = out[len(magic) : len(out) - len(trailer)]
-    if len(body) < REPLY.size:
+    if len(out) < len(magic) + REPLY.size + len(trailer):
         raise ValueError("reply cut short")
-    size, end, indexed, unindexed, length = REPLY.unpack_from(body)
-    order = body[REPLY.size :]
+    size, end, indexed, unindexed, length = REPLY.unpack_from(out, len(magic))
+    order = out[len(magic) + REPLY.size : len(out) - len(trailer)]  # the one copy kept
     if (size, end) != (snap.size, snap.end) or unindexed > 1:
         raise ValueError("reply about another pack")
     if len(order) != length or length % 64 or order.translate(None, _HEX):

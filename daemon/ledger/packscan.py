@@ -92,11 +92,13 @@ class PackScan:
         self.at += len(names)
         return True
 
-    def resync(self, name: bytes) -> None:
+    def resync(self, name: bytes, within: int) -> None:
         """Compare the next chunk from after `name` (the last body a chunk named, which did not
         follow): one body named twice must not send every later chunk to the set. Searched
-        forward only: an earlier copy of a body named again would send the cursor back."""
-        at = self.order.find(name, self.at)
+        forward only (an earlier copy of a body named again would send the cursor back), and
+        only `within` bytes on: a name found nowhere near (an old body named again, a missing
+        one) must not cost a search of the rest of `order` for every chunk."""
+        at = self.order.find(name, self.at, self.at + within)
         if at >= 0 and at % 64 == 0:
             self.at = at + 64
 
@@ -176,13 +178,14 @@ def _scan_block(
 def _probe(table: bytes, key: int, start: int, mask: int) -> bool:
     """Whether a lookup from `key`'s home slot meets the slot (key, start) before an empty one."""
     i = key & mask
-    while True:
+    for _ in range(mask + 1):  # a table with no empty slot (a damaged file) ends too
         k, off = SLOT.unpack_from(table, i << 4)
         if off == 0:
             return False
         if k == key and off == start:
             return True
         i = (i + 1) & mask
+    return False
 
 
 # ---- the child's side of `packjob` ---------------------------------------------------------

@@ -403,6 +403,17 @@ class Tree:
 PACK_HEADER = struct.Struct("<32sII")  # body hash, length, flags
 REDACTED = 1
 _SLOT = struct.Struct("<QQ")  # hash prefix, pack offset + 1 (0 = empty)
+
+
+class TableFull(RuntimeError):
+    """`bodies.idx` has no empty slot, which the writer never lets happen (it grows at half
+    full): the file was damaged, or its count in meta.json is wrong. Probes stop after one lap
+    instead of looping; an insert raises this, and the writer refuses further appends."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(f"{path} has no empty slot: the file is damaged (remove it to rebuild)")
+
+
 INITIAL_SLOTS = 1 << 14
 
 
@@ -519,13 +530,14 @@ class BodyStore:
         prefix, i = self._probe(digest)
         found: list[int] = []
         mask, unpack = self.slots - 1, _SLOT.unpack_from
-        while True:
+        for _ in range(self.slots):  # a table with no empty slot (a damaged file) ends too
             key, off = unpack(table, i * _SLOT.size)
             if off == 0:
-                return found
+                break
             if key == prefix:
                 found.append(off - 1)
             i = (i + 1) & mask
+        return found
 
     def _insert(self, digest: bytes, offset: int) -> None:
         if not self.writable:
@@ -537,7 +549,7 @@ class BodyStore:
         assert table is not None
         prefix, i = self._probe(digest)
         mask, unpack = self.slots - 1, _SLOT.unpack_from
-        while True:
+        for _ in range(self.slots):
             key, off = unpack(table, i * _SLOT.size)
             if off == 0:
                 _SLOT.pack_into(table, i * _SLOT.size, prefix, offset + 1)
@@ -546,6 +558,7 @@ class BodyStore:
             if key == prefix and off - 1 == offset:
                 return  # already there (written before a crash)
             i = (i + 1) & mask
+        raise TableFull(self.table_path)
 
     def _insert_many(self, records: list[tuple[bytes, int]]) -> None:
         """`_insert` for new records of a writable table (the writer's batch), in one loop."""
@@ -562,7 +575,7 @@ class BodyStore:
         for digest, offset in records:
             prefix = int.from_bytes(digest[:8], "little") or 1
             i = prefix & mask
-            while True:
+            for _ in range(self.slots):
                 key, off = unpack(table, i * size)
                 if off == 0:
                     pack_into(table, i * size, prefix, offset + 1)
@@ -571,6 +584,8 @@ class BodyStore:
                 if key == prefix and off - 1 == offset:
                     break  # already there (written before a crash)
                 i = (i + 1) & mask
+            else:
+                raise TableFull(self.table_path)
 
     def _grow(self) -> None:
         """Rehash into a table twice the size, built in memory and written and fsynced to a
@@ -658,7 +673,7 @@ class BodyStore:
             prefix = int.from_bytes(digest[:8], "little") or 1
             mask, unpack, size = self.slots - 1, _SLOT.unpack_from, _SLOT.size
             i = prefix & mask
-            while True:
+            for _ in range(self.slots):
                 key, off = unpack(table, i * size)
                 if off == 0:
                     return False

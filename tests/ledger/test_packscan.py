@@ -4,13 +4,14 @@ the report (the parent scans the pack itself)."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import sys
 from pathlib import Path
 
 import pytest
 
-from daemon.ledger import Ledger, audit, packjob, packscan, store
+from daemon.ledger import Ledger, LedgerFailed, audit, packjob, packscan, store
 from daemon.ledger.audit import VerifyReport
 from daemon.ledger.packjob import PackJob, decode_reply, snapshot, start_scan
 from daemon.ledger.packscan import PackScan, encode_reply, scan
@@ -183,8 +184,39 @@ def test_names_in_pack_order_follow_and_others_fall_to_the_set() -> None:
     assert found.follows(b"")
     again = PackScan(order=a + b + c)
     assert not again.follows(b)
-    again.resync(b)
+    again.resync(b, within=128)
     assert again.follows(c)
-    again.resync(a[1:] + b[:1])  # found, but not at a digest's start: the cursor stays
+    again.resync(a[1:] + b[:1], within=192)  # found, but not at a digest's start: it stays
     assert again.at == 192
     assert again.intact() == {a, b, c}
+    far = PackScan(order=a + b + c)
+    far.resync(c, within=128)  # only the next `within` bytes are searched: c is past them
+    assert far.at == 0
+    far.resync(c, within=192)
+    assert far.at == 192
+
+
+@pytest.mark.parametrize("child", [False, True])
+async def test_a_table_with_no_empty_slot_ends_the_walk(
+    state_dir: Path, child: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every slot of bodies.idx taken by another key: each probe ends after one lap, so deep
+    verify reports the table instead of looping for ever, and so does a writer's append."""
+    if child:
+        monkeypatch.setattr(packjob, "CHILD_MIN_BYTES", 0)
+        monkeypatch.setattr(packjob, "_cores", lambda: 2)
+    writer = await Ledger.open(state_dir, checkpoint_interval=None)
+    for i in range(5):
+        await writer.append(actor="t", kind="note", body={"i": i})
+    await writer.close()
+    table = state_dir / "ledger" / "bodies.idx"
+    table.write_bytes(struct.pack("<QQ", 12345, 999_999) * (table.stat().st_size // 16))
+    ledger = await Ledger.open(state_dir, readonly=True, checkpoint_interval=None)
+    report = await asyncio.wait_for(ledger.verify(deep=True), 30)
+    assert not report.ok
+    assert report.derived or report.tampered
+    await ledger.close()
+    again = await Ledger.open(state_dir, checkpoint_interval=None)
+    with pytest.raises(LedgerFailed):
+        await asyncio.wait_for(again.append(actor="t", kind="note", body={"new": 1}), 30)
+    await again.close()

@@ -68,7 +68,7 @@ def stop_when_listening():
     while not os.path.exists({str(sock)!r}):
         time.sleep(0.01)
     crypto = any(m.split(".")[0] == "cryptography" for m in list(sys.modules))
-    print("signature library when listening:", crypto, file=sys.stderr)
+    sys.stderr.write(f"signature library when listening: {{crypto}}\\n")  # one write: whole
     os.kill(os.getpid(), signal.SIGTERM)
 
 threading.Thread(target=stop_when_listening, daemon=True).start()

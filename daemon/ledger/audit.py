@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import struct
+from binascii import hexlify
 from dataclasses import dataclass, field
 from hashlib import sha256
 from itertools import accumulate, repeat
@@ -264,7 +265,7 @@ class _Walk:
         if -1 in ats:
             return False
         links = b"".join([line[at + 8 : at + 72] for line, at in zip(lines, ats, strict=True)])
-        if links != self.prev + b"".join(hashes[:-1]).hex().encode():
+        if links != self.prev + hexlify(b"".join(hashes[:-1])):
             return False
         if b"".join(map(_RECORD.pack, hashes, ends)) != index:
             return False  # a leaf hash or an end offset differs: the reference walk says which

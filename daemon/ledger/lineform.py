@@ -1,32 +1,54 @@
 """The canonical form of a chunk of entry lines, checked in bulk for deep verify.
 
 One RE2 pattern, linear in the chunk, holds every line against the exact bytes `Entry.line()`
-writes; the seqs are read from the chunk in one pass. RE2 releases the GIL while it matches, so
-for a big chunk `FormCheck` runs on a thread of its own: the match overlaps the chunk's leaf
-hashing on the verifying thread, which holds the GIL.
+writes (a twin of it, matched first, also says that no line is a `redaction` entry, so the
+usual chunk needs no other pass to tell); the seqs are read from the chunk in one pass. RE2
+releases the GIL while it matches, so for a big chunk `FormCheck` runs on a kept thread: the
+match overlaps the chunk's leaf hashing on the verifying thread, which holds the GIL.
 """
 
 from __future__ import annotations
 
 import re
-import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import re2
 
 THREAD_MIN_LINES = 4096  # below this a thread costs more than the match it overlaps
 
 
-def _canonical_entries() -> re2._Regexp:
-    """Lines of canonical entries, each ending in a newline: the exact bytes `Entry.line()`
-    writes for valid fields, nothing else. Strings hold only what the canonical encoder leaves
-    raw (any byte from 0x20 but `"` and `\\`) or its own escapes; numbers have no leading
-    zeros and stay below 9 * 10**15 (< 2**53: larger, rarer ones are left to the parser).
-    RE2 runs in time linear in the chunk, with no backtracking; bytes are matched as Latin-1
-    and UTF-8 is checked on its own."""
-    char = rb'(?:[^"\\\x00-\x1f]|\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f])))'
+_ESCAPE = rb'\\(?:["\\bfnrt]|u00(?:0[0-7bef]|1[0-9a-f]))'
+
+
+def _char(but: bytes = b"") -> bytes:
+    """One character of a canonical string (raw, or the canonical encoder's own escape), other
+    than the raw byte `but` (an escape is never a letter)."""
+    return rb'(?:[^"\\\x00-\x1f' + but + rb"]|" + _ESCAPE + rb")"
+
+
+def _other_than(word: bytes) -> bytes:
+    """A non-empty canonical string other than `word` (letters only): it differs from `word`
+    at some place, or is a proper prefix of it, or goes on past it. RE2 has no lookahead, so
+    the complement is spelled out; `word` has one canonical spelling (letters are never
+    escaped), so this is exact."""
+    char = _char()
+    forms = [word[:i] + _char(word[i : i + 1]) + char + b"*" for i in range(len(word))]
+    forms += [word[:i] for i in range(1, len(word))]
+    forms.append(word + char + b"+")
+    return b"(?:" + b"|".join(forms) + b")"
+
+
+def _canonical_entries(kind: bytes) -> re2._Regexp:
+    """Lines of canonical entries whose kind matches `kind`, each ending in a newline: the
+    exact bytes `Entry.line()` writes for valid fields, nothing else. Strings hold only what
+    the canonical encoder leaves raw (any byte from 0x20 but `"` and `\\`) or its own escapes;
+    numbers have no leading zeros and stay below 9 * 10**15 (< 2**53: larger, rarer ones are
+    left to the parser). RE2 runs in time linear in the chunk, with no backtracking; bytes are
+    matched as Latin-1 and UTF-8 is checked on its own."""
+    char = _char()
     number = rb"(?:0|[1-9][0-9]{0,14}|[1-8][0-9]{15})"
     line = (
-        rb'\{"actor":"' + char + rb'+","body":(?:null|"[0-9a-f]{64}"),"kind":"' + char + rb'+",'
+        rb'\{"actor":"' + char + rb'+","body":(?:null|"[0-9a-f]{64}"),"kind":"' + kind + rb'",'
         rb'"parent":(?:null|' + number + rb'),"prev":"[0-9a-f]{64}",'
         rb'"run":(?:null|"' + char + rb'*"),"seq":' + number + rb',"ts":' + number + rb',"v":1\}'
     )
@@ -37,44 +59,60 @@ def _canonical_entries() -> re2._Regexp:
     return re2.compile(rb"(?:" + line + rb"\n)*", options)
 
 
-CANONICAL = _canonical_entries()
-# In a canonical line a quote inside a string is escaped, so these keys occur once, as keys.
+CANONICAL = _canonical_entries(_char() + b"+")
+PLAIN = _canonical_entries(_other_than(b"redaction"))
+"""`CANONICAL` with no `redaction` entry: a chunk it matches needs no look for witnesses."""
+# In a canonical line a quote inside a string is escaped, so this key occurs once, as a key.
 _SEQ = re.compile(rb'"seq":([0-9]+)')
 REDACTION = b'"kind":"redaction"'
 
 
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    """Threads kept for the checks (two: verifies may overlap): starting a thread per chunk
+    waits for it to be scheduled, milliseconds on a busy machine."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="entry-form")
+    return _POOL
+
+
 class FormCheck:
     """Whether a chunk (the lines of entries `seq`, `seq` + 1, ...) is canonical, with those
-    seqs, and whether any line may be a `redaction` entry; started at once, read by `result`."""
+    seqs, and whether any line is a `redaction` entry; started at once, read by `result`."""
 
     def __init__(self, seq: int, lines: list[bytes]) -> None:
         self.seq = seq
         self.lines = lines
         self.ok = False
         self.redaction = False
-        self.thread: threading.Thread | None = None
+        self.future: Future[None] | None = None
         if len(lines) >= THREAD_MIN_LINES:
-            self.thread = threading.Thread(target=self._check, name="entry-form", daemon=True)
-            self.thread.start()
+            self.future = _pool().submit(self._check)
         else:
             self._check()
 
     def _check(self) -> None:
-        block = b"\n".join(self.lines) + b"\n"
+        block = b"\n".join([*self.lines, b""])  # each line with its newline, in one copy
         if not block.isascii():
             try:
                 block.decode("utf-8")
             except UnicodeDecodeError:
                 return
-        if CANONICAL.fullmatch(block) is None:
-            return
+        if PLAIN.fullmatch(block) is None:
+            if CANONICAL.fullmatch(block) is None:
+                return
+            self.redaction = True  # canonical, so some line's kind is exactly `redaction`
         seqs = _SEQ.findall(block)
-        self.redaction = REDACTION in block
         self.ok = list(map(int, seqs)) == list(range(self.seq, self.seq + len(self.lines)))
 
     def result(self) -> tuple[bool, bool]:
-        """(canonical with the right seqs, a line names `"kind":"redaction"`)."""
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
+        """(canonical with the right seqs, some line is a `redaction` entry). A check that
+        failed to run says "not canonical": the chunk is then walked entry by entry."""
+        if self.future is not None:
+            future, self.future = self.future, None
+            if future.exception() is not None:
+                self.ok = False
         return self.ok, self.redaction

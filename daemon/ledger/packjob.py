@@ -22,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -164,13 +163,15 @@ def decode_reply(out: bytes, snap: Snapshot) -> PackScan:
         raise ValueError("reply without its magic or trailer")
     if len(out) < len(magic) + REPLY.size + len(trailer):
         raise ValueError("reply cut short")
-    size, end, indexed, unindexed, length = REPLY.unpack_from(out, len(magic))
+    size, end, indexed, unindexed, below, length = REPLY.unpack_from(out, len(magic))
     order = out[len(magic) + REPLY.size : len(out) - len(trailer)]  # the one copy kept
     if (size, end) != (snap.size, snap.end) or unindexed > 1:
         raise ValueError("reply about another pack")
+    if below > len(snap.slots) // packscan.SLOT.size:
+        raise ValueError("reply counts more slots than the table has")
     if len(order) != length or length % 64 or order.translate(None, _HEX):
         raise ValueError("reply's digests malformed")
-    return PackScan(order, indexed, bool(unindexed), snap.slots, snap.end)
+    return PackScan(order, indexed, bool(unindexed), snap.slots, snap.end, below)
 
 
 def audit_table(bodies: BodyStore, found: PackScan | None) -> list[str]:
@@ -179,11 +180,4 @@ def audit_table(bodies: BodyStore, found: PackScan | None) -> list[str]:
     to report; otherwise the exact audit names the problems."""
     if found is None or found.unindexed or not found.slots:
         return bodies.audit()
-    offsets = array("Q", found.slots)[1::2]
-    zeros = offsets.count(0)
-    if max(offsets) <= found.end:
-        below = len(offsets) - zeros
-    else:  # slots of records written since the mark: count only the ones below it
-        below = sum(map(found.end.__ge__, offsets)) - zeros
-    # Records have distinct offsets, so as many slots as found records means one slot each.
-    return bodies.audit() if below != found.indexed else []
+    return bodies.audit() if found.below != found.indexed else []

@@ -382,6 +382,34 @@ def test_the_bulk_pattern_accepts_only_what_the_parser_accepts(line: bytes) -> N
         assert _parses(line)
 
 
+_NEAR_REDACTION = st.text(alphabet='redactionRE"\\\n\u00e9x', min_size=1, max_size=12)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.sampled_from(["redaction", "redactio", "redactions", "Redaction", "r"]) | _NEAR_REDACTION)
+def test_the_plain_pattern_is_the_canonical_one_without_redaction_entries(kind: str) -> None:
+    """`PLAIN` (matched first, so a chunk needs no search for witnesses) accepts exactly the
+    lines `CANONICAL` accepts whose kind is not `redaction`, with every near miss of it."""
+    line = encode_line(
+        seq=3, ts=4, actor="a", kind=kind, run=None, parent=None, body=None, prev="0" * 64
+    )
+    canonical = lineform.CANONICAL.fullmatch(line + b"\n") is not None
+    assert canonical
+    assert (lineform.PLAIN.fullmatch(line + b"\n") is not None) == (kind != "redaction")
+
+
+@pytest.mark.parametrize("kinds", [["note"] * 3, ["note", "redaction", "note"], ["redaction"]])
+def test_a_chunk_says_whether_it_holds_a_redaction_entry(kinds: list[str]) -> None:
+    chunk = [
+        encode_line(
+            seq=seq, ts=1, actor="a", kind=kind, run=None, parent=None, body=None, prev="0" * 64
+        )
+        for seq, kind in enumerate(kinds)
+    ]
+    assert lineform.FormCheck(0, chunk).result() == (True, "redaction" in kinds)
+    assert lineform.FormCheck(1, chunk).result()[0] is False  # seqs that do not match
+
+
 def test_the_bulk_pattern_accepts_the_lines_the_writer_writes() -> None:
     for actor in ACTORS:
         for run in (None, "", "r\u2028\x00"):

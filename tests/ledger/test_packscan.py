@@ -79,9 +79,9 @@ REPLY = "import os, sys; os.write(int(sys.argv[3]),"  # a fake child's reply: ..
         "import sys; sys.exit(3)",
         "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
         f"{REPLY} b'garbage')",
-        f"{REPLY} b'tally-packscan/1\\n' + bytes(40) + b'\\nend\\n')",
+        f"{REPLY} b'tally-packscan/1\\n' + bytes(48) + b'\\nend\\n')",
         # A reply that would say every body is intact, cut short before its trailer.
-        f"{REPLY} b'tally-packscan/1\\n' + bytes(40) + b'ab')",
+        f"{REPLY} b'tally-packscan/1\\n' + bytes(48) + b'ab')",
         f"{REPLY} b'ok'); import sys; sys.exit(1)",
     ],
     ids=["exits-3", "killed", "garbage", "another-pack", "cut-short", "writes-then-fails"],
@@ -136,7 +136,7 @@ def reply_cases(good: bytes) -> list[bytes]:
     magic, trailer = packscan.MAGIC, packscan.TRAILER
     body = good[len(magic) : -len(trailer)]
     head, digests = body[: packscan.REPLY.size], body[packscan.REPLY.size :]
-    size, end, indexed, unindexed, count = packscan.REPLY.unpack(head)
+    size, end, indexed, unindexed, below, count = packscan.REPLY.unpack(head)
 
     def reply(*counts: int, names: bytes = digests) -> bytes:
         return magic + packscan.REPLY.pack(*counts) + names + trailer
@@ -144,13 +144,14 @@ def reply_cases(good: bytes) -> list[bytes]:
     return [
         good[1:],
         good[:-1],
-        reply(size + 1, end, indexed, unindexed, count),
-        reply(size, end - 1, indexed, unindexed, count),
-        reply(size, end, indexed, 2, count),
-        reply(size, end, indexed, unindexed, count + 1),
-        reply(size, end, indexed, unindexed, count, names=digests[:-1] + b"g"),
-        reply(size, end, indexed, unindexed, count, names=digests[:-1] + b"A"),
-        reply(size, end, indexed, unindexed, count - 1, names=digests[:-1]),
+        reply(size + 1, end, indexed, unindexed, below, count),
+        reply(size, end - 1, indexed, unindexed, below, count),
+        reply(size, end, indexed, 2, below, count),
+        reply(size, end, indexed, unindexed, 1 << 40, count),  # more slots than the table has
+        reply(size, end, indexed, unindexed, below, count + 1),
+        reply(size, end, indexed, unindexed, below, count, names=digests[:-1] + b"g"),
+        reply(size, end, indexed, unindexed, below, count, names=digests[:-1] + b"A"),
+        reply(size, end, indexed, unindexed, below, count - 1, names=digests[:-1]),
     ]
 
 
@@ -220,3 +221,42 @@ async def test_a_table_with_no_empty_slot_ends_the_walk(
     with pytest.raises(LedgerFailed):
         await asyncio.wait_for(again.append(actor="t", kind="note", body={"new": 1}), 30)
     await again.close()
+
+
+def test_slots_below_the_mark_are_counted_exactly() -> None:
+    def table(*slots: tuple[int, int]) -> bytes:
+        return b"".join(packscan.SLOT.pack(*slot) for slot in slots)
+
+    assert packscan.slots_below(b"", 100) == 0
+    full = table((7, 5), (0, 0), (9, 60), (0, 0))
+    assert packscan.slots_below(full, 60) == 2
+    assert packscan.slots_below(full, 59) == 1  # a record written since the mark
+    assert packscan.slots_below(full + b"\x01" * 7, 60) == 2  # a torn tail is not a slot
+
+
+@pytest.mark.parametrize("child", [False, True])
+async def test_a_stray_slot_is_reported(
+    state_dir: Path, child: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every record found from its home slot, but one more slot points into the pack: the
+    count of slots below the mark (made by the scan, in the child too) sends the table to the
+    exact audit, which names the slot."""
+    if child:
+        monkeypatch.setattr(packjob, "CHILD_MIN_BYTES", 0)
+        monkeypatch.setattr(packjob, "_cores", lambda: 2)
+    writer = await Ledger.open(state_dir, checkpoint_interval=None)
+    for i in range(40):
+        await writer.append(actor="t", kind="note", body={"i": i})
+    await writer.close()
+    path = state_dir / "ledger" / "bodies.idx"
+    data = bytearray(path.read_bytes())
+    free = next(i for i in range(0, len(data), 16) if not any(data[i : i + 16]))
+    data[free : free + 16] = struct.pack("<QQ", 12345, 2)  # a record's middle
+    path.write_bytes(bytes(data))
+    ledger = await Ledger.open(state_dir, readonly=True, checkpoint_interval=None)
+    found = start_scan(ledger.bodies).result()
+    assert (found.indexed, found.below, found.unindexed) == (40, 41, False)
+    report = await ledger.verify(deep=True)
+    assert not report.ok
+    assert any(f"slot {free // 16} points at offset 1" in p for p in report.derived), report
+    await ledger.close()

@@ -197,19 +197,25 @@ def test_names_in_pack_order_follow_and_others_fall_to_the_set() -> None:
     assert far.at == 192
 
 
-@pytest.mark.parametrize("child", [False, True])
-async def test_a_table_with_no_empty_slot_ends_the_walk(
-    state_dir: Path, child: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every slot of bodies.idx taken by another key: each probe ends after one lap, so deep
-    verify reports the table instead of looping for ever, and so does a writer's append."""
-    if child:
+@pytest.fixture(params=[False, True], ids=["here", "child"])
+def either(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pack scanned in the verifying process, then in a child."""
+    if request.param:
         monkeypatch.setattr(packjob, "CHILD_MIN_BYTES", 0)
         monkeypatch.setattr(packjob, "_cores", lambda: 2)
+
+
+async def notes(state_dir: Path, count: int) -> None:
     writer = await Ledger.open(state_dir, checkpoint_interval=None)
-    for i in range(5):
+    for i in range(count):
         await writer.append(actor="t", kind="note", body={"i": i})
     await writer.close()
+
+
+async def test_a_table_with_no_empty_slot_ends_the_walk(state_dir: Path, either: None) -> None:
+    """Every slot of bodies.idx taken by another key: each probe ends after one lap, so deep
+    verify reports the table instead of looping for ever, and so does a writer's append."""
+    await notes(state_dir, 5)
     table = state_dir / "ledger" / "bodies.idx"
     table.write_bytes(struct.pack("<QQ", 12345, 999_999) * (table.stat().st_size // 16))
     ledger = await Ledger.open(state_dir, readonly=True, checkpoint_interval=None)
@@ -234,20 +240,11 @@ def test_slots_below_the_mark_are_counted_exactly() -> None:
     assert packscan.slots_below(full + b"\x01" * 7, 60) == 2  # a torn tail is not a slot
 
 
-@pytest.mark.parametrize("child", [False, True])
-async def test_a_stray_slot_is_reported(
-    state_dir: Path, child: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_stray_slot_is_reported(state_dir: Path, either: None) -> None:
     """Every record found from its home slot, but one more slot points into the pack: the
     count of slots below the mark (made by the scan, in the child too) sends the table to the
     exact audit, which names the slot."""
-    if child:
-        monkeypatch.setattr(packjob, "CHILD_MIN_BYTES", 0)
-        monkeypatch.setattr(packjob, "_cores", lambda: 2)
-    writer = await Ledger.open(state_dir, checkpoint_interval=None)
-    for i in range(40):
-        await writer.append(actor="t", kind="note", body={"i": i})
-    await writer.close()
+    await notes(state_dir, 40)
     path = state_dir / "ledger" / "bodies.idx"
     data = bytearray(path.read_bytes())
     free = next(i for i in range(0, len(data), 16) if not any(data[i : i + 16]))

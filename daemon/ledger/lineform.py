@@ -9,10 +9,13 @@ match overlaps the chunk's leaf hashing on the verifying thread, which holds the
 
 from __future__ import annotations
 
+import logging
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import re2
+
+log = logging.getLogger(__name__)
 
 THREAD_MIN_LINES = 4096  # below this a thread costs more than the match it overlaps
 
@@ -67,16 +70,9 @@ _SEQ = re.compile(rb'"seq":([0-9]+)')
 REDACTION = b'"kind":"redaction"'
 
 
-_POOL: ThreadPoolExecutor | None = None
-
-
-def _pool() -> ThreadPoolExecutor:
-    """Threads kept for the checks (two: verifies may overlap): starting a thread per chunk
-    waits for it to be scheduled, milliseconds on a busy machine."""
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="entry-form")
-    return _POOL
+# Threads kept for the checks (two: verifies may overlap; started by the first submit):
+# starting a thread per chunk waits for it to be scheduled, milliseconds on a busy machine.
+_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="entry-form")
 
 
 class FormCheck:
@@ -90,7 +86,7 @@ class FormCheck:
         self.redaction = False
         self.future: Future[None] | None = None
         if len(lines) >= THREAD_MIN_LINES:
-            self.future = _pool().submit(self._check)
+            self.future = _POOL.submit(self._check)
         else:
             self._check()
 
@@ -113,6 +109,7 @@ class FormCheck:
         failed to run says "not canonical": the chunk is then walked entry by entry."""
         if self.future is not None:
             future, self.future = self.future, None
-            if future.exception() is not None:
+            if (err := future.exception()) is not None:
+                log.warning("ledger: the canonical-form check failed (%r); walking the chunk", err)
                 self.ok = False
         return self.ok, self.redaction

@@ -116,11 +116,11 @@ class PackScan:
 def scan(snap: Snapshot) -> PackScan:
     """Read the pack front to back in big blocks, hashing every record once, and look each
     record up in the table copy."""
-    out = PackScan(slots=snap.slots, end=snap.end, below=slots_below(snap.slots, snap.end))
+    slots = snap.slots
+    words = memoryview(slots[: len(slots) - len(slots) % SLOT.size]).cast("Q")  # a torn tail off
+    out = PackScan(slots=slots, end=snap.end, below=slots_below(words, snap.end))
     if snap.fd < 0:
         return out
-    slots = snap.slots
-    words = memoryview(slots[: len(slots) - len(slots) % SLOT.size]).cast("Q")
     digests: list[bytes] = []  # every record's digest, in pack order
     bad: list[int] = []  # the records (indexes into `digests`) redacted or not matching
     pos, size = 0, snap.size
@@ -145,14 +145,15 @@ def scan(snap: Snapshot) -> PackScan:
     return out
 
 
-def slots_below(slots: bytes, end: int) -> int:
-    """How many slots of a table copy point at a record starting below `end` (the synced
-    mark). With as many as the records a scan found there from their home slots, each has
-    exactly one slot (records have distinct offsets), and the table needs no exact audit.
-    Counted by the scan, so that the child, not the verifying thread, pays for it."""
-    if len(slots) < SLOT.size:
+def slots_below(words: memoryview, end: int) -> int:
+    """How many slots of a table (as 64-bit words: hash prefix, offset + 1, ...) point at a
+    record starting below `end` (the synced mark). With as many as the records a scan found
+    there from their home slots, each has exactly one slot (records have distinct offsets),
+    and the table needs no exact audit. Counted by the scan, so that the child, not the
+    verifying thread, pays for it."""
+    if not words:
         return 0
-    offsets = array("Q", slots[: len(slots) - len(slots) % SLOT.size])[1::2]
+    offsets = array("Q", words[1::2].tobytes())
     zeros = offsets.count(0)
     if max(offsets) <= end:
         return len(offsets) - zeros
@@ -222,7 +223,7 @@ def _probe(table: bytes, key: int, start: int, mask: int) -> bool:
 
 REQUEST = struct.Struct("<QQQ")  # pack size, synced mark, length of the table copy
 REPLY = struct.Struct("<QQQQQQ")  # echoed size and mark, indexed, unindexed, below, len(order)
-MAGIC = b"tally-packscan/1\n"
+MAGIC = b"tally-packscan/2\n"  # 2: the reply carries `below`
 TRAILER = b"\nend\n"
 
 

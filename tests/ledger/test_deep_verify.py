@@ -438,3 +438,19 @@ async def test_a_body_stored_again_after_its_redaction(
     report = verify(ledger, monkeypatch)
     assert report.ok, report
     await ledger.close()
+
+
+def test_a_check_that_fails_on_its_thread_says_not_canonical(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The chunk is then walked entry by entry: a failure costs time, never a wrong report."""
+
+    def broken(self: lineform.FormCheck) -> None:
+        self.ok = True
+        raise MemoryError
+
+    monkeypatch.setattr(lineform.FormCheck, "_check", broken)
+    check = lineform.FormCheck(0, [b"{}"] * lineform.THREAD_MIN_LINES)
+    assert check.future is not None, "it ran on a kept thread"
+    assert check.result() == (False, False)
+    assert "canonical-form check failed" in caplog.text

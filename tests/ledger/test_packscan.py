@@ -79,9 +79,9 @@ REPLY = "import os, sys; os.write(int(sys.argv[3]),"  # a fake child's reply: ..
         "import sys; sys.exit(3)",
         "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
         f"{REPLY} b'garbage')",
-        f"{REPLY} b'tally-packscan/1\\n' + bytes(48) + b'\\nend\\n')",
+        f"{REPLY} b'tally-packscan/2\\n' + bytes(48) + b'\\nend\\n')",
         # A reply that would say every body is intact, cut short before its trailer.
-        f"{REPLY} b'tally-packscan/1\\n' + bytes(48) + b'ab')",
+        f"{REPLY} b'tally-packscan/2\\n' + bytes(48) + b'ab')",
         f"{REPLY} b'ok'); import sys; sys.exit(1)",
     ],
     ids=["exits-3", "killed", "garbage", "another-pack", "cut-short", "writes-then-fails"],
@@ -230,14 +230,15 @@ async def test_a_table_with_no_empty_slot_ends_the_walk(state_dir: Path, either:
 
 
 def test_slots_below_the_mark_are_counted_exactly() -> None:
-    def table(*slots: tuple[int, int]) -> bytes:
-        return b"".join(packscan.SLOT.pack(*slot) for slot in slots)
+    def below(end: int, *slots: tuple[int, int], tail: bytes = b"") -> int:
+        table = b"".join(packscan.SLOT.pack(*slot) for slot in slots) + tail
+        return scan(packscan.Snapshot(-1, 0, end, table)).below
 
-    assert packscan.slots_below(b"", 100) == 0
-    full = table((7, 5), (0, 0), (9, 60), (0, 0))
-    assert packscan.slots_below(full, 60) == 2
-    assert packscan.slots_below(full, 59) == 1  # a record written since the mark
-    assert packscan.slots_below(full + b"\x01" * 7, 60) == 2  # a torn tail is not a slot
+    assert below(100) == 0
+    full = ((7, 5), (0, 0), (9, 60), (0, 0))
+    assert below(60, *full) == 2
+    assert below(59, *full) == 1  # a record written since the mark
+    assert below(60, *full, tail=b"\x01" * 7) == 2  # a torn tail is not a slot
 
 
 async def test_a_stray_slot_is_reported(state_dir: Path, either: None) -> None:

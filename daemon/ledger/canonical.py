@@ -1,10 +1,15 @@
 """Canonical JSON for hashed ledger data.
 
-Hashed data is restricted to a JSON subset on which the stdlib encoder below is byte-equal to
+Hashed data is restricted to a JSON subset on which the encoders below are byte-equal to
 RFC 8785 (JCS): null, bool, str, int with |n| <= 2**53 - 1, list and dict with str keys. Floats
 are refused (JCS and Python format them differently), as are lone surrogates (not UTF-8
 encodable) and object keys outside the Basic Multilingual Plane (JCS orders keys by UTF-16 code
-units, Python by code points; the two orders only differ for such keys).
+units, Python by code points and orjson by UTF-8 bytes; the orders only differ for such keys).
+
+Two encoders write the same bytes on the subset (the hypothesis test against `rfc8785` holds
+both to it): orjson with sorted keys, at about a tenth of the cost, and the stdlib's, which
+decides whatever orjson refuses (it stops at 255 levels of nesting, where the subset has no
+limit).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import json
 from collections.abc import Callable
 from json.encoder import encode_basestring as _encode_basestring
 from typing import Any, TypeAlias, cast
+
+import orjson
 
 JsonValue: TypeAlias = bool | int | str | list[Any] | dict[str, Any] | None
 
@@ -95,7 +102,17 @@ _ENCODE = _make_encoder()
 
 
 def canonical_bytes(value: object) -> bytes:
-    """The canonical UTF-8 encoding of `value` (which must already pass `check_json`)."""
+    """The canonical UTF-8 encoding of `value`, which must already pass `check_json` (outside
+    the subset the bytes are not canonical: orjson writes floats its own way)."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        return stdlib_bytes(value)
+
+
+def stdlib_bytes(value: object) -> bytes:
+    """`canonical_bytes` by the stdlib's encoder (raises UnicodeEncodeError on a lone
+    surrogate)."""
     if _ENCODE is None:
         return json.dumps(
             value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False

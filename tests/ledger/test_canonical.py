@@ -6,7 +6,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from daemon.ledger.canonical import MAX_SAFE_INT, NotCanonical, canonical_bytes, canonicalize
+from daemon.ledger.canonical import (
+    MAX_SAFE_INT,
+    NotCanonical,
+    canonical_bytes,
+    canonicalize,
+    stdlib_bytes,
+)
 from daemon.ledger.entry import GENESIS_PREV, Entry, encode_line
 
 bmp_text = st.text(st.characters(max_codepoint=0xFFFF, exclude_categories=["Cs"]))
@@ -30,9 +36,34 @@ def test_stdlib_encoding_equals_rfc8785(value: object) -> None:
     assert canonicalize(value) == rfc8785.dumps(value)  # type: ignore[arg-type]
 
 
+@settings(max_examples=300)
+@given(values)
+def test_the_two_encoders_write_the_same_bytes(value: object) -> None:
+    assert canonical_bytes(value) == stdlib_bytes(value)
+
+
+def test_nesting_past_the_fast_encoders_limit_is_still_canonical() -> None:
+    value: object = "leaf"
+    for depth in range(400):  # orjson stops at 255 levels; the stdlib encoder takes over
+        value = [value] if depth % 2 else {"k": value}
+    assert canonicalize(value) == rfc8785.dumps(value)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     "bad",
-    [1.0, float("nan"), 2**53, -(2**53), {"a": [0.5]}, {"\U0001f600": 1}, "\ud800", {1: 2}, (1,)],
+    [
+        1.0,
+        float("nan"),
+        2**53,
+        -(2**53),
+        {"a": [0.5]},
+        {"\U0001f600": 1},
+        "\ud800",
+        {"\udfff": 1},
+        ["ok", {"a": "\ud800"}],
+        {1: 2},
+        (1,),
+    ],
 )
 def test_refuses_values_outside_the_subset(bad: object) -> None:
     with pytest.raises(NotCanonical):

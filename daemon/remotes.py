@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import aiohttp
 from pydantic import BaseModel
 
-from daemon.ledger.canonical import canonical_bytes
+from daemon.ledger.canonical import NotCanonical, canonical_bytes, canonicalize
 from daemon.ledger.checkpoint import CheckpointError, verify_note
 from daemon.ledger.entry import Entry
 from daemon.ledger.merkle import leaf_hash, verify_inclusion
@@ -154,7 +154,11 @@ def _content_matches(
     if not isinstance(content, dict):
         result.reason = "the entry's body is redacted there: its text was not compared"
         return result
-    if hashlib.sha256(canonical_bytes(content)).hexdigest() != fields["body"]:
+    try:
+        served = canonicalize(content)
+    except NotCanonical as err:  # a float, a lone surrogate: no body of a ledger holds one
+        return _failed(result, f"the body it served is not storable in a ledger: {err}")
+    if hashlib.sha256(served).hexdigest() != fields["body"]:
         return _failed(result, "the body it served does not hash to the entry's body")
     if content.get("text_sha256") != hashlib.sha256(text.encode()).hexdigest():
         return _failed(result, "the answer it recorded is not the answer we received")

@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import io
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -176,8 +177,31 @@ async def _cli(argv: list[str]) -> tuple[int, str]:
     return await asyncio.to_thread(call)
 
 
-async def test_an_entry_altered_in_transit_fails_the_leaf_hash(pair: Pair) -> None:
-    """A daemon (or a proxy) that serves a different entry line than the one it signed."""
+def _later(data: dict[str, Any]) -> None:
+    data["ts"] += 1
+
+
+def _with_a_float(data: dict[str, Any]) -> None:
+    data["content"]["text_sha256"] = 0.5
+
+
+def _with_a_lone_surrogate(data: dict[str, Any]) -> None:
+    data["content"]["text_sha256"] = "\ud800"  # sent as the JSON escape, parsed back whole
+
+
+@pytest.mark.parametrize(
+    ("alter", "reason"),
+    [
+        (_later, "inclusion proof fails"),
+        (_with_a_float, "not storable in a ledger"),
+        (_with_a_lone_surrogate, "not storable in a ledger"),
+    ],
+)
+async def test_an_entry_altered_in_transit_fails(
+    pair: Pair, alter: Callable[[dict[str, Any]], None], reason: str
+) -> None:
+    """A daemon (or a proxy) that serves a different entry line than the one it signed, or a
+    body no ledger can hold."""
     await _run(pair.second)
     await pair.first.ledger.checkpoint()
     member = pair.second.roster.member("first")
@@ -196,7 +220,7 @@ async def test_an_entry_altered_in_transit_fails_the_leaf_hash(pair: Pair) -> No
         ):
             data = await resp.json()
         if request.path.endswith("/ledger_get"):
-            data["ts"] += 1
+            alter(data)
         return web.json_response(data)
 
     app = web.Application()
@@ -212,7 +236,7 @@ async def test_an_entry_altered_in_transit_fails_the_leaf_hash(pair: Pair) -> No
     finally:
         await runner.cleanup()
     assert report.failed == 1
-    assert "inclusion proof fails" in (report.results[0].reason or "")
+    assert reason in (report.results[0].reason or "")
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import aiohttp
 from pydantic import BaseModel
 
-from daemon.ledger.canonical import NotCanonical, canonical_bytes, canonicalize
+from daemon.ledger.canonical import NotCanonical, canonicalize
 from daemon.ledger.checkpoint import CheckpointError, verify_note
 from daemon.ledger.entry import Entry
 from daemon.ledger.merkle import leaf_hash, verify_inclusion
@@ -129,7 +129,7 @@ async def check_call(remote: _Remote, seq: int, remote_seq: int, text: str) -> R
     fields = {k: got.get(k) for k in ("v", "seq", "ts", "actor", "kind", "run", "parent", "body")}
     fields["prev"] = got.get("prev")
     try:
-        line = canonical_bytes(fields)
+        line = canonicalize(fields)  # untrusted: the subset check first, as for its body
         Entry.from_line(line)
     except ValueError as err:
         return _failed(result, f"the entry is not a valid ledger entry: {err}")

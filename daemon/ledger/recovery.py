@@ -11,8 +11,9 @@ re-checks: TAIL_CHECK, RECHECK_MAX).
   written back at their offsets, and, once open has checked everything below, the files are
   fsynced and the journal starts a new cycle on them. With no usable journal (none yet; or the
   files end before its base, which means fsynced bytes are gone) the files are judged as they
-  are, by the checks below. A read-only opener does not replay: it reads the files as they are,
-  which after a power loss may be a prefix of the record until the owner reopens it.
+  are, by the checks below. A read-only opener with no owner running does the same replay,
+  under the owner's lock, when the files differ from the journal (else, after a power loss, it
+  would read a prefix of the record); it refuses, and says why, if it cannot write them.
 - Torn tail: a partial last line (or zero fill after a crash) is truncated back to the last
   complete entry, and fsynced, before the writer starts.
 - Missing-body tail (files with no usable journal): entries whose body never reached the pack
@@ -40,9 +41,9 @@ from daemon.ledger.entry import (
     GENESIS_PREV,
     Entry,
 )
-from daemon.ledger.errors import LedgerCorrupt, LedgerLocked
+from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerLocked
 from daemon.ledger.handle import Handle
-from daemon.ledger.journal import FILL_STEP, Journal
+from daemon.ledger.journal import FILL_STEP, Journal, Record, unapplied
 from daemon.ledger.merkle import leaf_hash
 from daemon.ledger.store import (
     MARKS,
@@ -77,6 +78,7 @@ class Recovery(Handle):
         if self.readonly:
             if not self.dir.is_dir():
                 raise NotFound(f"no ledger in {self.state_dir}")
+            self._restore_for_reading()
         else:
             create_dir(self.dir)
             self._take_lock()
@@ -132,6 +134,64 @@ class Recovery(Handle):
         last = self._journal.replay(self.dir / "entries.jsonl", self.dir / "bodies.pack")
         if last is not None and last.at:
             log.warning("ledger: replayed the journal up to seq %d", last.next_seq)
+
+    def _restore_for_reading(self) -> None:
+        """Read-only open: when the record files differ from the journal (a power loss before
+        the owner wrote its last batches back) and no owner is running, restore them as the
+        owner's open would, under its lock, so the reader sees every acknowledged entry and
+        nothing a crash cut (as SQLite's readers roll back a hot journal). A running owner
+        replayed at its own open and keeps the files current: the reader leaves them alone."""
+        entries, pack = self.dir / "entries.jsonl", self.dir / "bodies.pack"
+        if self._owner_running():
+            return
+        last = unapplied(self.dir, entries, pack)
+        if last is None:
+            return
+        try:
+            self._take_lock()
+        except LedgerLocked:
+            return
+        except OSError as err:
+            raise self._cannot_restore(last, err) from err
+        journal = None
+        try:
+            journal = Journal(self.dir, JOURNAL_SPACE)
+            os.close(open_append(pack, append=False))  # created if the crash left none
+            journal.replay(entries, pack)
+        except OSError as err:
+            raise self._cannot_restore(last, err) from err
+        finally:
+            if journal is not None:
+                journal.close()
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+        log.warning(
+            "ledger: restored the record files from the journal, which ends at %d entries "
+            "(its owner had not written them back)",
+            last.next_seq,
+        )
+
+    def _owner_running(self) -> bool:
+        """Whether a process holds the ledger's lock (a probe: no lock is kept)."""
+        try:
+            fd = os.open(self.dir / "lock", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False  # never opened writable, or unreadable: the replay's lock decides
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # also lets go of the shared lock
+        return False
+
+    def _cannot_restore(self, last: Record, err: OSError) -> LedgerFailed:
+        return LedgerFailed(
+            f"the ledger's record files differ from its journal, which ends at {last.next_seq} "
+            f"entries (its owner stopped before writing them back), and cannot be restored here "
+            f"({err}); start the daemon on {self.state_dir} once (its open restores them), or "
+            "read a writable copy"
+        )
 
     def _anchor(self, latest: Checkpoint | None) -> None:
         """Vouch for the stored tree (module doc: derived files are checked, not trusted)."""

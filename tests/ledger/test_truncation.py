@@ -5,13 +5,14 @@ are named by the same seq at open and in `tally ledger verify`."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from pathlib import Path
 
 import pytest
 
-from daemon.ledger import Ledger, LedgerCorrupt, bulk
-from daemon.ledger.journal import scan
+from daemon.ledger import Ledger, LedgerCorrupt, LedgerFailed, bulk
+from daemon.ledger.journal import Journal, scan
 from daemon.ledger.store import MARKS, marks_before
 from surfaces.cli import main
 
@@ -79,13 +80,18 @@ async def crash_after_two_cycles(state_dir: Path) -> None:
     await ledger.abandon()
 
 
+def power_loss(state_dir: Path) -> None:
+    """The files' unsynced tails are gone: the pack's from inside body 7, entries' after 5."""
+    cut_before(state_dir, b'{"i":7}')
+    lines = (state_dir / "ledger" / "entries.jsonl").read_bytes().splitlines(keepends=True)
+    (state_dir / "ledger" / "entries.jsonl").write_bytes(b"".join(lines[:6]))
+
+
 async def test_bytes_the_files_lost_past_the_last_catch_up_come_back_from_the_journal(
     state_dir: Path,
 ) -> None:
     await crash_after_two_cycles(state_dir)
-    cut_before(state_dir, b'{"i":7}')  # a power loss took the pack's unsynced tail
-    lines = (state_dir / "ledger" / "entries.jsonl").read_bytes().splitlines(keepends=True)
-    (state_dir / "ledger" / "entries.jsonl").write_bytes(b"".join(lines[:6]))
+    power_loss(state_dir)
     again = await Ledger.open(state_dir)
     assert again.size == 10
     assert [(await again.body(e.body)).value for e in await again.entries(0, 10)] == [
@@ -134,6 +140,76 @@ async def test_without_the_journal_a_lost_body_in_the_last_batch_is_an_unacknowl
     assert again.size == 8
     assert (await again.verify(deep=True)).ok
     await again.close()
+
+
+async def test_a_reader_after_a_power_loss_sees_every_acknowledged_entry(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await crash_after_two_cycles(state_dir)
+    power_loss(state_dir)
+    # No owner is running: the reader restores the files from the journal, as its open would
+    # (before, it read a prefix: "ok, 6 entries" for a ledger that acknowledged 10).
+    code, out = await cli(capsys, "ledger", "verify", "--deep", "--json", "--state", str(state_dir))
+    assert code == 0, out
+    assert json.loads(out)["size"] == 10
+    reader = await Ledger.open(state_dir, readonly=True)
+    assert reader.size == 10
+    assert [(await reader.body(e.body)).value for e in await reader.entries(0, 10)] == [
+        {"i": i} for i in range(10)
+    ]
+    await reader.close()
+    owner = await Ledger.open(state_dir)  # the lock was let go; the owner agrees
+    assert owner.size == 10
+    await owner.close()
+
+
+async def test_a_reader_drops_a_torn_batch_as_its_owner_would(state_dir: Path) -> None:
+    await crash_after_two_cycles(state_dir)
+    last = scan(journal(state_dir).read_bytes())[-1]
+    with journal(state_dir).open("r+b") as f:  # the last batch was never acknowledged
+        f.seek(last.end - 5)
+        f.write(bytes(5))
+    reader = await Ledger.open(state_dir, readonly=True)
+    assert reader.size == 8
+    assert (await reader.verify(deep=True)).ok
+    await reader.close()
+    assert b'{"i":8}' not in pack(state_dir).read_bytes()
+
+
+async def test_a_reader_leaves_the_files_to_a_running_owner(state_dir: Path) -> None:
+    owner = await Ledger.open(state_dir, checkpoint_interval=None)
+    await one_by_one(owner, 0, 3)
+    entries = state_dir / "ledger" / "entries.jsonl"
+    whole = entries.read_bytes()
+    entries.write_bytes(whole[: whole.index(b"\n") + 1])  # as if a commit were in flight
+    reader = await Ledger.open(state_dir, readonly=True)  # the owner holds the lock
+    assert reader.size == 1
+    await reader.close()
+    assert entries.read_bytes() == whole[: whole.index(b"\n") + 1]
+    await owner.abandon()
+
+
+async def test_a_reader_that_cannot_restore_the_files_says_so_and_keeps_nothing_locked(
+    state_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await crash_after_two_cycles(state_dir)
+    power_loss(state_dir)
+
+    def read_only_fs(*args: object) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Journal, "replay", read_only_fs)
+        with pytest.raises(LedgerFailed) as err:
+            await Ledger.open(state_dir, readonly=True)
+        assert "which ends at 10 entries" in err.value.message
+        assert "start the daemon on" in err.value.message
+        code, out = await cli(capsys, "ledger", "verify", "--json", "--state", str(state_dir))
+        assert code == 1
+        assert "Read-only file system" in out
+    owner = await Ledger.open(state_dir)
+    assert owner.size == 10
+    await owner.close()
 
 
 N = 6220

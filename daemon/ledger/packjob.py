@@ -3,9 +3,10 @@
 The scan (`packscan.scan`) is Python bound by the GIL, so a thread would not overlap it with
 the walk; a child process does. Verify runs in a worker thread of a multi-threaded daemon, so
 the child is never a fork of the daemon: `subprocess` starts a fresh interpreter (`-I -S`, so
-~10 ms) on `packscan.py`, which imports a little of the standard library only. It inherits
-the pack's descriptor (`pass_fds`) and reads the table snapshot from an anonymous file, so it
-scans exactly the records the parent's snapshot describes; it writes its reply to another.
+~10 ms) on `packscan.py`, which imports a little of the standard library only. It inherits a
+read-only descriptor of the pack (`pass_fds`; the same file, reopened through /proc, never the
+daemon's read-write one) and reads the table snapshot from an anonymous file, so it scans
+exactly the records the parent's snapshot describes; it writes its reply to another.
 
 The child's answer is used only if it is whole and consistent (magic, trailer, echoed size and
 mark, counts, hex digests, exit status 0); otherwise the parent scans the pack itself from the
@@ -72,7 +73,7 @@ class PackJob:
         self.found = found
         self.proc: subprocess.Popen[bytes] | None = None
         self.thread: threading.Thread | None = None
-        self.files: tuple[int, ...] = ()  # the request's and the reply's, while the child runs
+        self.files: tuple[int, ...] = ()  # the child's pack, request and reply, while it runs
 
     @classmethod
     def finished(cls, found: PackScan) -> PackJob:
@@ -88,18 +89,18 @@ class PackJob:
         per 64 KiB. A file is written and read whole, once."""
         snap = self.snap
         try:
-            self.files = (_anonymous_file("packscan-request"),)
+            self.files = (os.open(f"/proc/self/fd/{snap.fd}", os.O_RDONLY | os.O_CLOEXEC),)
+            self.files += (_anonymous_file("packscan-request"),)
             self.files += (_anonymous_file("packscan-reply"),)
             # Header and table apart: one more copy of the table would cost its size again.
-            write_all(self.files[0], packscan.REQUEST.pack(snap.size, snap.end, len(snap.slots)))
-            write_all(self.files[0], snap.slots)
-            fds = (snap.fd, *self.files)
+            write_all(self.files[1], packscan.REQUEST.pack(snap.size, snap.end, len(snap.slots)))
+            write_all(self.files[1], snap.slots)
             self.proc = subprocess.Popen(
-                [*CHILD_ARGS, *map(str, fds)],
+                [*CHILD_ARGS, *map(str, self.files)],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                pass_fds=fds,
+                pass_fds=self.files,
             )
         except OSError as err:
             log.warning("ledger: pack scan child did not start (%s); scanning in-process", err)
@@ -115,7 +116,7 @@ class PackJob:
             _, err = proc.communicate()
             if proc.returncode != 0:
                 raise ValueError(f"exit status {proc.returncode}: {err[-500:]!r}")
-            reply = self.files[1]
+            reply = self.files[2]
             self.found = decode_reply(os.pread(reply, os.fstat(reply).st_size, 0), snap)
         except (OSError, ValueError) as problem:
             log.warning("ledger: pack scan child failed (%s); scanning in-process", problem)

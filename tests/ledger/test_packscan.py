@@ -104,6 +104,24 @@ async def test_a_failing_child_changes_nothing(
     await ledger.close()
 
 
+async def test_the_child_cannot_write_the_daemons_pack(
+    state_dir: Path,
+    in_child: None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    owner = await Ledger.open(state_dir, checkpoint_interval=None)  # its pack is read-write
+    for i in range(20):
+        await owner.append(actor="t", kind="note", body={"i": i})
+    pack = (state_dir / "ledger" / "bodies.pack").read_bytes()
+    child = "import os, sys; os.pwrite(int(sys.argv[1]), b'X' * 64, 0)"
+    monkeypatch.setattr(packjob, "CHILD_ARGS", [sys.executable, "-c", child])
+    assert (await owner.verify(deep=True)).ok
+    assert "Bad file descriptor" in caplog.text  # the child's write was refused
+    assert (state_dir / "ledger" / "bodies.pack").read_bytes() == pack
+    await owner.close()
+
+
 async def test_a_child_that_cannot_start_changes_nothing(
     state_dir: Path,
     in_child: None,

@@ -114,6 +114,7 @@ class _Pending:
     tail: str
     future: asyncio.Future[Entry]
     redacts: bytes | None = None  # the body this `redaction` entry removes
+    on_commit: Callable[[Entry], None] | None = None
 
 
 class _Stalled(Exception):
@@ -288,13 +289,19 @@ class Writer(Handle):
         body: Any = None,
         run: str | None = None,
         parent: int | None = None,
+        on_commit: Callable[[Entry], None] | None = None,
     ) -> Entry:
-        """Append one entry; returns once it (and its body) are fsynced."""
+        """Append one entry; returns once it (and its body) are fsynced.
+
+        `on_commit(entry)` is called on the loop as the entry is acknowledged, in seq order,
+        before any caller resumes, and even if this caller stopped waiting (a cancelled wait
+        does not undo the commit): what must follow every committed entry goes there. It is
+        never called for an append that fails."""
         self._check_writable()
         data = check_append(
             actor=actor, kind=kind, body=body, run=run, parent=parent, size=self._size
         )
-        return await self._enqueue(actor, kind, run, parent, data, None)
+        return await self._enqueue(actor, kind, run, parent, data, None, on_commit)
 
     def _enqueue(
         self,
@@ -304,6 +311,7 @@ class Writer(Handle):
         parent: int | None,
         data: bytes | None,
         redacts: bytes | None,
+        on_commit: Callable[[Entry], None] | None = None,
     ) -> asyncio.Future[Entry]:
         """Queue checked fields; the encoding and body hash happen here, off the writer."""
         future: asyncio.Future[Entry] = self._loop.create_future()
@@ -314,7 +322,20 @@ class Writer(Handle):
             body_hex = digest.hex()
         head, tail = line_template(actor, kind, run, parent, body_hex)
         self._executor.put(
-            _Pending(actor, kind, run, parent, data, digest, body_hex, head, tail, future, redacts)
+            _Pending(
+                actor,
+                kind,
+                run,
+                parent,
+                data,
+                digest,
+                body_hex,
+                head,
+                tail,
+                future,
+                redacts,
+                on_commit,
+            )
         )
         # A cancelled caller cancels only its wait: the writer skips done futures and still
         # commits the entry, so nothing acknowledged is ever undone.
@@ -357,6 +378,8 @@ class Writer(Handle):
             return
         self._size += len(outcome)
         for pending, entry in zip(batch, outcome, strict=True):
+            if pending.on_commit is not None:
+                _call(pending.on_commit, entry)
             if not pending.future.done():
                 pending.future.set_result(entry)
 
@@ -524,11 +547,6 @@ class Writer(Handle):
         os.fsync(self._entries_fd)
         self.bodies.cut(mark.pack_size)
 
-    def _refuse(self, batch: list[_Pending], error: LedgerUnwritable) -> None:
-        for pending in batch:
-            if not pending.future.done():
-                pending.future.set_exception(error)
-
     def _begin_outage(self, outage: Outage) -> None:
         """Loop thread: stop accepting writes and start probing for the disk's return."""
         current = self._outage
@@ -675,3 +693,11 @@ class Writer(Handle):
         self._catch_up()
         self.bodies.redact(digest)
         self._unapplied.pop(seq, None)
+
+
+def _call(on_commit: Callable[[Entry], None], entry: Entry) -> None:
+    """A hook that fails is the caller's bug: logged, and the batch's other appends settle."""
+    try:
+        on_commit(entry)
+    except Exception:
+        log.exception("ledger: an on_commit hook failed for seq %d", entry.seq)

@@ -1,5 +1,8 @@
 """The runs engine: the run table and the coordinator of a run's steps.
 
+One piece (past 500 lines) because every control below writes run entries through the one
+witnessing path, under the invariant that the live views are the reduction of the ledger.
+
 submit → route → plan → waves → synthesis → answer. Each step is its own module (`routing`,
 `planning`, `waves` with `attempts`, `synthesis`, around them `lifecycle`; model calls in
 `calls`), a function of the engine's `Setting` and the `Run` (see `context`); none imports
@@ -10,6 +13,13 @@ is the only writer of run entries: `_witness` appends an entry (with a causal pa
 what replay rebuilds are the same thing, then publishes it. Entries whose parents are durable
 already (a done run's intent and state; restore's interrupted entries) are appended at once,
 so they share a group commit: one fsync wait instead of one each.
+
+A caller that stops waiting does not stop what its append starts. The ledger commits an entry
+whose wait was cancelled (nothing acknowledged is undone), so the apply and the publish are the
+ledger's `on_commit`, run as the entry commits rather than when the caller resumes; and the
+step a control entry belongs to (starting the run it requests, aborting the run it cancels,
+resuming) runs in a shielded task (`_through`). Else the views would lack what the record
+holds, and the next snapshot would stamp that divergence for every later start.
 
 Control: `submit` witnesses `run.request` and starts driving; `cancel` witnesses `run.cancel`
 (no task starts after it) and aborts; `resume` witnesses `run.resume` for an interrupted run;
@@ -23,10 +33,11 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from daemon.errors import Busy, Conflict, InvalidInput, NotFound
 from daemon.planning import Plan, check_plan
@@ -38,7 +49,7 @@ from daemon.runs.dispatch import Capacity
 from daemon.runs.executors import Stub, echo_stub
 from daemon.runs.feed import Feed, Watcher
 from daemon.runs.keys import Keys
-from daemon.runs.ports import LedgerPort, PoolPort, RouterPort
+from daemon.runs.ports import EntryLike, LedgerPort, PoolPort, RouterPort
 from daemon.runs.sandbox import admit_commands
 from daemon.runs.snapshot import Snapshot
 from daemon.runs.state import FINAL, STOPPED, Census, Limits, RunEvent, RunView
@@ -46,6 +57,8 @@ from daemon.runs.table import RunTable
 from roster.models import Budget, Roster
 
 __all__ = ["Engine", "EngineOptions", "Watcher"]
+
+T = TypeVar("T")
 
 
 class Engine:
@@ -77,10 +90,8 @@ class Engine:
         self._runs: dict[str, Run] = {}
         self._keys = Keys(self.options.key_ttl_s, self.options.max_keys)
         self._closing = False
-        self._appending = 0
-        """Run entries being appended and not yet applied: a snapshot needs none in between."""
-        self._appending_requests = 0
-        """Submits admitted whose request entry is not applied yet (not in the census)."""
+        self._requesting: set[str] = set()
+        """Runs admitted whose request entry is not applied yet (not in the census)."""
         self.restored_from: int | None = None
         """The ledger size of the snapshot the last restore() continued from (None: full)."""
 
@@ -164,8 +175,12 @@ class Engine:
                         continue
                     last = event.seq
                 yield event
-                if event.kind in (k.STATE, k.INTERRUPTED) and run_id not in self._runs:
-                    return
+                if event.kind in (k.STATE, k.INTERRUPTED):
+                    driven = self._runs.get(run_id)
+                    if driven is not None:  # its last entry: the drive ends right after it
+                        await driven.finished.wait()
+                    if run_id not in self._runs:  # else resumed meanwhile: go on
+                        return
 
     def watch(self, watcher: Watcher) -> Callable[[], None]:
         """Call `watcher(entry, body)` after every entry the engine witnesses
@@ -220,25 +235,36 @@ class Engine:
             "client": client,
         }
         self._admit()  # no await from here to the witness: the check and the counts agree
-        self._appending_requests += 1
+        self._requesting.add(run_id)
         claim: asyncio.Future[str] | None = None
         if idempotency_key is not None:
             claim = asyncio.get_running_loop().create_future()
             self._keys.remember(idempotency_key, claim, time.time())
+        await _through(self._request(run_id, body, checked, idempotency_key, claim))
+        return self.get(run_id)
+
+    async def _request(
+        self,
+        run_id: str,
+        body: dict[str, Any],
+        checked: Plan | None,
+        key: str | None,
+        claim: asyncio.Future[str] | None,
+    ) -> None:
+        """`submit`'s durable part: witness the request, then settle its key and start it."""
         try:
             await self._witness(run_id, k.REQUEST, body, None)
         except BaseException as exc:
-            if claim is not None and idempotency_key is not None:
-                self._keys.forget(idempotency_key)
+            if claim is not None and key is not None:
+                self._keys.forget(key)
                 claim.set_exception(exc)
                 claim.exception()  # retrieved: no "never retrieved" warning
             raise
         finally:
-            self._appending_requests -= 1
+            self._requesting.discard(run_id)  # applied already, unless it failed
         if claim is not None:
             claim.set_result(run_id)
         self._start(run_id, fresh=checked)
-        return self.get(run_id)
 
     def _checked(
         self,
@@ -265,7 +291,7 @@ class Engine:
     def _admit(self) -> None:
         """Bound the runs in memory: `max_runs` execute, `max_queued_runs` more wait queued."""
         policy = self.roster.policy
-        admitted = self.census.active() + self._appending_requests
+        admitted = self.census.active() + len(self._requesting)
         if admitted >= policy.max_runs + policy.max_queued_runs:
             raise Busy(
                 f"tally is at capacity: {policy.max_runs} runs executing and "
@@ -282,16 +308,22 @@ class Engine:
             return view
         run = self._runs.get(run_id)
         if run is None:  # interrupted: nothing runs, record the decision
-            seq = await self._witness(run_id, k.CANCEL, {"reason": reason}, view.request_seq)
-            await self._witness(run_id, k.STATE, {"state": "cancelled", "error": reason}, seq)
-            self._retire(run_id)
+            await _through(self._cancel_stopped(view, reason))
             return self.get(run_id)
         if not run.cancelling:
             run.cancelling = True  # checked before every task start: none starts after this
-            await self._witness(run_id, k.CANCEL, {"reason": reason}, view.request_seq)
-            await self._abort(run)
+            await _through(self._cancel_running(run, view, reason))
         await run.finished.wait()
         return self.get(run_id)
+
+    async def _cancel_stopped(self, view: RunView, reason: str) -> None:
+        seq = await self._witness(view.id, k.CANCEL, {"reason": reason}, view.request_seq)
+        await self._witness(view.id, k.STATE, {"state": "cancelled", "error": reason}, seq)
+        self._retire(view.id)
+
+    async def _cancel_running(self, run: Run, view: RunView, reason: str) -> None:
+        await self._witness(view.id, k.CANCEL, {"reason": reason}, view.request_seq)
+        await self._abort(run)
 
     async def resume(self, run_id: str) -> RunView:
         if run_id not in self.table.views:  # a summary or nothing: finished long ago
@@ -309,9 +341,12 @@ class Engine:
             "spent": view.spent.model_dump(),
         }
         self._admit()
-        await self._witness(run_id, k.RESUME, body, view.answer_seq or view.request_seq)
-        self._start(run_id, fresh=None)
+        await _through(self._resume(run_id, body, view.answer_seq or view.request_seq))
         return self.get(run_id)
+
+    async def _resume(self, run_id: str, body: dict[str, Any], parent: int | None) -> None:
+        await self._witness(run_id, k.RESUME, body, parent)
+        self._start(run_id, fresh=None)
 
     async def restore(self, snapshot: Snapshot | None = None) -> builtins.list[str]:
         """Rebuild run state from the ledger; every run found in flight becomes interrupted.
@@ -348,25 +383,27 @@ class Engine:
             "previous": view.state,
             "spent_wall_ms": view.spent.wall_ms,
         }
-        self._appending += 1
-        try:
-            entry = await self.ledger.append(
-                actor="daemon", kind=k.INTERRUPTED, body=body, run=view.id, parent=view.request_seq
-            )
+
+        def applied(entry: EntryLike) -> None:
             self.table.apply(entry.seq, entry.ts, k.INTERRUPTED, view.id, body)
-        finally:
-            self._appending -= 1
 
-    def snapshot(self) -> tuple[int, builtins.list[RunView], builtins.list[bytes]] | None:
-        """(ledger size, a copy of every full run view, every summary's JSON) at one instant,
-        or None while an append is in flight.
+        await self.ledger.append(
+            actor="daemon",
+            kind=k.INTERRUPTED,
+            body=body,
+            run=view.id,
+            parent=view.request_seq,
+            on_commit=applied,
+        )
 
-        With no run entry between its append and its apply, the views are exactly the
-        reduction of the ledger's first `size` entries (only the engine writes run entries).
-        Nothing in the list changes afterwards (see `RunTable.frozen`).
+    def snapshot(self) -> tuple[int, builtins.list[RunView], builtins.list[bytes]]:
+        """(ledger size, a copy of every full run view, every summary's JSON) at one instant.
+
+        Every run entry is applied in the step that commits it (the ledger's `on_commit`, in
+        the step its size grows), so the views are exactly the reduction of the ledger's first
+        `size` entries (only the engine writes run entries). Nothing in the list changes
+        afterwards (see `RunTable.frozen`).
         """
-        if self._appending:
-            return None
         views, summaries = self.table.frozen()
         return self.ledger.size, views, summaries
 
@@ -397,16 +434,22 @@ class Engine:
     async def _witness(
         self, run_id: str, kind: str, body: dict[str, Any], parent: int | None
     ) -> int:
-        self._appending += 1
-        try:
-            entry = await self.ledger.append(
-                actor=k.ACTOR, kind=kind, body=body, run=run_id, parent=parent
-            )
-            self.table.apply(entry.seq, entry.ts, kind, run_id, body)
-        finally:
-            self._appending -= 1
-        self.feed.publish(run_id, kind, entry, body)
+        entry = await self.ledger.append(
+            actor=k.ACTOR,
+            kind=kind,
+            body=body,
+            run=run_id,
+            parent=parent,
+            on_commit=functools.partial(self._applied, run_id, kind, body),
+        )
         return int(entry.seq)
+
+    def _applied(self, run_id: str, kind: str, body: dict[str, Any], entry: EntryLike) -> None:
+        """The ledger's `on_commit` for a run entry: apply it to its view, then publish it."""
+        self.table.apply(entry.seq, entry.ts, kind, run_id, body)
+        if kind == k.REQUEST:
+            self._requesting.discard(run_id)  # counted in the census from this step on
+        self.feed.publish(run_id, kind, entry, body)
 
     async def _witness_all(
         self, run_id: str, entries: Sequence[tuple[str, dict[str, Any], int | None]]
@@ -416,30 +459,15 @@ class Engine:
         in the order they are made), and each is applied and published in that order; every
         entry the ledger took is applied even if another failed, then the first error raises.
         """
-        self._appending += len(entries)
-        try:
-            appended = await asyncio.gather(
-                *(
-                    self.ledger.append(
-                        actor=k.ACTOR, kind=kind, body=body, run=run_id, parent=parent
-                    )
-                    for kind, body, parent in entries
-                ),
-                return_exceptions=True,
-            )
-            for (kind, body, _), entry in zip(entries, appended, strict=True):
-                if not isinstance(entry, BaseException):
-                    self.table.apply(entry.seq, entry.ts, kind, run_id, body)
-        finally:
-            self._appending -= len(entries)
+        appended = await asyncio.gather(
+            *(self._witness(run_id, kind, body, parent) for kind, body, parent in entries),
+            return_exceptions=True,
+        )
         seqs: builtins.list[int] = []
-        for (kind, body, _), entry in zip(entries, appended, strict=True):
-            if not isinstance(entry, BaseException):
-                self.feed.publish(run_id, kind, entry, body)
-                seqs.append(int(entry.seq))
-        for entry in appended:
-            if isinstance(entry, BaseException):
-                raise entry
+        for outcome in appended:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            seqs.append(outcome)
         return seqs
 
     def _retire(self, run_id: str) -> None:
@@ -493,3 +521,19 @@ class Engine:
         await self._witness_all(
             run.id, [(k.INTENT, intent, answer_seq), (k.STATE, done, answer_seq)]
         )
+
+
+async def _through(work: Coroutine[Any, Any, T]) -> T:
+    """Await `work` to its end even if the caller is cancelled; the caller still is (module
+    doc). Its first step runs before any step the caller takes after a cancellation, so its
+    appends keep their order before the ones a cancellation handler makes."""
+    task = asyncio.ensure_future(work)
+    task.add_done_callback(_retrieve)
+    return await asyncio.shield(task)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark the outcome seen: a caller that was cancelled no longer reads it (its error, if
+    any, is the ledger's or the run's and is reported there)."""
+    if not task.cancelled():
+        task.exception()

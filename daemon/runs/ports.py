@@ -62,6 +62,7 @@ class LedgerPort(LedgerReader, Protocol):
         body: Any = None,
         run: str | None = None,
         parent: int | None = None,
+        on_commit: Callable[[Any], None] | None = None,
     ) -> EntryLike: ...
 
 

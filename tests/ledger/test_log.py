@@ -70,6 +70,44 @@ async def test_appends_are_group_committed(state_dir: Path) -> None:
         assert stats.fsync_buckets[-1][1] == stats.batches
 
 
+async def test_on_commit_runs_as_entries_commit_even_for_a_caller_that_stopped_waiting(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    seen: list[int] = []
+
+    def hook(entry: Entry) -> None:
+        seen.append(entry.seq)
+        if entry.seq == 1:
+            raise RuntimeError("a buggy hook")
+
+    calls = [
+        asyncio.create_task(ledger.append(actor="t", kind="note", body={"i": i}, on_commit=hook))
+        for i in range(4)
+    ]
+    await asyncio.sleep(0)  # queued
+    calls[2].cancel()  # its caller stops waiting: the entry commits and its hook runs all the same
+    done = await asyncio.gather(*calls, return_exceptions=True)
+    assert isinstance(done[2], asyncio.CancelledError)
+    assert [e.seq for e in done if isinstance(e, Entry)] == [
+        0,
+        1,
+        3,
+    ]  # a raising hook breaks nothing
+    assert seen == [0, 1, 2, 3]
+    assert "on_commit hook failed for seq 1" in caplog.text
+
+    def broken(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", broken)
+    with pytest.raises(LedgerUnwritable):  # rolled back: nothing committed, no hook
+        await ledger.append(actor="t", kind="note", on_commit=hook)
+    assert seen == [0, 1, 2, 3]
+    monkeypatch.undo()
+    await ledger.close()
+
+
 async def test_rejects_bad_input(state_dir: Path) -> None:
     async with await Ledger.open(state_dir) as ledger:
         with pytest.raises(InvalidInput):
@@ -478,5 +516,7 @@ async def test_one_thread_writes_and_syncs_and_one_callback_settles_a_batch(
     assert batches < 256  # grouped
     assert callbacks == ["_settle"] * batches
     assert syncing == ["ledger-writer"] * batches
-    assert not [t.name for t in threading.enumerate() if "sync" in t.name]
+    # no sync thread beside the writer ("asyncio_N" are other tests' loops' executors)
+    named = [t.name for t in threading.enumerate() if t.name.startswith("ledger")]
+    assert set(named) == {"ledger-writer"}
     await ledger.close()

@@ -57,12 +57,11 @@ class MemoryLedger:
         body: Any = None,
         run: str | None = None,
         parent: int | None = None,
+        on_commit: Callable[[Any], None] | None = None,
     ) -> Entry:
         data = check_append(
             actor=actor, kind=kind, body=body, run=run, parent=parent, size=len(self.log)
         )
-        if self.delay:
-            await asyncio.sleep(self.delay)
         digest = None
         if data is not None:
             digest = hashlib.sha256(data).hexdigest()
@@ -75,6 +74,10 @@ class MemoryLedger:
             b"\x00" + canonical(entry.__dict__ | {"hash": None})
         ).hexdigest()
         self.log.append(entry)
+        if on_commit is not None:
+            on_commit(entry)
+        if self.delay:  # the fsync's wait: the entry is committed whether it ends or not
+            await asyncio.sleep(self.delay)
         return entry
 
     async def get(self, seq: int) -> Entry:

@@ -41,7 +41,7 @@ async def test_the_snapshot_holds_no_task_results(fleet: Factory) -> None:
     view = await daemon.engine.submit("backend api")
     done = await daemon.engine.wait(view.id, timeout=20)
     assert any(t.result for t in done.tasks)
-    assert await daemon.write_snapshot()
+    await daemon.write_snapshot()
     data = json.loads((daemon.settings.state_dir / snapshots.FILE).read_bytes())
     (saved,) = [v for v in data["views"] if v["id"] == view.id]
     assert saved["summary"]  # a finished run is written as its summary: no task results

@@ -94,7 +94,7 @@ CHILD = textwrap.dedent(
         daemon = Daemon(s)
         await daemon.start()
         view = await daemon.engine.submit("build the backend", plan=json.loads(sys.argv[4]))
-        assert await daemon.write_snapshot()  # the restart replays only what came after it
+        await daemon.write_snapshot()  # the restart replays only what came after it
         print(view.id, flush=True)
         await asyncio.Event().wait()
 

@@ -7,17 +7,19 @@ through the real Daemon, ledger and pool in `test_daemon_runs.py`.
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from daemon.errors import Busy
+from daemon.ledger import Ledger
 from daemon.runs import entries as k
 from daemon.runs import snapshot as snapshots
 from daemon.runs.engine import Engine, EngineOptions
 from daemon.runs.replay import replay
-from daemon.runs.state import Census
+from daemon.runs.state import Census, RunView
 from daemon.slots.records import ledger_timings
 from tests.runs.fakes import KeywordRouter, MemoryLedger, ScriptedPool, make_roster
 
@@ -311,9 +313,7 @@ async def test_a_snapshot_is_written_compacted_from_views_nothing_changes(
     engine, _, _ = make_engine(dag_script)
     done = await engine.wait((await engine.submit("api", plan=DAG)).id, timeout=5)
     assert done.state == "done"
-    taken = engine.snapshot()
-    assert taken is not None
-    size, views, summaries = taken
+    size, views, summaries = engine.snapshot()
     assert summaries == []  # a finished run within keep_runs is held in full
     [view] = [v for v in views if v.id == done.id]
     assert view.model_dump() == done.model_dump()
@@ -323,3 +323,83 @@ async def test_a_snapshot_is_written_compacted_from_views_nothing_changes(
     assert back.plan is None  # replay reads the plan and the results back on demand
     assert [t.result for t in back.tasks] == [None, None, None]
     assert back == done.compacted()
+
+
+# ---------------------------------------------------------------- a caller that stops waiting
+
+
+async def held_engine(state_dir: Path, script: Any) -> tuple[Engine, Ledger, threading.Event]:
+    """The engine over the real ledger, whose commits wait for the returned event: an
+    append's wait can be cancelled while the writer still commits it (as the real one does)."""
+    roster = make_roster()
+    ledger = await Ledger.open(state_dir, checkpoint_interval=None)
+    engine = Engine(ledger, ScriptedPool(roster, script), roster, KeywordRouter(roster))
+    gate = threading.Event()
+    gate.set()
+
+    def hold(step: str) -> None:
+        if step == "journal written":
+            assert gate.wait(10)
+
+    ledger.step_hook = hold
+    return engine, ledger, gate
+
+
+async def cancelled_mid_commit(ledger: Ledger, gate: threading.Event, call: Any) -> None:
+    """Start `call`, cancel it while its append waits on the held writer, then let go and
+    wait until the writer has committed it."""
+    gate.clear()
+    task = asyncio.create_task(call)
+    await asyncio.sleep(0.1)  # its entry is queued and the writer holds it
+    size = ledger.size
+    task.cancel()
+    gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(200):
+        if ledger.size > size:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the held entry was never committed")
+
+
+async def agree_with_replay(engine: Engine, ledger: Ledger, run_id: str) -> RunView:
+    view = await engine.wait(run_id, timeout=10)
+    replayed = (await replay(ledger))[run_id]
+    assert (view.state, view.tasks) == (replayed.state, replayed.tasks)
+    return view
+
+
+async def test_a_submit_whose_caller_stops_waiting_still_runs(state_dir: Path) -> None:
+    engine, ledger, gate = await held_engine(state_dir, dag_script)
+    await cancelled_mid_commit(ledger, gate, engine.submit("api", plan=DAG, idempotency_key="once"))
+    # The request is in the record, so the engine drives it (before, the entry was committed
+    # and no view or run followed it; the key was forgotten, so a retry ran it twice).
+    [request] = await ledger.entries(kind=k.REQUEST)
+    assert request.run is not None
+    assert (await agree_with_replay(engine, ledger, request.run)).state == "done"
+    again = await engine.submit("api", plan=DAG, idempotency_key="once")
+    assert again.id == request.run
+    assert len(await ledger.entries(kind=k.REQUEST)) == 1
+    await engine.shutdown()
+    await ledger.close()
+
+
+async def test_a_cancel_whose_caller_stops_waiting_still_cancels(state_dir: Path) -> None:
+    hang = asyncio.Event()
+
+    async def script(member: str, messages: list[dict[str, Any]]) -> str:
+        await hang.wait()
+        return dag_script(member, messages)
+
+    engine, ledger, gate = await held_engine(state_dir, script)
+    view = await engine.submit("api", plan=DAG)
+    await asyncio.sleep(0.05)  # its first calls wait on the model
+    await cancelled_mid_commit(ledger, gate, engine.cancel(view.id))
+    assert (await agree_with_replay(engine, ledger, view.id)).state == "cancelled"
+    assert [e.kind for e in await ledger.entries(run=view.id)][-2:] == [k.CANCEL, k.STATE]
+    size, views, _ = engine.snapshot()  # the reduction of the whole record, as replay's
+    assert size == ledger.size
+    assert [v.state for v in views if v.id == view.id] == ["cancelled"]
+    await engine.shutdown()
+    await ledger.close()

@@ -21,18 +21,33 @@ from dataclasses import dataclass, field
 
 
 class Capacity:
-    """Daemon-wide task slots: a total cap and per-lane caps, shared by every run."""
+    """Daemon-wide task slots: a total cap and per-lane caps, shared by every run.
+
+    A dispatcher that cannot start a ready task for want of a slot queues (`wait_for`) with
+    the lanes of its blocked tasks, and keeps its place until it stops waiting (`unwatch`). A
+    freed slot wakes the first queued dispatcher that can use it, and only that one: waking
+    every dispatcher made each release cost O(runs). Invariant: while free slots outnumber the
+    woken dispatchers that have not looked yet, no queued one that could use a slot sleeps.
+    Every dispatcher loop ends in `wait_for` or `unwatch`, which count it as having looked, so
+    a woken dispatcher that did not take the slot (another took it first, or it no longer
+    needs one) passes it on. A dispatcher not queued may still take a free slot first: there
+    is no hand-off, so the order is arrival order only while slots are contended.
+    """
 
     def __init__(self, total: int, lanes: Mapping[str, int] | None = None) -> None:
         self.total = total
         self.lanes = dict(lanes or {})
         self.busy = 0
         self.lane_busy: Counter[str] = Counter()
-        self._watchers: set[asyncio.Event] = set()
+        self._queued: dict[asyncio.Event, frozenset[str]] = {}  # insertion order = arrival
+        self._woken: set[asyncio.Event] = set()  # queued, woken, not looked yet
+
+    def _fits(self, lane: str) -> bool:
+        cap = self.lanes.get(lane)
+        return self.busy < self.total and (cap is None or self.lane_busy[lane] < cap)
 
     def try_acquire(self, lane: str) -> bool:
-        cap = self.lanes.get(lane)
-        if self.busy >= self.total or (cap is not None and self.lane_busy[lane] >= cap):
+        if not self._fits(lane):
             return False
         self.busy += 1
         self.lane_busy[lane] += 1
@@ -41,14 +56,27 @@ class Capacity:
     def release(self, lane: str) -> None:
         self.busy -= 1
         self.lane_busy[lane] -= 1
-        for event in self._watchers:
-            event.set()
+        self._wake_next()
 
-    def watch(self, event: asyncio.Event) -> None:
-        self._watchers.add(event)
+    def wait_for(self, event: asyncio.Event, lanes: Collection[str]) -> None:
+        """Queue `event` (in its place, if queued already) until a slot frees for `lanes`."""
+        self._woken.discard(event)
+        self._queued[event] = frozenset(lanes)
+        self._wake_next()
 
     def unwatch(self, event: asyncio.Event) -> None:
-        self._watchers.discard(event)
+        self._woken.discard(event)
+        if self._queued.pop(event, None) is not None:
+            self._wake_next()
+
+    def _wake_next(self) -> None:
+        if self.total - self.busy <= len(self._woken):
+            return
+        for event, lanes in self._queued.items():
+            if event not in self._woken and any(self._fits(lane) for lane in lanes):
+                self._woken.add(event)
+                event.set()
+                return
 
 
 @dataclass(frozen=True)
@@ -158,7 +186,6 @@ async def dispatch(
     ready = {n for n in pending if not waiting_on[n]}
     running: dict[asyncio.Task[bool], str] = {}
     wake = asyncio.Event()
-    capacity.watch(wake)
     stopping = False
     try:
         while True:
@@ -167,6 +194,8 @@ async def dispatch(
                     wave_of[x] == current_wave for x in pending
                 ):
                     current_wave += 1
+            wake.clear()  # before trying: a slot freed from here on sets it again
+            blocked: set[str] = set()  # lanes of ready tasks that found no free slot
             if not stopping:
                 for node_id in sorted(ready, key=priority.__getitem__):
                     if len(running) >= max_parallel:
@@ -174,14 +203,18 @@ async def dispatch(
                     if barrier and wave_of[node_id] != current_wave:
                         continue
                     if not capacity.try_acquire(by_id[node_id].lane):
+                        blocked.add(by_id[node_id].lane)
                         continue
                     ready.discard(node_id)
                     task = asyncio.ensure_future(execute(node_id))
                     task.add_done_callback(lambda _t: wake.set())
                     running[task] = node_id
+            if blocked:
+                capacity.wait_for(wake, blocked)
+            else:
+                capacity.unwatch(wake)
             if not running and (stopping or not ready):
                 break
-            wake.clear()
             if not any(t.done() for t in running):
                 await wake.wait()
             for task in [t for t in running if t.done()]:

@@ -74,6 +74,64 @@ async def test_caps_bound_concurrency() -> None:
     assert capacity.busy == 0
 
 
+def test_a_freed_slot_wakes_the_first_waiter_that_can_use_it_and_only_it() -> None:
+    capacity = Capacity(total=2, lanes={"slow": 1})
+    assert capacity.try_acquire("slow")
+    assert capacity.try_acquire("fast")
+    waiters = [asyncio.Event() for _ in range(100)]
+    capacity.wait_for(waiters[0], {"slow"})  # first in, but its lane stays full
+    for event in waiters[1:]:
+        capacity.wait_for(event, {"fast"})
+
+    def woken() -> list[int]:
+        return [i for i, e in enumerate(waiters) if e.is_set()]
+
+    assert woken() == []
+    capacity.release("fast")  # one slot: one wake-up, the first that fits (not all 100)
+    assert woken() == [1]
+    capacity.wait_for(waiters[2], {"fast", "slow"})  # queued already: keeps its place
+    assert woken() == [1]  # the one free slot is waiter 1's to take
+    capacity.unwatch(waiters[1])  # woken, stops waiting without it: it passes to the next
+    assert woken() == [1, 2]
+    assert capacity.try_acquire("fast")  # a dispatcher not queued takes it first
+    capacity.release("slow")
+    assert woken() == [1, 2]  # waiter 2 has not looked yet
+    capacity.wait_for(waiters[2], {"fast"})  # it looked, found none: the slow lane's first
+    assert woken() == [0, 1, 2]
+
+
+async def test_many_runs_over_few_slots_all_finish_without_a_wake_up_storm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sets = 0
+
+    class Counted(asyncio.Event):
+        def set(self) -> None:
+            nonlocal sets
+            sets += 1
+            super().set()
+
+    monkeypatch.setattr(asyncio, "Event", Counted)
+    capacity = Capacity(total=2, lanes={"slow": 1})
+
+    async def execute(task_id: str) -> bool:
+        await asyncio.sleep(0.001)
+        return True
+
+    async def one_run(r: int) -> int:
+        nodes = [Node(f"r{r}.s", "slow"), *(Node(f"r{r}.f{i}", "fast") for i in range(2))]
+        out = await dispatch(nodes, execute, max_parallel=3, capacity=capacity)
+        return len(out.done)
+
+    runs = [asyncio.create_task(one_run(r)) for r in range(60)]
+    assert await asyncio.wait_for(asyncio.gather(*runs), 20) == [3] * 60
+    assert capacity.busy == 0
+    assert not capacity.lane_busy["slow"]
+    # A set per finished task (its own dispatcher), about one per freed slot: 180 tasks. Waking
+    # every queued dispatcher on each release made it thousands.
+    assert sets <= 3 * 180
+
+
 async def test_failure_stops_or_skips_dependants() -> None:
     async def execute(task_id: str) -> bool:
         await asyncio.sleep(0)

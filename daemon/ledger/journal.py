@@ -89,12 +89,14 @@ def header(
 
 def scan(data: bytes) -> list[Record]:
     """The journal's complete, continuous records (the first is its base)."""
-    return _scan(lambda size, at: data[at : at + size])[0]
+    return _scan(lambda size, at: data[at : at + size], len(data))[0]
 
 
-def _scan(read: Callable[[int, int], bytes]) -> tuple[list[Record], bytes]:
-    """Records read one by one with `read(size, offset)` until the first that is not whole or
-    does not continue; and their payloads, concatenated (only whole records are read)."""
+def _scan(read: Callable[[int, int], bytes], length: int) -> tuple[list[Record], bytes]:
+    """Records read one by one with `read(size, offset)` from a journal of `length` bytes
+    until the first that is not whole or does not continue; and their payloads, concatenated
+    (only whole records are read: a header whose lengths run past the end is not, and its
+    payload is never asked for, so a damaged header cannot make a read of gigabytes)."""
     records: list[Record] = []
     payloads: list[bytes] = []
     at = 0
@@ -105,6 +107,8 @@ def _scan(read: Callable[[int, int], bytes]) -> tuple[list[Record], bytes]:
         magic, crc, seq, e_off, p_off, count, e_len, p_len = HEADER.unpack(head)
         record = Record(at, seq, e_off, p_off, count, e_len, p_len)
         if magic != MAGIC or (records and not record.continues(records[-1])):
+            break
+        if record.end > length:
             break
         payload = read(p_len + e_len, at + HEADER.size)
         if len(payload) < p_len + e_len or zlib.crc32(payload, zlib.crc32(head[8:])) != crc:
@@ -125,7 +129,7 @@ def unapplied(directory: Path, entries_path: Path, pack_path: Path) -> Record | 
     except FileNotFoundError:
         return None
     try:
-        records, data = _scan(lambda size, at: os.pread(fd, size, at))
+        records, data = _scan(lambda size, at: os.pread(fd, size, at), os.fstat(fd).st_size)
     finally:
         os.close(fd)
     if not records:
@@ -202,7 +206,7 @@ class Journal:
 
     def records(self) -> tuple[list[Record], bytes]:
         fd = self.fd
-        return _scan(lambda size, at: os.pread(fd, size, at))
+        return _scan(lambda size, at: os.pread(fd, size, at), os.fstat(fd).st_size)
 
     def replay(self, entries_path: Path, pack_path: Path) -> Record | None:
         """Restore the record files from the journal (module doc) and fsync them; None,

@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from daemon.ledger import Ledger, LedgerCorrupt, LedgerFailed, bulk
-from daemon.ledger.journal import Journal, scan
+from daemon.ledger.journal import HEADER, MAGIC, Journal, scan
 from daemon.ledger.store import MARKS, marks_before
 from surfaces.cli import main
 
@@ -210,6 +211,28 @@ async def test_a_reader_that_cannot_restore_the_files_says_so_and_keeps_nothing_
     owner = await Ledger.open(state_dir)
     assert owner.size == 10
     await owner.close()
+
+
+async def test_a_journal_header_claiming_gigabytes_ends_the_journal_unread(
+    state_dir: Path,
+) -> None:
+    await crash_after_two_cycles(state_dir)
+    last = scan(journal(state_dir).read_bytes())[-1]
+    # It continues the last record, and says its payload is 8 GiB long.
+    fields = (last.next_seq, last.entries_end, last.pack_end, 1, 0xFFFFFFFF, 0xFFFFFFFF)
+    with journal(state_dir).open("r+b") as f:
+        f.seek(last.end)
+        f.write(HEADER.pack(MAGIC, 0, *fields))
+    tracemalloc.start()
+    try:
+        for readonly in (True, False):
+            again = await Ledger.open(state_dir, readonly=readonly)
+            assert again.size == 10
+            await again.close()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20  # the payload was never asked for (a read of it allocated 8 GiB)
 
 
 N = 6220

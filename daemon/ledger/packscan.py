@@ -197,7 +197,7 @@ def _scan_block(
             i = (key & mask) << 1
             if mask < 0 or (
                 (words[i] != key or words[i + 1] != start + at)
-                and not _probe(table, key, start + at, mask)
+                and not _probe(words, key, start + at, mask)
             ):
                 unindexed = True
             indexed += 1
@@ -206,14 +206,13 @@ def _scan_block(
     return at
 
 
-def _probe(table: bytes, key: int, start: int, mask: int) -> bool:
+def _probe(words: memoryview, key: int, start: int, mask: int) -> bool:
     """Whether a lookup from `key`'s home slot meets the slot (key, start) before an empty one."""
     i = key & mask
     for _ in range(mask + 1):  # a table with no empty slot (a damaged file) ends too
-        k, off = SLOT.unpack_from(table, i << 4)
-        if off == 0:
+        if words[2 * i + 1] == 0:
             return False
-        if k == key and off == start:
+        if words[2 * i] == key and words[2 * i + 1] == start:
             return True
         i = (i + 1) & mask
     return False

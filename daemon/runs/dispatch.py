@@ -24,14 +24,14 @@ class Capacity:
     """Daemon-wide task slots: a total cap and per-lane caps, shared by every run.
 
     A dispatcher that cannot start a ready task for want of a slot queues (`wait_for`) with
-    the lanes of its blocked tasks, and keeps its place until it stops waiting (`unwatch`). A
+    the lanes of its blocked tasks, and keeps its place until it leaves (`stop_waiting`). A
     freed slot wakes the first queued dispatcher that can use it, and only that one: waking
     every dispatcher made each release cost O(runs). Invariant: while free slots outnumber the
     woken dispatchers that have not looked yet, no queued one that could use a slot sleeps.
-    Every dispatcher loop ends in `wait_for` or `unwatch`, which count it as having looked, so
-    a woken dispatcher that did not take the slot (another took it first, or it no longer
-    needs one) passes it on. A dispatcher not queued may still take a free slot first: there
-    is no hand-off, so the order is arrival order only while slots are contended.
+    Every dispatcher loop ends in `wait_for` or `stop_waiting`, which count it as having
+    looked, so a woken dispatcher that did not take the slot (another took it first, or it no
+    longer needs one) passes it on. A dispatcher not queued may still take a free slot first:
+    there is no hand-off, so the order is arrival order only while slots are contended.
     """
 
     def __init__(self, total: int, lanes: Mapping[str, int] | None = None) -> None:
@@ -64,7 +64,7 @@ class Capacity:
         self._queued[event] = frozenset(lanes)
         self._wake_next()
 
-    def unwatch(self, event: asyncio.Event) -> None:
+    def stop_waiting(self, event: asyncio.Event) -> None:
         self._woken.discard(event)
         if self._queued.pop(event, None) is not None:
             self._wake_next()
@@ -212,7 +212,7 @@ async def dispatch(
             if blocked:
                 capacity.wait_for(wake, blocked)
             else:
-                capacity.unwatch(wake)
+                capacity.stop_waiting(wake)
             if not running and (stopping or not ready):
                 break
             if not any(t.done() for t in running):
@@ -245,7 +245,7 @@ async def dispatch(
                         if on_skip is not None:
                             await on_skip(skipped, f"needs {node_id}, which failed")
     finally:
-        capacity.unwatch(wake)
+        capacity.stop_waiting(wake)
         for task in running:
             task.cancel()
         for task, node_id in running.items():

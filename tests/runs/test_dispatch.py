@@ -91,7 +91,7 @@ def test_a_freed_slot_wakes_the_first_waiter_that_can_use_it_and_only_it() -> No
     assert woken() == [1]
     capacity.wait_for(waiters[2], {"fast", "slow"})  # queued already: keeps its place
     assert woken() == [1]  # the one free slot is waiter 1's to take
-    capacity.unwatch(waiters[1])  # woken, stops waiting without it: it passes to the next
+    capacity.stop_waiting(waiters[1])  # woken, stops waiting without it: it passes to the next
     assert woken() == [1, 2]
     assert capacity.try_acquire("fast")  # a dispatcher not queued takes it first
     capacity.release("slow")

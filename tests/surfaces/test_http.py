@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -288,7 +289,12 @@ async def test_roster_and_slots_tools(client: Client, daemon: Daemon, tmp_path: 
     assert (status["busy"], status["idle"], status["queue"]) == (0, 4, 0)
 
 
-async def test_tally_errors_map_by_status(client: Client, daemon: Daemon, monkeypatch) -> None:
+async def test_tally_errors_map_by_status(
+    client: Client,
+    daemon: Daemon,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     def busy(text: str) -> None:
         raise Busy("queue full", retry_after=2.5)
 
@@ -311,6 +317,15 @@ async def test_tally_errors_map_by_status(client: Client, daemon: Daemon, monkey
         monkeypatch.setattr(daemon.router, "route", fail)
         resp = await client.post("/v1/tools/route", json={"text": "x"})
         assert (resp.status, (await resp.json())["error"]["code"]) == (status, code)
+
+    def gone(text: str) -> None:  # as aiohttp raises for a client that disconnected
+        raise ConnectionResetError("Cannot write to closing transport")
+
+    monkeypatch.setattr(daemon.router, "route", gone)
+    with caplog.at_level(logging.ERROR):
+        resp = await client.post("/v1/tools/route", json={"text": "x"})
+    assert resp.status == 499
+    assert "internal error" not in caplog.text  # a disconnect is not logged as our error
 
     def boom(text: str) -> None:
         raise RuntimeError("secret internals")

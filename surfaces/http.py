@@ -247,10 +247,12 @@ async def surface_mw(
         )
     except asyncio.CancelledError:
         raise
-    except ConnectionResetError:  # the client went away mid-answer: no error of ours
-        log.debug("client gone during %s %s", request.method, request.path)
-        return web.Response(status=499)  # what the access log shows ("client closed")
-    except Exception:
+    except Exception as exc:
+        transport = request.transport
+        if isinstance(exc, ConnectionResetError) and (transport is None or transport.is_closing()):
+            # the client went away mid-answer: no error of ours (an upstream's reset is)
+            log.debug("client gone during %s %s", request.method, request.path)
+            return web.Response(status=499)  # what the access log shows ("client closed")
         log.exception("internal error on %s %s", request.method, request.path)
         return error_response(500, "internal", "internal error (see the daemon's log)")
 

@@ -318,13 +318,28 @@ async def test_tally_errors_map_by_status(
         resp = await client.post("/v1/tools/route", json={"text": "x"})
         assert (resp.status, (await resp.json())["error"]["code"]) == (status, code)
 
-    def gone(text: str) -> None:  # as aiohttp raises for a client that disconnected
+    def reset(text: str) -> None:  # an upstream's reset, the client still there: ours
+        raise ConnectionResetError("upstream reset")
+
+    monkeypatch.setattr(daemon.router, "route", reset)
+    with caplog.at_level(logging.ERROR):
+        resp = await client.post("/v1/tools/route", json={"text": "x"})
+    assert resp.status == 500
+    assert "internal error" in caplog.text
+    caplog.clear()
+
+    def gone(text: str) -> None:  # the client disconnected: aiohttp's writer raises this
+        runner = client.server.runner
+        assert runner is not None
+        assert runner.server is not None
+        for connection in runner.server.connections:
+            assert connection.transport is not None
+            connection.transport.close()
         raise ConnectionResetError("Cannot write to closing transport")
 
     monkeypatch.setattr(daemon.router, "route", gone)
-    with caplog.at_level(logging.ERROR):
-        resp = await client.post("/v1/tools/route", json={"text": "x"})
-    assert resp.status == 499
+    with caplog.at_level(logging.ERROR), pytest.raises(aiohttp.ServerDisconnectedError):
+        await client.post("/v1/tools/route", json={"text": "x"})
     assert "internal error" not in caplog.text  # a disconnect is not logged as our error
 
     def boom(text: str) -> None:

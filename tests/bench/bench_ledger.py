@@ -44,6 +44,53 @@ def plain_fsync_loop(base: Path, n: int = 200) -> float:
     return rate
 
 
+async def bare_one_hop(base: Path, n: int = 200) -> float:
+    """Reference (a1): the floor of the one-hop design with one writer and no ledger work at
+    all. Each record is handed to a thread that pwrites it to a preallocated file and
+    fdatasyncs it (cheaper than (a)'s fsync of a growing file), then settles the caller's
+    future with `call_soon_threadsafe`. The ratio (a1) / (a) is the most any one-writer
+    append through a thread can reach on this machine."""
+    path = base / "hop.wal"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.write(fd, bytes(len(LINE) * n))
+    os.fsync(fd)
+    loop = asyncio.get_running_loop()
+    queue: list[asyncio.Future[None] | None] = []
+    cond = threading.Condition()
+
+    def commit() -> None:
+        offset = 0
+        while True:
+            with cond:
+                while not queue:
+                    cond.wait()
+                future = queue.pop()
+            if future is None:
+                return
+            os.pwrite(fd, LINE, offset)
+            offset += len(LINE)
+            os.fdatasync(fd)
+            loop.call_soon_threadsafe(future.set_result, None)
+
+    thread = threading.Thread(target=commit)
+    thread.start()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        future = loop.create_future()
+        with cond:
+            queue.append(future)
+            cond.notify()
+        await future
+    rate = n / (time.perf_counter() - t0)
+    with cond:
+        queue.append(None)
+        cond.notify()
+    thread.join()
+    os.close(fd)
+    path.unlink()
+    return rate
+
+
 async def bare_group_commit(base: Path, writers: int = 64, total: int = 16000) -> float:
     """Reference (b): `writers` tasks each awaiting its own record, one thread taking every
     record queued while it was busy, one write + one fsync of one file per batch, the batch's
@@ -331,13 +378,14 @@ async def deep_verify(base: Path) -> list[tuple[str, str, str, str]]:
 def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="tally-bench-", dir=os.environ.get("TALLY_BENCH_DIR")))
     try:
-        plain, group, ceiling = [], [], []
+        plain, hop, group, ceiling = [], [], [], []
         durable: dict[int, list[float]] = {c: [] for c in APPENDS}
         vs_ref: dict[int, list[float]] = {c: [] for c in APPENDS}
         forum: dict[int, list[float]] = {c: [] for c in FORUM_APPENDS}
         vs_forum: dict[int, list[float]] = {c: [] for c in FORUM_APPENDS}
         for _ in range(ROUNDS):
             plain.append(plain_fsync_loop(base))
+            hop.append(asyncio.run(bare_one_hop(base)) / plain[-1])
             group.append(asyncio.run(bare_group_commit(base)))
             for c, total in APPENDS.items():
                 durable[c].append(asyncio.run(durable_appends(base, c, total)))
@@ -358,6 +406,12 @@ def main() -> None:
     cpu = statistics.median(ceiling)
     rows = [
         ("ref (a): bare write + fsync per record, one file", f"{p:,.0f} appends/s", "", ""),
+        (
+            "ref (a1): one hop to a thread, pwrite + fdatasync, no ledger work (1 writer's floor)",
+            "",
+            f"{statistics.median(hop):.2f} × (a)",
+            "",
+        ),
         (
             "ref (b): bare group commit, one file, 64 writers",
             f"{g:,.0f} appends/s",

@@ -60,7 +60,7 @@ from daemon.slots.records import ledger_timings
 from roster import Roster
 
 if TYPE_CHECKING:
-    from daemon.ledger import Ledger
+    from daemon.ledger import Entry, Ledger
     from daemon.slots import Pool
     from daemon.slots.chat import Completion
     from daemon.slots.lease import Lease
@@ -260,9 +260,11 @@ class Gateway:
         self.roster = roster
         self.usage: dict[tuple[str, str], Usage] = {}
         self.waiting = 0
+        self._served: set[str] | None = None
 
     def set_roster(self, roster: Roster) -> None:
         self.roster = roster
+        self._served = None
 
     # ------------------------------------------------------------ models
 
@@ -275,13 +277,18 @@ class Gateway:
         return [{"id": i, "object": "model", "created": 0, "owned_by": "tally"} for i in ids]
 
     def _tiers(self) -> set[str]:
-        names = {m.name for m in self.roster.models}
-        return {t for t, members in self.roster.tiers.members.items() if set(members) & names}
+        """The tiers with a member in the roster (once per roster: every call resolves)."""
+        if self._served is None:
+            names = {m.name for m in self.roster.models}
+            members = self.roster.tiers.members.items()
+            self._served = {t for t, of in members if set(of) & names}
+        return self._served
 
     def resolve(self, model: str) -> Target:
         roster = self.roster
-        ladder = [t for t in roster.tiers.ladder if t in self._tiers()]
-        if model.startswith(TIER) and model[len(TIER) :] in self._tiers():
+        served = self._tiers()
+        ladder = [t for t in roster.tiers.ladder if t in served]
+        if model.startswith(TIER) and model[len(TIER) :] in served:
             tier = model[len(TIER) :]
             return Target(kind="tier", name=model, lease=tier)
         if model.startswith(LANE) and (lane := roster.lane(model[len(LANE) :])) is not None:
@@ -449,9 +456,7 @@ class _Call:
             where = f"{target.kind}:{lease_target}"
             # The call entry's write overlaps the request: nothing reaches the client (no chunk,
             # no answer) before it is durable, and the reply names it as its parent.
-            call = asyncio.ensure_future(
-                self._witness_call(where, lease, attempt, queue_wait_us, upstream)
-            )
+            call = self._witness_call(where, lease, attempt, queue_wait_us, upstream)
             try:
                 return await self._relay(lease, upstream, call)
             finally:
@@ -476,11 +481,11 @@ class _Call:
         finally:
             gw.waiting -= 1
 
-    async def _witness_call(
+    def _witness_call(
         self, target: str, lease: Lease, attempt: int, wait_us: int, upstream: dict[str, Any]
-    ) -> int:
+    ) -> asyncio.Future[Entry]:
         keep = self.gateway.roster.gateway.bodies == "store"
-        entry = await self.gateway.ledger.append(
+        return self.gateway.ledger.append_soon(
             actor=self.client.name,
             kind=CALL,
             body={
@@ -505,17 +510,16 @@ class _Call:
                 ),
             },
         )
-        return entry.seq
 
     async def _relay(
-        self, lease: Lease, upstream: dict[str, Any], call: asyncio.Future[int]
+        self, lease: Lease, upstream: dict[str, Any], call: asyncio.Future[Entry]
     ) -> Answer:
         started = time.monotonic()
         clock = _Clock(started)
         relay = self._forward if self.request.stream else _first_token
         try:
             done = await lease.send(upstream, on_chunk=lambda c: relay(c, call, clock))
-            call_seq = await call
+            call_seq = (await call).seq
         except asyncio.CancelledError:
             why = "client disconnected (cancelled)"
             await asyncio.shield(self._witness_error(lease, call, started, why))
@@ -539,7 +543,7 @@ class _Call:
         return await self._finish(lease, done, call_seq, started, clock)
 
     async def _forward(
-        self, chunk: dict[str, Any], call: asyncio.Future[int], clock: _Clock
+        self, chunk: dict[str, Any], call: asyncio.Future[Entry], clock: _Clock
     ) -> None:
         """One upstream chunk to the client: the model id it asked for; usage only at the end."""
         if not chunk.get("choices") and chunk.get("usage") is not None:
@@ -547,7 +551,7 @@ class _Call:
         if clock.first is None and _has_tokens(chunk):
             clock.first = time.monotonic()
         if not self.opened:
-            call_seq = await call
+            call_seq = (await call).seq
             self.opened = True
             await self.open_stream(self._headers(call_seq, "X-Tally-Call-Seq"))
         out = {**chunk, "model": self.request.model}
@@ -634,10 +638,10 @@ class _Call:
         }
 
     async def _witness_error(
-        self, lease: Lease, call: asyncio.Future[int], started: float, why: str
+        self, lease: Lease, call: asyncio.Future[Entry], started: float, why: str
     ) -> None:
         self.gateway.stats(self.client.name, self.request.model).errors += 1
-        call_seq = await asyncio.shield(call)
+        call_seq = (await asyncio.shield(call)).seq
         await self.gateway.ledger.append(
             actor=self.client.name,
             kind=REPLY,
@@ -684,7 +688,7 @@ def _has_tokens(chunk: dict[str, Any]) -> bool:
     return False
 
 
-async def _first_token(chunk: dict[str, Any], call: asyncio.Future[int], clock: _Clock) -> None:
+async def _first_token(chunk: dict[str, Any], call: asyncio.Future[Entry], clock: _Clock) -> None:
     """A non-streamed answer read from a streamed upstream: only its first token's time."""
     if clock.first is None and _has_tokens(chunk):
         clock.first = time.monotonic()

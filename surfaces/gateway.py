@@ -166,12 +166,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return admitted
     client, raw = admitted
     stream = _Stream(request)
-    call = asyncio.ensure_future(
-        _daemon(request).gateway.chat(client, raw, stream.open, stream.send)
-    )
-    watcher = asyncio.ensure_future(_watch(request, call))
+    handler = asyncio.current_task()
+    assert handler is not None
+    watcher = _Watch(request, handler)
     try:
-        answer: Answer = await call
+        try:
+            answer: Answer = await _daemon(request).gateway.chat(
+                client, raw, stream.open, stream.send
+            )
+        finally:
+            watcher.cancel()  # from here on the handler only writes: a write notices a gone client
     except TallyError as err:
         if stream.response is None:
             return error_for(err)
@@ -182,14 +186,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except ConnectionError:  # a write to a client that went away: the call was witnessed so
         return stream.response or web.Response(status=499)
     except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if not call.cancelled() or (current is not None and current.cancelling()):
-            raise
+        if not watcher.fired or handler.uncancel() > 0:
+            raise  # cancelled from elsewhere too (the daemon stopping)
         return stream.response or web.Response(status=499)  # the watcher: nobody to answer
-    finally:
-        watcher.cancel()
-        if not call.done():
-            call.cancel()
     if stream.response is None:
         return web.Response(
             body=answer.body, content_type="application/json", headers=answer.headers
@@ -215,14 +214,25 @@ def _error_body(err: TallyError) -> dict[str, Any]:
     return {"message": err.message, "type": "server_error", "code": err.code, "param": None}
 
 
-async def _watch(request: web.Request, call: asyncio.Future[Any]) -> None:
-    """Cancel `call` once the client's connection is gone."""
-    while not call.done():
-        await asyncio.sleep(DISCONNECT_POLL_S)
-        transport = request.transport
+class _Watch:
+    """Cancels the handler's task once the client's connection is gone: a timer that looks
+    every `DISCONNECT_POLL_S` (a timer, not a task: most calls end before its first look)."""
+
+    def __init__(self, request: web.Request, handler: asyncio.Task[Any]) -> None:
+        self._request, self._handler = request, handler
+        self.fired = False
+        self._timer = asyncio.get_running_loop().call_later(DISCONNECT_POLL_S, self._look)
+
+    def _look(self) -> None:
+        transport = self._request.transport
         if transport is None or transport.is_closing():
-            call.cancel()
-            return
+            self.fired = True
+            self._handler.cancel()
+        else:
+            self._timer = asyncio.get_running_loop().call_later(DISCONNECT_POLL_S, self._look)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
 
 
 def add_routes(app: web.Application) -> None:

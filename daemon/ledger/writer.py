@@ -297,11 +297,28 @@ class Writer(Handle):
         before any caller resumes, and even if this caller stopped waiting (a cancelled wait
         does not undo the commit): what must follow every committed entry goes there. It is
         never called for an append that fails."""
+        return await self.append_soon(
+            actor=actor, kind=kind, body=body, run=run, parent=parent, on_commit=on_commit
+        )
+
+    def append_soon(
+        self,
+        *,
+        actor: str,
+        kind: str,
+        body: Any = None,
+        run: str | None = None,
+        parent: int | None = None,
+        on_commit: Callable[[Entry], None] | None = None,
+    ) -> asyncio.Future[Entry]:
+        """`append` without a coroutine, for a caller that overlaps the commit with other
+        work: refuses now what `append` refuses, and returns the future of the entry, resolved
+        once it is fsynced. Cancelling the future cancels only the wait, as in `append`."""
         self._check_writable()
         data = check_append(
             actor=actor, kind=kind, body=body, run=run, parent=parent, size=self._size
         )
-        return await self._enqueue(actor, kind, run, parent, data, None, on_commit)
+        return self._enqueue(actor, kind, run, parent, data, None, on_commit)
 
     def _enqueue(
         self,

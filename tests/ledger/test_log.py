@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import os
 import threading
 from pathlib import Path
@@ -106,6 +107,21 @@ async def test_on_commit_runs_as_entries_commit_even_for_a_caller_that_stopped_w
     assert seen == [0, 1, 2, 3]
     monkeypatch.undo()
     await ledger.close()
+
+
+async def test_append_soon_refuses_at_once_and_its_cancelled_future_still_commits(
+    state_dir: Path,
+) -> None:
+    async with await Ledger.open(state_dir, checkpoint_interval=None) as ledger:
+        with pytest.raises(InvalidInput):  # refused by the call itself, before any await
+            ledger.append_soon(actor="a", kind="k", body={"x": 1.5})
+        first = ledger.append_soon(actor="a", kind="k", body={"i": 0})
+        second = ledger.append_soon(actor="a", kind="k", body={"i": 1})
+        second.cancel()  # stops only the wait
+        assert (await first).seq == 0
+        third = await ledger.append(actor="a", kind="k")
+        assert third.seq == 2
+        assert (await ledger.get(1)).body == hashlib.sha256(b'{"i":1}').hexdigest()
 
 
 async def test_rejects_bad_input(state_dir: Path) -> None:

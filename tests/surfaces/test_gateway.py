@@ -354,6 +354,11 @@ async def test_a_client_leaving_a_non_streamed_call_frees_its_slot(gw: Setup) ->
     while await _busy(gw) or gw.model.processing:
         assert time.monotonic() - left < 1.5, "the slot was not freed"
         await asyncio.sleep(0.01)
+    answer = (await gw.entries(REPLY))[-1]
+    assert (await gw.body(answer))["error"] == "client disconnected (cancelled)"
+    # the next call is served as usual
+    done = await gw.sdk.chat.completions.create(model="tiny", messages=_user("hi"), max_tokens=2)
+    assert done.choices[0].message.content
 
 
 async def test_a_crash_before_the_first_token_is_retried(gw: Setup) -> None:

@@ -13,7 +13,9 @@ re-checks: TAIL_CHECK, RECHECK_MAX).
   files end before its base, which means fsynced bytes are gone) the files are judged as they
   are, by the checks below. A read-only opener with no owner running does the same replay,
   under the owner's lock, when the files differ from the journal (else, after a power loss, it
-  would read a prefix of the record); it refuses, and says why, if it cannot write them.
+  would read a prefix of the record); it refuses, and says why, if it cannot write them. Its
+  lock file then reads "reader <pid>", and an owner opening meanwhile waits for it (seconds at
+  most) instead of failing as it does against any other holder.
 - Torn tail: a partial last line (or zero fill after a crash) is truncated back to the last
   complete entry, and fsynced, before the writer starts.
 - Missing-body tail (files with no usable journal): entries whose body never reached the pack
@@ -33,6 +35,7 @@ import fcntl
 import json
 import logging
 import os
+import time
 
 from daemon.errors import NotFound
 from daemon.ledger.audit import gap_reason
@@ -69,6 +72,8 @@ TAIL_CHECK = 1024
 # ledger never checkpointed (a bench fixture) has no anchor and skips it.
 RECHECK_MAX = 1 << 18
 READ_CHUNK = 1 << 22
+READER = "reader "  # the lock file's text while a reader restores the files: "reader <pid>"
+READER_WAIT_S = 10.0  # how long an opening owner waits for such a reader (a replay takes ms)
 
 
 class Recovery(Handle):
@@ -148,7 +153,7 @@ class Recovery(Handle):
         if last is None:
             return
         try:
-            self._take_lock()
+            self._take_lock(READER)
         except LedgerLocked:
             return
         except OSError as err:
@@ -224,18 +229,27 @@ class Recovery(Handle):
             )
         self._head = tree.frontier.snapshot()
 
-    def _take_lock(self) -> None:
+    def _take_lock(self, label: str = "") -> None:
+        """Take the ledger's lock and write our pid (after `label`) into its file. A holder
+        labelled as a reader restoring the record files (`_restore_for_reading`) lets go within
+        moments, so the owner waits for it (up to `READER_WAIT_S`) where any other holder is
+        refused at once."""
         path = self.dir / "lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-            os.close(fd)
-            pid = int(holder) if holder.isdigit() else None
-            raise LedgerLocked(str(self.state_dir), pid) from None
+        deadline = time.monotonic() + READER_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            if label or not holder.startswith(READER) or time.monotonic() > deadline:
+                os.close(fd)
+                pid = holder.removeprefix(READER)
+                raise LedgerLocked(str(self.state_dir), int(pid) if pid.isdigit() else None)
+            time.sleep(0.01)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{label}{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
     def _file_size(self) -> int:

@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import os
+import threading
+import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,6 +165,32 @@ async def test_a_reader_after_a_power_loss_sees_every_acknowledged_entry(
     await reader.close()
     owner = await Ledger.open(state_dir)  # the lock was let go; the owner agrees
     assert owner.size == 10
+    await owner.close()
+
+
+async def test_an_owner_opening_while_a_reader_restores_waits_for_it(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await crash_after_two_cycles(state_dir)
+    power_loss(state_dir)
+    replaying = threading.Event()
+    real_replay = Journal.replay
+
+    def slow_replay(journal: Journal, *args: Any) -> Any:
+        replaying.set()
+        time.sleep(0.3)  # the reader holds the owner's lock meanwhile
+        return real_replay(journal, *args)
+
+    monkeypatch.setattr(Journal, "replay", slow_replay)
+    reading = asyncio.create_task(Ledger.open(state_dir, readonly=True))
+    await asyncio.to_thread(replaying.wait, 5)
+    lock = (state_dir / "ledger" / "lock").read_text()
+    assert lock == f"reader {os.getpid()}\n"
+    owner = await Ledger.open(state_dir)  # before: ledger_locked, "locked by an unknown process"
+    reader = await reading
+    assert owner.size == reader.size == 10
+    assert (state_dir / "ledger" / "lock").read_text() == f"{os.getpid()}\n"
+    await reader.close()
     await owner.close()
 
 

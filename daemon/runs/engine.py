@@ -18,8 +18,9 @@ A caller that stops waiting does not stop what its append starts. The ledger com
 whose wait was cancelled (nothing acknowledged is undone), so the apply and the publish are the
 ledger's `on_commit`, run as the entry commits rather than when the caller resumes; and the
 step a control entry belongs to (starting the run it requests, aborting the run it cancels,
-resuming) runs in a shielded task (`_through`). Else the views would lack what the record
-holds, and the next snapshot would stamp that divergence for every later start.
+resuming) runs in a shielded task (`_step`). Else the views would lack what the record
+holds, and the next snapshot would stamp that divergence for every later start. `shutdown`
+waits for the steps in flight before it looks at the runs: a submit's step may start one.
 
 Control: `submit` witnesses `run.request` and starts driving; `cancel` witnesses `run.cancel`
 (no task starts after it) and aborts; `resume` witnesses `run.resume` for an interrupted run;
@@ -90,6 +91,8 @@ class Engine:
         self._runs: dict[str, Run] = {}
         self._keys = Keys(self.options.key_ttl_s, self.options.max_keys)
         self._closing = False
+        self._steps: set[asyncio.Task[Any]] = set()
+        """Control steps in flight (`_step`): shutdown lets them end before it stops runs."""
         self._requesting: set[str] = set()
         """Runs admitted whose request entry is not applied yet (not in the census)."""
         self.restored_from: int | None = None
@@ -240,7 +243,7 @@ class Engine:
         if idempotency_key is not None:
             claim = asyncio.get_running_loop().create_future()
             self._keys.remember(idempotency_key, claim, time.time())
-        await _through(self._request(run_id, body, checked, idempotency_key, claim))
+        await self._step(self._request(run_id, body, checked, idempotency_key, claim))
         return self.get(run_id)
 
     async def _request(
@@ -308,11 +311,11 @@ class Engine:
             return view
         run = self._runs.get(run_id)
         if run is None:  # interrupted: nothing runs, record the decision
-            await _through(self._cancel_stopped(view, reason))
+            await self._step(self._cancel_stopped(view, reason))
             return self.get(run_id)
         if not run.cancelling:
             run.cancelling = True  # checked before every task start: none starts after this
-            await _through(self._cancel_running(run, view, reason))
+            await self._step(self._cancel_running(run, view, reason))
         await run.finished.wait()
         return self.get(run_id)
 
@@ -326,6 +329,8 @@ class Engine:
         await self._abort(run)
 
     async def resume(self, run_id: str) -> RunView:
+        if self._closing:
+            raise Busy("the daemon is stopping; retry once it is back", retry_after=5.0)
         if run_id not in self.table.views:  # a summary or nothing: finished long ago
             view = await self.find(run_id)
             raise Conflict(f"run {run_id} is {view.state}; only an interrupted run resumes")
@@ -341,8 +346,18 @@ class Engine:
             "spent": view.spent.model_dump(),
         }
         self._admit()
-        await _through(self._resume(run_id, body, view.answer_seq or view.request_seq))
+        await self._step(self._resume(run_id, body, view.answer_seq or view.request_seq))
         return self.get(run_id)
+
+    async def _step(self, work: Coroutine[Any, Any, T]) -> T:
+        """Await `work` to its end even if the caller is cancelled; the caller still is (module
+        doc). Its first step runs before any step the caller takes after a cancellation, so its
+        appends keep their order before the ones a cancellation handler makes."""
+        task = asyncio.ensure_future(work)
+        task.add_done_callback(_retrieve)
+        self._steps.add(task)
+        task.add_done_callback(self._steps.discard)
+        return await asyncio.shield(task)
 
     async def _resume(self, run_id: str, body: dict[str, Any], parent: int | None) -> None:
         await self._witness(run_id, k.RESUME, body, parent)
@@ -410,6 +425,8 @@ class Engine:
     async def shutdown(self, drain_s: float = 5.0) -> None:
         """Let runs finish for `drain_s`, then interrupt the rest (witnessed, resumable)."""
         self._closing = True
+        if self._steps:  # a submit or resume whose entry is committing starts its run first
+            await asyncio.wait(list(self._steps))
         active = [run for run in self._runs.values() if run.task is not None]
         if active and drain_s > 0:
             waiters = [asyncio.create_task(run.finished.wait()) for run in active]
@@ -521,15 +538,6 @@ class Engine:
         await self._witness_all(
             run.id, [(k.INTENT, intent, answer_seq), (k.STATE, done, answer_seq)]
         )
-
-
-async def _through(work: Coroutine[Any, Any, T]) -> T:
-    """Await `work` to its end even if the caller is cancelled; the caller still is (module
-    doc). Its first step runs before any step the caller takes after a cancellation, so its
-    appends keep their order before the ones a cancellation handler makes."""
-    task = asyncio.ensure_future(work)
-    task.add_done_callback(_retrieve)
-    return await asyncio.shield(task)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

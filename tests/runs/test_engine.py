@@ -385,6 +385,34 @@ async def test_a_submit_whose_caller_stops_waiting_still_runs(state_dir: Path) -
     await ledger.close()
 
 
+async def test_a_submit_in_flight_as_shutdown_begins_is_interrupted_with_the_rest(
+    state_dir: Path,
+) -> None:
+    hang = asyncio.Event()
+
+    async def script(member: str, messages: list[dict[str, Any]]) -> str:
+        await hang.wait()
+        return dag_script(member, messages)
+
+    engine, ledger, gate = await held_engine(state_dir, script)
+    gate.clear()
+    submit = asyncio.create_task(engine.submit("api", plan=DAG))
+    await asyncio.sleep(0.1)  # its request waits on the held writer
+    stopping = asyncio.create_task(engine.shutdown(drain_s=0.1))
+    await asyncio.sleep(0.05)
+    gate.set()
+    view = await submit
+    await asyncio.wait_for(stopping, 10)
+    # Before, the run started after shutdown had looked at the runs: it kept running (its
+    # model call waiting) with the daemon gone, and its record said nothing of it.
+    assert engine.get(view.id).state == "interrupted"
+    assert [e.kind for e in await ledger.entries(run=view.id)][-1] == k.INTERRUPTED
+    with pytest.raises(Busy):
+        await engine.submit("api", plan=DAG)
+    hang.set()
+    await ledger.close()
+
+
 async def test_a_cancel_whose_caller_stops_waiting_still_cancels(state_dir: Path) -> None:
     hang = asyncio.Event()
 

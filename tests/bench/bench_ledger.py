@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from daemon.ledger import Ledger
 from daemon.ledger.bulk import build
@@ -42,6 +43,14 @@ def plain_fsync_loop(base: Path, n: int = 200) -> float:
     os.close(fd)
     path.unlink()
     return rate
+
+
+def _stop(thread: threading.Thread, queue: list[Any], cond: threading.Condition) -> None:
+    """End a reference's commit thread: None in its queue is its last item."""
+    with cond:
+        queue.append(None)
+        cond.notify()
+    thread.join()
 
 
 async def bare_one_hop(base: Path, n: int = 200) -> float:
@@ -82,10 +91,7 @@ async def bare_one_hop(base: Path, n: int = 200) -> float:
             cond.notify()
         await future
     rate = n / (time.perf_counter() - t0)
-    with cond:
-        queue.append(None)
-        cond.notify()
-    thread.join()
+    _stop(thread, queue, cond)
     os.close(fd)
     path.unlink()
     return rate
@@ -134,10 +140,7 @@ async def bare_group_commit(base: Path, writers: int = 64, total: int = 16000) -
     t0 = time.perf_counter()
     await asyncio.gather(*(writer(total // writers) for _ in range(writers)))
     rate = total // writers * writers / (time.perf_counter() - t0)
-    with cond:
-        queue.append(None)
-        cond.notify()
-    thread.join()
+    _stop(thread, queue, cond)
     os.close(fd)
     path.unlink()
     return rate

@@ -45,6 +45,19 @@ def plain_fsync_loop(base: Path, n: int = 200) -> float:
     return rate
 
 
+async def _one_at_a_time(
+    queue: list[asyncio.Future[None] | None], cond: threading.Condition, n: int
+) -> None:
+    """A reference's writer: `n` records, each queued for the commit thread and awaited."""
+    loop = asyncio.get_running_loop()
+    for _ in range(n):
+        future = loop.create_future()
+        with cond:
+            queue.append(future)
+            cond.notify()
+        await future
+
+
 def _stop(thread: threading.Thread, queue: list[Any], cond: threading.Condition) -> None:
     """End a reference's commit thread: None in its queue is its last item."""
     with cond:
@@ -84,12 +97,7 @@ async def bare_one_hop(base: Path, n: int = 200) -> float:
     thread = threading.Thread(target=commit)
     thread.start()
     t0 = time.perf_counter()
-    for _ in range(n):
-        future = loop.create_future()
-        with cond:
-            queue.append(future)
-            cond.notify()
-        await future
+    await _one_at_a_time(queue, cond, n)
     rate = n / (time.perf_counter() - t0)
     _stop(thread, queue, cond)
     os.close(fd)
@@ -127,18 +135,10 @@ async def bare_group_commit(base: Path, writers: int = 64, total: int = 16000) -
             if len(futures) < len(batch):
                 return
 
-    async def writer(n: int) -> None:
-        for _ in range(n):
-            future = loop.create_future()
-            with cond:
-                queue.append(future)
-                cond.notify()
-            await future
-
     thread = threading.Thread(target=commit)
     thread.start()
     t0 = time.perf_counter()
-    await asyncio.gather(*(writer(total // writers) for _ in range(writers)))
+    await asyncio.gather(*(_one_at_a_time(queue, cond, total // writers) for _ in range(writers)))
     rate = total // writers * writers / (time.perf_counter() - t0)
     _stop(thread, queue, cond)
     os.close(fd)

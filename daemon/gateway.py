@@ -260,11 +260,9 @@ class Gateway:
         self.roster = roster
         self.usage: dict[tuple[str, str], Usage] = {}
         self.waiting = 0
-        self._served: set[str] | None = None
 
     def set_roster(self, roster: Roster) -> None:
         self.roster = roster
-        self._served = None
 
     # ------------------------------------------------------------ models
 
@@ -272,21 +270,14 @@ class Gateway:
         """OpenAI's model list: members, then `tier:` and `lane:` ids."""
         roster = self.roster
         ids = [m.name for m in roster.models]
-        ids += [TIER + t for t in roster.tiers.members if t in self._tiers()]
+        served = self.pool.tiers()
+        ids += [TIER + t for t in roster.tiers.members if t in served]
         ids += [LANE + lane.name for lane in roster.lanes]
         return [{"id": i, "object": "model", "created": 0, "owned_by": "tally"} for i in ids]
 
-    def _tiers(self) -> set[str]:
-        """The tiers with a member in the roster (once per roster: every call resolves)."""
-        if self._served is None:
-            names = {m.name for m in self.roster.models}
-            members = self.roster.tiers.members.items()
-            self._served = {t for t, of in members if set(of) & names}
-        return self._served
-
     def resolve(self, model: str) -> Target:
         roster = self.roster
-        served = self._tiers()
+        served = self.pool.tiers()  # the pool's index, rebuilt when the roster changes
         ladder = [t for t in roster.tiers.ladder if t in served]
         if model.startswith(TIER) and model[len(TIER) :] in served:
             tier = model[len(TIER) :]

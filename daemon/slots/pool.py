@@ -36,7 +36,7 @@ import inspect
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, KeysView
 from pathlib import Path
 from types import TracebackType
 
@@ -196,6 +196,10 @@ class Pool:
             retry_after=min(err.retry_after for err in tried),
             details={"target": target, "members": why},
         )
+
+    def tiers(self) -> KeysView[str]:
+        """The tiers with a member in the roster: the `tier:` targets a lease may name."""
+        return self._tiers.keys()
 
     def try_acquire(self, target: str, affinity: str | None = None) -> Lease | None:
         """A free slot of `target` at once, or None (nobody waits; no server starts)."""

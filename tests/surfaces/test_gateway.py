@@ -95,6 +95,21 @@ async def test_models_lists_members_tiers_and_lanes(gw: Setup) -> None:
     assert {"tier:cheap", "tier:capable", "lane:backend", "lane:docs", "lane:testing"} <= set(ids)
 
 
+async def test_a_reloaded_roster_changes_the_models_and_tiers_served(gw: Setup) -> None:
+    text = gw.daemon.roster_path.read_text()
+    one_tier = text.replace('ladder = ["cheap", "capable"]', 'ladder = ["cheap"]')
+    one_tier = one_tier.replace('capable = ["big"]\n', "")
+    gw.daemon.roster_path.write_text(one_tier.replace('name = "big"', 'name = "huge"'))
+    await gw.daemon.reload_roster()
+    ids = [m.id async for m in gw.sdk.models.list()]
+    assert {"tier:cheap", "huge"} <= set(ids)
+    assert not {"tier:capable", "big"} & set(ids)
+    with pytest.raises(openai.NotFoundError):
+        await gw.sdk.chat.completions.create(model="tier:capable", messages=_user("hi"))
+    done = await gw.sdk.chat.completions.create(model="tier:cheap", messages=_user("hi"))
+    assert done.choices[0].message.content
+
+
 @pytest.mark.parametrize("model_id", ["tiny", "tier:cheap", "lane:docs"])
 async def test_chat_on_a_member_a_tier_and_a_lane_is_witnessed(gw: Setup, model_id: str) -> None:
     raw = await gw.sdk.chat.completions.with_raw_response.create(

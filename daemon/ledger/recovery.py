@@ -153,7 +153,7 @@ class Recovery(Handle):
         if last is None:
             return
         try:
-            self._take_lock(READER)
+            self._take_lock(reader=True)
         except LedgerLocked:
             return
         except OSError as err:
@@ -229,11 +229,11 @@ class Recovery(Handle):
             )
         self._head = tree.frontier.snapshot()
 
-    def _take_lock(self, label: str = "") -> None:
-        """Take the ledger's lock and write our pid (after `label`) into its file. A holder
-        labelled as a reader restoring the record files (`_restore_for_reading`) lets go within
-        moments, so the owner waits for it (up to `READER_WAIT_S`) where any other holder is
-        refused at once."""
+    def _take_lock(self, *, reader: bool = False) -> None:
+        """Take the ledger's lock and write our pid into its file ("reader <pid>" for a reader
+        restoring the record files, `_restore_for_reading`). Such a reader lets go within
+        moments, so an owner waits for it (up to `READER_WAIT_S`); any other holder, and any
+        holder a reader meets, is refused at once."""
         path = self.dir / "lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         deadline = time.monotonic() + READER_WAIT_S
@@ -243,13 +243,13 @@ class Recovery(Handle):
                 break
             except BlockingIOError:
                 holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            if label or not holder.startswith(READER) or time.monotonic() > deadline:
+            if reader or not holder.startswith(READER) or time.monotonic() > deadline:
                 os.close(fd)
                 pid = holder.removeprefix(READER)
                 raise LedgerLocked(str(self.state_dir), int(pid) if pid.isdigit() else None)
             time.sleep(0.01)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{label}{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{READER if reader else ''}{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
     def _file_size(self) -> int:

@@ -212,8 +212,7 @@ class Engine:
         client: str = "owner",
     ) -> RunView:
         """Create a run and start driving it; returns once the request is witnessed."""
-        if self._closing:  # 503 with Retry-After: a restarted daemon takes it
-            raise Busy("the daemon is stopping; retry once it is back", retry_after=5.0)
+        self._refuse_while_closing()
         known = self._keys.get(idempotency_key)
         if known is not None:
             run_id = await asyncio.shield(known)
@@ -329,8 +328,7 @@ class Engine:
         await self._abort(run)
 
     async def resume(self, run_id: str) -> RunView:
-        if self._closing:
-            raise Busy("the daemon is stopping; retry once it is back", retry_after=5.0)
+        self._refuse_while_closing()
         if run_id not in self.table.views:  # a summary or nothing: finished long ago
             view = await self.find(run_id)
             raise Conflict(f"run {run_id} is {view.state}; only an interrupted run resumes")
@@ -348,6 +346,12 @@ class Engine:
         self._admit()
         await self._step(self._resume(run_id, body, view.answer_seq or view.request_seq))
         return self.get(run_id)
+
+    def _refuse_while_closing(self) -> None:
+        """No run starts once shutdown began: 503 with Retry-After, a restarted daemon takes
+        it (shutdown only waits for the steps already in flight)."""
+        if self._closing:
+            raise Busy("the daemon is stopping; retry once it is back", retry_after=5.0)
 
     async def _step(self, work: Coroutine[Any, Any, T]) -> T:
         """Await `work` to its end even if the caller is cancelled; the caller still is (module

@@ -38,6 +38,7 @@ from daemon.routing import Router
 from daemon.runs import snapshot as snapshots
 from daemon.runs.engine import Engine, EngineOptions
 from daemon.runs.executors import watch_children_with_pidfd
+from daemon.runs.limits import MemoryCgroup, detect_memory_cgroup
 from daemon.runs.sandbox import Confinement, clear_task_dirs, tasks_root
 from daemon.slots import Pool, PoolOptions, SlotEvent
 from roster.loading import RosterError, default_roster_path, load_roster
@@ -68,6 +69,7 @@ class Daemon:
         self.timings = RunTimings()
         """Latency histograms (/metrics), fed by the engine as it witnesses run entries."""
         self._tracer: Any = None
+        self._memory_cgroup: MemoryCgroup | None = None
 
     # The parts exist only between start() and stop(); asking earlier is a programming error.
     @property
@@ -124,6 +126,7 @@ class Daemon:
                 roster, settings.state_dir, on_event=self._on_slot_event, options=options
             )
             await self._pool.start()
+            self._memory_cgroup = await self._detect_memory_cgroup(roster)
             self._gateway = Gateway(self._pool, self._ledger, roster)
             self._engine = Engine(
                 self._ledger,
@@ -187,7 +190,22 @@ class Daemon:
         credentials = os.environ.get("CREDENTIALS_DIRECTORY")
         if credentials:
             hidden.append(Path(credentials))
-        return Confinement(hidden=tuple(hidden), tasks_root=tasks_root(self.settings.state_dir))
+        return Confinement(
+            hidden=tuple(hidden),
+            tasks_root=tasks_root(self.settings.state_dir),
+            memory_cgroup=self._memory_cgroup,
+        )
+
+    @staticmethod
+    async def _detect_memory_cgroup(roster: Roster) -> MemoryCgroup | None:
+        """The cgroup memory limit command tasks run under, if the machine offers one (a
+        roster that runs no sandboxed commands at start does not look)."""
+        policy = roster.policy.command
+        if not policy.enabled or policy.sandbox != "bwrap":
+            return None
+        cgroup, said = await asyncio.to_thread(detect_memory_cgroup)
+        log.info("command tasks: %s", said)
+        return cgroup
 
     async def _witness_command_policy(self, roster: Roster) -> None:
         """An unsandboxed command executor is an explicit choice: put it on the record."""

@@ -211,7 +211,16 @@ class CommandPolicy(_Strict):
     rw_binds: list[str] = Field(default=[], max_length=64)
     """Extra paths a task may write (use sparingly: it is a way out of the sandbox)."""
     memory_mb: int = Field(default=2048, ge=16, le=1 << 20)
-    """Address-space limit of each process in the task."""
+    """A task's memory budget: its in-memory dirs (`tmpfs_mb`) plus the address-space limit
+    of each of its processes (the rest); where a cgroup v2 memory controller is reachable,
+    also the task's total (`MemoryMax`, shared memory included)."""
+    tmpfs_mb: int | None = Field(default=None, ge=4, le=1 << 20)
+    """The share of `memory_mb` for the sandbox's in-memory dirs (`/tmp`, `/dev/shm`, `/run`,
+    together); None = a quarter of `memory_mb`."""
+    disk_mb: int = Field(default=1024, ge=1, le=1 << 30)
+    """Total bytes a task may hold in its working dir (checked while it runs)."""
+    disk_files: int = Field(default=100_000, ge=16, le=10_000_000)
+    """Files and dirs a task may hold in its working dir."""
     processes: int = Field(default=512, ge=1, le=1 << 16)
     """RLIMIT_NPROC: counted per user by the kernel, so it caps fork bombs, not exact counts."""
     file_size_mb: int = Field(default=256, ge=1, le=1 << 20)
@@ -222,6 +231,20 @@ class CommandPolicy(_Strict):
     @classmethod
     def _binds_absolute(cls, paths: list[str]) -> list[str]:
         return _absolute(paths)
+
+    @model_validator(mode="after")
+    def _tmpfs_within_memory(self) -> CommandPolicy:
+        if self.tmpfs_mb is not None and self.memory_mb - self.tmpfs_mb < 12:
+            raise ValueError(
+                f"tmpfs_mb = {self.tmpfs_mb} leaves less than 12 MiB of memory_mb = "
+                f"{self.memory_mb} for the task's processes: lower tmpfs_mb or raise memory_mb"
+            )
+        return self
+
+    @property
+    def tmpfs_total_mb(self) -> int:
+        """The in-memory dirs' share of `memory_mb` (see `tmpfs_mb`)."""
+        return self.tmpfs_mb if self.tmpfs_mb is not None else max(4, self.memory_mb // 4)
 
 
 class Policy(_Strict):

@@ -29,6 +29,7 @@ from daemon.runs.budget import BudgetExhausted
 from daemon.runs.calls import call, structured
 from daemon.runs.context import Run, Setting, TaskFailed, describe
 from daemon.runs.executors import chat_messages, clip, run_command
+from daemon.runs.limits import LimitExceeded
 from daemon.runs.sandbox import admit_commands
 from roster.models import Lane
 
@@ -225,6 +226,8 @@ async def _run_command(
     seq = await s.witness(run.id, k.COMMAND_RUN, outcome.body(task.id), start_seq)
     if outcome.timed_out:
         raise TimeoutError(f"the command timed out after {outcome.duration_ms} ms")
+    if outcome.limit is not None:
+        raise LimitExceeded(outcome.limit)
     return outcome.stdout, outcome.exit_code, seq
 
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemon.runs import sandbox
+from daemon.runs import limits, sandbox
+from daemon.runs.limits import DiskQuota, TmpfsProbe
 from daemon.runs.sandbox import Confinement
 from roster.models import CommandPolicy
 
@@ -80,9 +81,11 @@ class CommandOutcome:
     timed_out: bool
     truncated: bool
     duration_ms: int
+    limit: str | None = None
+    """The limit the task ran into (disk quota, a full in-memory dir), naming its setting."""
 
     def body(self, task: str) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "task": task,
             "argv": self.argv,
             "exit_code": self.exit_code,
@@ -92,6 +95,9 @@ class CommandOutcome:
             "truncated": self.truncated,
             "duration_ms": self.duration_ms,
         }
+        if self.limit is not None:  # only then: a body without one keeps its bytes
+            body["limit"] = self.limit
+        return body
 
 
 async def _read_capped(stream: asyncio.StreamReader, cap: int) -> tuple[bytes, bool]:
@@ -127,7 +133,9 @@ async def run_command(
     The child runs confined as `daemon.runs.sandbox` says (bubblewrap unless the roster opted
     out), gets only the allow-listed environment and its own process group (so a timeout or a
     cancellation kills everything it started), and at most `output_cap` bytes of each stream
-    are kept. The temporary dir is removed afterwards, off the event loop.
+    are kept. While it runs, its dir's disk quota and its tmpfs inodes are watched
+    (`daemon.runs.limits`): past one, it is killed; past one or with a tmpfs full at its end,
+    the outcome's `limit` names it. The temporary dir is removed afterwards, off the event loop.
     """
     if not argv:
         raise ValueError("a command task needs a non-empty argv")
@@ -137,6 +145,9 @@ async def run_command(
     # The dir and the sandbox's arguments (realpaths, existence checks) cost file-system calls:
     # made in a worker thread, in one hop, as the dir is removed.
     workdir = await asyncio.to_thread(_make_workdir, confinement)
+    sandboxed = policy.sandbox == "bwrap"
+    info = _InfoPipe() if sandboxed else None
+    cgroup = confinement.memory_cgroup if sandboxed else None
     try:
         env["HOME"] = env["TMPDIR"] = str(workdir)
         wrapped = await asyncio.to_thread(
@@ -147,10 +158,117 @@ async def run_command(
             env=env,
             network=network,
             hidden=confinement.hidden,
+            info_fd=info.write if info is not None else None,
+            memory_cgroup=cgroup,
         )
-        return await _supervise(list(argv), wrapped, workdir, env, timeout_s, output_cap, stdin)
+        watch = _Watch(
+            quota=DiskQuota(workdir, policy.disk_mb * MB, policy.disk_files),
+            probe=TmpfsProbe(sandbox.tmpfs_sizes(policy), policy.disk_files) if sandboxed else None,
+            info=info,
+        )
+        launch_env = env | dict(cgroup.env) if cgroup is not None else env
+        return await _supervise(
+            list(argv), wrapped, workdir, launch_env, timeout_s, output_cap, stdin, watch
+        )
     finally:
+        if info is not None:
+            info.close()
         await asyncio.to_thread(shutil.rmtree, workdir, True)
+
+
+MB = 1024 * 1024
+
+
+class _InfoPipe:
+    """The pipe bwrap writes its init's pid on (`--info-fd`): the child inherits `write`,
+    which the daemon closes once the child has it, so the read end sees bwrap's EOF."""
+
+    def __init__(self) -> None:
+        self.read, self.write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+
+    def close_write(self) -> None:
+        if self.write >= 0:
+            os.close(self.write)
+            self.write = -1
+
+    def close(self) -> None:
+        self.close_write()
+        if self.read >= 0:
+            os.close(self.read)
+            self.read = -1
+
+
+@dataclass
+class _Watch:
+    """What is counted while a task runs (see `daemon.runs.limits`)."""
+
+    quota: DiskQuota
+    probe: TmpfsProbe | None
+    info: _InfoPipe | None
+    limit: str | None = None
+
+    async def run(self, proc: asyncio.subprocess.Process) -> None:
+        """Until cancelled: find the sandbox's tmpfs mounts, then check the dir's quota and
+        the mounts' inodes every tick; past a limit, note it and kill the task."""
+
+        def exceeded(message: str) -> None:
+            if self.limit is None:
+                self.limit = message
+            _kill_group(proc)
+
+        if self.probe is not None and self.info is not None:
+            await self._attach(self.probe, self.info.read, proc)
+        disk = asyncio.ensure_future(self.quota.watch(exceeded))
+        try:
+            while not disk.done():
+                if self.probe is not None and (message := self.probe.too_many_inodes()):
+                    exceeded(message)
+                    return
+                await asyncio.wait([disk], timeout=limits.WATCH_INTERVAL_S)
+        finally:
+            disk.cancel()
+            with contextlib.suppress(BaseException):
+                await disk
+
+    @staticmethod
+    async def _attach(probe: TmpfsProbe, info_fd: int, proc: asyncio.subprocess.Process) -> None:
+        """bwrap writes its init's pid on the info fd before building the sandbox: the
+        mounts are looked for every millisecond until all are there (a few ms), while the
+        task lives, for 2 s at most (a task that ends first leaves nothing to look at)."""
+        info = b""
+        pid: int | None = None
+        for _ in range(2000):
+            if proc.returncode is not None:
+                return
+            if pid is None:
+                try:
+                    while chunk := os.read(info_fd, 4096):
+                        info += chunk
+                        if len(info) > 65536:
+                            return  # not bwrap's JSON
+                    if not (pid := limits.read_child_pid(info)):
+                        return  # closed without a pid: bwrap failed to start
+                except BlockingIOError:
+                    pid = limits.read_child_pid(info)
+            if pid is not None and probe.attach(pid):
+                return
+            await asyncio.sleep(0.001)
+
+    async def finish(self) -> str | None:
+        """After the task ended: the limit it hit while running, or one its end shows (its
+        dir past the quota, a tmpfs left full)."""
+        try:
+            if self.limit is None:
+                self.limit = await asyncio.to_thread(self.quota.check)
+            if self.limit is None and self.probe is not None:
+                self.limit = self.probe.full()
+            return self.limit
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.probe is not None:
+            self.probe.close()
 
 
 def _make_workdir(confinement: Confinement) -> Path:
@@ -236,6 +354,7 @@ async def _supervise(
     timeout_s: float,
     output_cap: int,
     stdin: str | None,
+    watch: _Watch,
 ) -> CommandOutcome:
     started = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
@@ -246,7 +365,29 @@ async def _supervise(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
+        pass_fds=(watch.info.write,) if watch.info is not None else (),
     )
+    if watch.info is not None:
+        watch.info.close_write()
+    watching = asyncio.ensure_future(watch.run(proc))
+    try:
+        return await _await_outcome(argv, proc, started, timeout_s, output_cap, stdin, watch)
+    finally:
+        watching.cancel()
+        with contextlib.suppress(BaseException):
+            await watching
+        watch.close()  # a cancelled task never reached `finish`
+
+
+async def _await_outcome(
+    argv: list[str],
+    proc: asyncio.subprocess.Process,
+    started: float,
+    timeout_s: float,
+    output_cap: int,
+    stdin: str | None,
+    watch: _Watch,
+) -> CommandOutcome:
     assert proc.stdout is not None
     assert proc.stderr is not None
     if stdin is not None and proc.stdin is not None:
@@ -285,6 +426,7 @@ async def _supervise(
         timed_out=timed_out,
         truncated=out_cut or err_cut,
         duration_ms=int((time.monotonic() - started) * 1000),
+        limit=await watch.finish(),
     )
 
 

@@ -10,10 +10,18 @@ Contract, for `sandbox = "bwrap"` (the default):
   the task's processes; the network is a down loopback unless policy and task both allow it.
 - `--die-with-parent` + killing bwrap kills the namespace's init, and with it every descendant,
   `setsid` or not: cancel and timeout kill the process group of bwrap with SIGKILL.
+- No capabilities (`--cap-drop ALL`, which matters when the daemon runs as root) and no further
+  user namespaces (`--disable-userns`, where bwrap can): a task can neither remount its tmpfs
+  larger nor mount a fresh, unsized one in a namespace of its own.
+- The task's memory budget (`memory_mb`) is split: `tmpfs_sizes` gives every writable tmpfs
+  (`/tmp`, `/dev/shm`, `/run`) a `--size`, together `tmpfs_mb`; each process's address space
+  gets the rest. The sandbox's root and `/dev` are remounted read-only, so no unsized tmpfs is
+  writable. Its working dir is on disk, counted by `daemon.runs.limits.DiskQuota` while it runs;
+  where a cgroup v2 memory controller answers, `MemoryMax` bounds the whole task.
 - The environment is cleared and rebuilt from the allow-list; rlimits (address space, processes,
   file size) are applied by `prlimit` inside the sandbox, so they bind the task, not bwrap.
 `sandbox = "none"` runs the same argv with the same rlimits and env, unconfined: an explicit
-roster opt-in that the daemon witnesses at start-up.
+roster opt-in that the daemon witnesses at start-up (no tmpfs: its processes get `memory_mb`).
 Either way a task runs `TASK_NICENESS` steps nicer than the daemon (`nice`, when installed), so
 busy tasks take the CPU after the daemon's event loop, not from it.
 """
@@ -21,8 +29,10 @@ busy tasks take the CPU after the daemon's event loop, not from it.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -31,8 +41,10 @@ from pathlib import Path
 
 from daemon.errors import InvalidInput
 from daemon.planning import Plan
+from daemon.runs.limits import MemoryCgroup
 from roster.models import CommandPolicy
 
+log = logging.getLogger(__name__)
 TASK_NICENESS = 10
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 MB = 1024 * 1024
@@ -51,6 +63,8 @@ class Confinement:
     hidden: tuple[Path, ...] = ()
     tasks_root: Path | None = None
     """Parent of every task's temporary dir (one per daemon, emptied at start); None = $TMPDIR."""
+    memory_cgroup: MemoryCgroup | None = None
+    """The cgroup memory limit detected at start (`limits.detect_memory_cgroup`); None = none."""
 
 
 def python_prefixes() -> tuple[str, ...]:
@@ -114,15 +128,53 @@ def nice_argv() -> list[str]:
     return [nice, "-n", str(TASK_NICENESS)] if nice is not None else []
 
 
+def tmpfs_sizes(policy: CommandPolicy) -> dict[str, int]:
+    """Each writable tmpfs in the sandbox and its size in bytes: together `tmpfs_mb`
+    (`/run` 1 MiB, `/dev/shm` a quarter of the rest, `/tmp` the remainder)."""
+    total = policy.tmpfs_total_mb * MB
+    run = MB
+    shm = (total - run) // 4 // 4096 * 4096
+    return {"/tmp": total - run - shm, "/dev/shm": shm, "/run": run}
+
+
+def address_space_mb(policy: CommandPolicy) -> int:
+    """Each process's RLIMIT_AS: what `memory_mb` leaves after the sandbox's tmpfs."""
+    if policy.sandbox == "none":
+        return policy.memory_mb
+    return policy.memory_mb - policy.tmpfs_total_mb
+
+
 def prlimit_argv(policy: CommandPolicy) -> list[str]:
     prlimit = _which("prlimit") or "/usr/bin/prlimit"
     return [
         prlimit,
-        f"--as={policy.memory_mb * MB}",
+        f"--as={address_space_mb(policy) * MB}",
         f"--nproc={policy.processes}",
-        f"--fsize={policy.file_size_mb * MB}",
+        # one file never outgrows the task dir's quota, whatever the watcher's pace
+        f"--fsize={min(policy.file_size_mb, policy.disk_mb) * MB}",
         "--",
     ]
+
+
+_USERNS_FLAGS: dict[str, list[str]] = {}
+
+
+def userns_flags(bwrap: str) -> list[str]:
+    """`--unshare-user --disable-userns` where this bwrap can (a kernel with unprivileged user
+    namespaces; bwrap 0.8+), tried once per bwrap. Where it cannot, a task cannot make user
+    namespaces either, so nothing is lost."""
+    if bwrap not in _USERNS_FLAGS:
+        flags = ["--unshare-user", "--disable-userns"]
+        true = _which("true") or "/bin/true"
+        probe = [bwrap, "--unshare-all", *flags, "--ro-bind", "/", "/", "--", true]
+        try:
+            ok = subprocess.run(probe, capture_output=True, timeout=10, check=False).returncode
+        except (OSError, subprocess.TimeoutExpired):
+            ok = 1
+        if ok != 0:
+            log.warning("bwrap cannot --disable-userns here: tasks keep the kernel's default")
+        _USERNS_FLAGS[bwrap] = flags if ok == 0 else []
+    return _USERNS_FLAGS[bwrap]
 
 
 def _system_binds(hidden: Sequence[Path], extra: Iterable[str]) -> list[str]:
@@ -139,7 +191,10 @@ def _system_binds(hidden: Sequence[Path], extra: Iterable[str]) -> list[str]:
             continue
         allowed = (*SYSTEM_DIRS, *python_prefixes(), *extra)
         if any(_inside(real, os.path.realpath(a)) for a in allowed):
-            args += ["--tmpfs", real] if os.path.isdir(real) else ["--ro-bind", "/dev/null", real]
+            if os.path.isdir(real):  # an empty, read-only dir: nothing to fill
+                args += ["--size", "4096", "--tmpfs", real, "--remount-ro", real]
+            else:
+                args += ["--ro-bind", "/dev/null", real]
     return args
 
 
@@ -151,20 +206,39 @@ def wrap(
     env: dict[str, str],
     network: bool,
     hidden: Sequence[Path],
+    info_fd: int | None = None,
+    memory_cgroup: MemoryCgroup | None = None,
 ) -> list[str]:
-    """The argv that runs `argv` confined as the module docstring says."""
+    """The argv that runs `argv` confined as the module docstring says.
+
+    `info_fd`: a descriptor the child inherits, on which bwrap writes the sandbox init's pid
+    (for `limits.TmpfsProbe`). `memory_cgroup`: run the sandbox in a scope whose `MemoryMax`
+    is `memory_mb` (its `env` must then be in the environment `systemd-run` starts with)."""
     limited = [*prlimit_argv(policy), *argv]
     if policy.sandbox == "none":
         return [*nice_argv(), *limited]
-    args = [*nice_argv(), bwrap_path(), "--die-with-parent", "--new-session", "--unshare-all"]
+    bwrap = bwrap_path()
+    scope = memory_cgroup.prefix(policy.memory_mb) if memory_cgroup is not None else []
+    args = [*scope, *nice_argv(), bwrap, "--die-with-parent", "--new-session", "--unshare-all"]
+    args += [*userns_flags(bwrap), "--cap-drop", "ALL"]
     if network:
         args.append("--share-net")
+    if info_fd is not None:
+        args += ["--info-fd", str(info_fd)]
+    sizes = tmpfs_sizes(policy)
     # The empty mounts first: a bind below them (a venv in /tmp) must land on top, not under.
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+    # `/dev` holds only device nodes (read-only; a node's I/O is not a write to `/dev`), and
+    # `/dev/shm` is its one sized, writable tmpfs.
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--size", str(sizes["/dev/shm"]), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+    args += ["--size", str(sizes["/tmp"]), "--tmpfs", "/tmp"]
+    args += ["--size", str(sizes["/run"]), "--tmpfs", "/run"]
     args += _system_binds(hidden, policy.ro_binds)
     for bind in policy.rw_binds:
         args += ["--bind", bind, bind]
-    args += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir), "--clearenv"]
+    args += ["--bind", str(workdir), str(workdir)]
+    # bwrap builds the sandbox's root on a tmpfs of its own, unsized: read-only once built.
+    args += ["--remount-ro", "/", "--chdir", str(workdir), "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
     return [*args, "--", *limited]

@@ -7,8 +7,10 @@ server, which no command task needs) and a real `bwrap`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +24,14 @@ import pytest
 
 from daemon.errors import InvalidInput
 from daemon.runs import entries as k
-from daemon.runs.sandbox import TASK_NICENESS, SandboxUnavailable, python_prefixes, tasks_root
+from daemon.runs.sandbox import (
+    MB,
+    TASK_NICENESS,
+    SandboxUnavailable,
+    python_prefixes,
+    tasks_root,
+    tmpfs_sizes,
+)
 from daemon.service import Daemon
 from tests.runs.model_server import ScriptedServer, roster_toml, settings_for
 
@@ -292,3 +301,148 @@ async def test_a_python_install_under_tmp_stays_visible(
     daemon = await sandboxed()
     body = await run(daemon, "cat", str(prefix / "marker"))
     assert (body["exit_code"], body["stdout"]) == (0, "here")
+
+
+async def run_to_end(daemon: Daemon, *argv: str, **task: Any) -> tuple[Any, dict[str, Any]]:
+    """The finished run's view and its witnessed `command.run` body."""
+    view = await daemon.engine.submit("sandbox probe", plan=command_plan(*argv, **task))
+    done = await daemon.engine.wait(view.id, timeout=30)
+    entries = await daemon.ledger.entries(start=0, limit=1000, kind=k.COMMAND_RUN, run=view.id)
+    assert entries
+    assert entries[-1].body is not None
+    body = (await daemon.ledger.body(entries[-1].body)).value
+    assert isinstance(body, dict)
+    return done, body
+
+
+FILL = "head -c 200000000 /dev/zero > {path}; echo $?; stat -c %s {path}"
+
+
+@pytest.mark.parametrize("mount", ["/tmp", "/dev/shm", "/run"])
+async def test_an_in_memory_dir_holds_its_share_of_memory_mb(sandboxed: Make, mount: str) -> None:
+    """Each tmpfs is sized from `memory_mb`: a fill gets ENOSPC inside at that size (so the host
+    holds no more), and the task fails naming the limit and where it is set."""
+    daemon = await sandboxed("memory_mb = 64\nfile_size_mb = 1024")
+    size = tmpfs_sizes(daemon.roster.policy.command)[mount]
+    done, body = await run_to_end(daemon, *sh(FILL.format(path=f"{mount}/fill")))
+    assert "No space left on device" in body["stderr"], body
+    status, written = body["stdout"].split()
+    assert status != "0"
+    assert int(written) <= size < 64 * MB
+    assert done.state == "failed"
+    error = done.task("t").error
+    for named in (mount, "tmpfs_mb", "memory_mb"):
+        assert named in error, error
+    assert body["limit"] == error.split(": ", 1)[1]
+
+
+async def test_no_unsized_or_resizable_tmpfs_is_left_writable(sandboxed: Make) -> None:
+    """The root and /dev are read-only, a sized tmpfs cannot be remounted larger, and a task
+    cannot mount a fresh tmpfs in a user namespace of its own (as root or not)."""
+    daemon = await sandboxed("memory_mb = 64")
+    probes = {
+        "root": "echo x > /fill",
+        "dev": "echo x > /dev/fill",
+        "remount": "mount -o remount,size=1g /tmp",
+        "userns": "unshare -Urm sh -c 'mount -t tmpfs none /tmp && echo x > /tmp/fill'",
+    }
+    for name, script in probes.items():
+        body = await run(daemon, *sh(script))
+        assert body["exit_code"] != 0, (name, body)
+    sizes = await run(daemon, *sh("stat -f -c '%b %S' /tmp"))
+    blocks, block = sizes["stdout"].split()
+    assert int(blocks) * int(block) == tmpfs_sizes(daemon.roster.policy.command)["/tmp"]
+
+
+async def test_a_task_over_its_disk_quota_is_killed_naming_it(sandboxed: Make) -> None:
+    """Files in the task's own (on-disk) dir count against `disk_mb` in total: the writer is
+    killed soon after it passes the quota, and the task fails naming it."""
+    daemon = await sandboxed("disk_mb = 8")
+    # 1 MiB files, one after the other, each counted on stdout once written
+    writer = (
+        "i=0; while [ $i -lt 400 ]; do head -c 1048576 /dev/zero > f$i; i=$((i+1)); echo $i; done"
+    )
+    done, body = await run_to_end(daemon, *sh(writer))
+    written = [int(n) for n in body["stdout"].split()]
+    assert written, body
+    assert 8 <= written[-1] < 400, "the writer was not stopped"
+    assert written[-1] <= 8 + 24, f"{written[-1]} MiB written against a quota of 8"
+    assert body["exit_code"] == -signal.SIGKILL
+    assert done.state == "failed"
+    assert "disk quota of 8 MiB" in done.task("t").error
+    assert "disk_mb" in done.task("t").error
+    # one file is capped at the quota by RLIMIT_FSIZE, whatever the watcher's pace
+    one = await run(daemon, *sh("head -c 20000000 /dev/zero > big; stat -c %s big"))
+    assert int(one["stdout"].split()[-1]) <= 8 * MB
+
+
+async def test_a_task_that_fills_its_dir_and_exits_at_once_still_fails(sandboxed: Make) -> None:
+    daemon = await sandboxed("disk_mb = 2")
+    done, _ = await run_to_end(
+        daemon, *sh("for i in 1 2 3; do head -c 1048576 /dev/zero > f$i; done")
+    )
+    assert done.state == "failed"
+    assert "disk quota of 2 MiB" in done.task("t").error
+
+
+async def test_too_many_files_is_a_limit_too(sandboxed: Make) -> None:
+    """Empty files cost no blocks but an inode each (kernel memory a tmpfs size does not
+    count): in the task dir and in /tmp alike, `disk_files` bounds them."""
+    daemon = await sandboxed("disk_files = 500")
+    many = "i=0; while [ $i -lt 20000 ]; do : > {dir}/f$i || exit 7; i=$((i+1)); done; sleep 20"
+    for where in (".", "/tmp"):
+        done, body = await run_to_end(daemon, *sh(many.format(dir=where)))
+        assert done.state == "failed", body
+        error = done.task("t").error
+        assert "quota of 500 files and dirs" in error, error
+        assert "disk_files" in error, error
+        assert body["duration_ms"] < 15_000
+
+
+async def test_fifty_command_tasks_at_once(sandboxed: Make) -> None:
+    """50 runs of one command task each, submitted together: all finish, and nothing is left
+    behind (descriptors, zombies, task dirs)."""
+    daemon = await sandboxed()
+    root = tasks_root(daemon.settings.state_dir)
+    await run(daemon, "true")  # the first task opens what the daemon keeps (loggers, pipes)
+    before = _fds()
+    views = await asyncio.gather(
+        *(
+            daemon.engine.submit(f"probe {i}", plan=command_plan(*sh(f"echo {i}; sleep 0.2")))
+            for i in range(50)
+        )
+    )
+    done = await asyncio.gather(*(daemon.engine.wait(v.id, timeout=120) for v in views))
+    assert [d.state for d in done] == ["done"] * 50
+    assert sorted(int(d.task("t").result) for d in done) == list(range(50))
+    # the ledger opens a file per tree level as it grows: anything else left open leaked
+    state = str(daemon.settings.state_dir)
+    leaked = lambda: {fd for fd in _fds() - before if state not in fd}  # noqa: E731
+    assert await _until(lambda: not leaked(), 5.0), leaked()
+    assert _zombies() == []
+    assert not [p for p in root.iterdir() if p.name.startswith("tally-task-")]
+
+
+def _zombies() -> list[int]:
+    """Children of this process that exited and were never reaped."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if state == "Z" and int(ppid) == os.getpid():
+            found.append(int(entry))
+    return found
+
+
+def _fds() -> set[str]:
+    """This process's descriptors, each as 'number:target'."""
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, gone
+            out.add(f"{fd}:{os.readlink(f'/proc/self/fd/{fd}')}")
+    return out

@@ -16,7 +16,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +147,7 @@ async def run_command(
     workdir = await asyncio.to_thread(_make_workdir, confinement)
     sandboxed = policy.sandbox == "bwrap"
     info = _InfoPipe() if sandboxed else None
+    removed = False
     cgroup = confinement.memory_cgroup if sandboxed else None
     try:
         env["HOME"] = env["TMPDIR"] = str(workdir)
@@ -165,15 +166,29 @@ async def run_command(
             quota=DiskQuota(workdir, policy.disk_mb * MB, policy.disk_files),
             probe=TmpfsProbe(sandbox.tmpfs_sizes(policy), policy.disk_files) if sandboxed else None,
             info=info,
+            memory_max_mb=policy.memory_mb if cgroup is not None else None,
         )
         launch_env = env | dict(cgroup.env) if cgroup is not None else env
-        return await _supervise(
+        outcome = await _supervise(
             list(argv), wrapped, workdir, launch_env, timeout_s, output_cap, stdin, watch
         )
+        # The dir's last measure (a task that filled it and ended between two ticks) and its
+        # removal share one hop to a worker thread.
+        last = await asyncio.to_thread(_measure_and_remove, watch.quota)
+        removed = True
+        return outcome if outcome.limit or not last else replace(outcome, limit=last)
     finally:
         if info is not None:
             info.close()
-        await asyncio.to_thread(shutil.rmtree, workdir, True)
+        if not removed:
+            await asyncio.to_thread(shutil.rmtree, workdir, True)
+
+
+def _measure_and_remove(quota: DiskQuota) -> str | None:
+    try:
+        return quota.check()
+    finally:
+        shutil.rmtree(quota.directory, True)
 
 
 MB = 1024 * 1024
@@ -205,6 +220,8 @@ class _Watch:
     quota: DiskQuota
     probe: TmpfsProbe | None
     info: _InfoPipe | None
+    memory_max_mb: int | None = None
+    """The cgroup `MemoryMax` the task runs under, if one is in force."""
     limit: str | None = None
 
     async def run(self, proc: asyncio.subprocess.Process) -> None:
@@ -254,14 +271,18 @@ class _Watch:
                 return
             await asyncio.sleep(0.001)
 
-    async def finish(self) -> str | None:
-        """After the task ended: the limit it hit while running, or one its end shows (its
-        dir past the quota, a tmpfs left full)."""
+    async def finish(self, killed: bool) -> str | None:
+        """After the task ended: the limit it hit while running, or one its end shows (a
+        tmpfs left full, a SIGKILL no one here sent under a cgroup memory limit: the kernel's
+        OOM killer is the usual sender). The dir's last measure is `run_command`'s."""
         try:
-            if self.limit is None:
-                self.limit = await asyncio.to_thread(self.quota.check)
             if self.limit is None and self.probe is not None:
                 self.limit = self.probe.full()
+            if self.limit is None and killed and self.memory_max_mb is not None:
+                self.limit = (
+                    "the task was killed by SIGKILL, most likely for passing its memory limit "
+                    f"of {self.memory_max_mb} MiB (cgroup MemoryMax, [policy.command] memory_mb)"
+                )
             return self.limit
         finally:
             self.close()
@@ -426,7 +447,7 @@ async def _await_outcome(
         timed_out=timed_out,
         truncated=out_cut or err_cut,
         duration_ms=int((time.monotonic() - started) * 1000),
-        limit=await watch.finish(),
+        limit=await watch.finish(killed=not timed_out and proc.returncode == -signal.SIGKILL),
     )
 
 

@@ -421,6 +421,19 @@ async def test_fifty_command_tasks_at_once(sandboxed: Make) -> None:
     assert await _until(lambda: not leaked(), 5.0), leaked()
     assert _zombies() == []
     assert not [p for p in root.iterdir() if p.name.startswith("tally-task-")]
+    # and 50 in one plan: they queue behind the run's max_parallel (its answer is a model
+    # call, whose kept-alive connection is no leak: descriptors are counted above)
+    tasks = [
+        {"id": f"t{i}", "lane": "backend", "instruction": "run", "executor": "command"}
+        | {"argv": ["echo", str(i)]}
+        for i in range(50)
+    ]
+    view = await daemon.engine.submit("fifty", plan={"tasks": tasks}, max_parallel=16)
+    one = await daemon.engine.wait(view.id, timeout=120)
+    assert one.state == "done"
+    assert [t.result for t in one.tasks] == [f"{i}\n" for i in range(50)]
+    assert _zombies() == []
+    assert not [p for p in root.iterdir() if p.name.startswith("tally-task-")]
 
 
 def _zombies() -> list[int]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -181,14 +180,14 @@ async def run_command(
         if info is not None:
             info.close()
         if not removed:
-            await asyncio.to_thread(shutil.rmtree, workdir, True)
+            await asyncio.to_thread(sandbox.remove_task_dir, workdir)
 
 
 def _measure_and_remove(quota: DiskQuota) -> str | None:
     try:
         return quota.check()
     finally:
-        shutil.rmtree(quota.directory, True)
+        sandbox.remove_task_dir(quota.directory)
 
 
 MB = 1024 * 1024

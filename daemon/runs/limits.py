@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -55,6 +56,9 @@ class DiskUsage:
     entries: int
     complete: bool
     """False when the walk stopped early, past a limit: the numbers are then lower bounds."""
+    unmeasured: str | None = None
+    """Why part of the tree could not be read (a path past PATH_MAX, a dir made unreadable):
+    what it holds is not counted, so a quota treats it as exceeded."""
 
 
 def disk_usage(
@@ -62,7 +66,8 @@ def disk_usage(
 ) -> DiskUsage:
     """Bytes allocated (st_blocks, so a sparse file counts what it holds) and entries below
     `directory`, symlinks not followed, hard links counted once. The walk stops as soon as a
-    stop value is passed, so measuring a hostile tree costs at most `stop_entries` stats."""
+    stop value is passed, so measuring a hostile tree costs at most `stop_entries` stats, or
+    at the first part it cannot read."""
     total = entries = 0
     seen: set[tuple[int, int]] = set()
     stack = [str(directory)]
@@ -74,22 +79,25 @@ def disk_usage(
                     entries += 1
                     try:
                         st = entry.stat(follow_symlinks=False)
-                    except OSError:
+                    except FileNotFoundError:
                         continue  # removed while we looked
-                    if st.st_nlink > 1 and not entry.is_dir(follow_symlinks=False):
+                    if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
                         key = (st.st_dev, st.st_ino)
                         if key in seen:
                             continue
                         seen.add(key)
                     total += st.st_blocks * 512
-                    if entry.is_dir(follow_symlinks=False):
+                    if stat.S_ISDIR(st.st_mode):
                         stack.append(entry.path)
                     if (stop_bytes is not None and total > stop_bytes) or (
                         stop_entries is not None and entries > stop_entries
                     ):
                         return DiskUsage(total, entries, complete=False)
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            continue
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # removed, or replaced by a file, while we looked
+        except OSError as exc:
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            return DiskUsage(total, entries, complete=False, unmeasured=why)
     return DiskUsage(total, entries, complete=True)
 
 
@@ -111,6 +119,12 @@ class DiskQuota:
         """The message naming the limit `directory` is past, or None. Blocking: call it on a
         worker thread."""
         used = disk_usage(self.directory, stop_bytes=self.max_bytes, stop_entries=self.max_entries)
+        if used.unmeasured is not None:
+            return (
+                f"the task left part of {self.label} unreadable to its disk quota check "
+                f"({used.unmeasured}), so the quota of {_mib(self.max_bytes)} cannot be "
+                f"upheld ({self.bytes_setting})"
+            )
         if used.bytes > self.max_bytes:
             return (
                 f"the task exceeded its disk quota of {_mib(self.max_bytes)} in {self.label} "

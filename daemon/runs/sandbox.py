@@ -28,9 +28,11 @@ busy tasks take the CPU after the daemon's event loop, not from it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -287,6 +289,50 @@ def clear_task_dirs(root: Path | None) -> int:
     removed = 0
     for child in root.iterdir():
         if child.name.startswith("tally-task-"):
-            shutil.rmtree(child, ignore_errors=True)
+            remove_task_dir(child)
             removed += 1
     return removed
+
+
+def remove_task_dir(path: Path) -> None:
+    """Remove a task's dir whatever its task did to it, once its processes are gone.
+
+    A task can nest dirs deeper than PATH_MAX or than Python's recursion limit (where
+    `shutil.rmtree` raises `RecursionError`), and make dirs unreadable to their owner (mode
+    000). So every dir is emptied at depth one: its subdirs are renamed up to the top, and
+    each gets its owner's rights back before it is listed. Symlinks are never followed.
+    """
+    top = str(path)
+    if os.path.islink(top) or not os.path.isdir(top):
+        with contextlib.suppress(OSError):
+            os.unlink(top)
+        return
+    tag = secrets.token_hex(6)
+    moved = 0
+    pending = [top]
+    done: list[str] = []
+    while pending:
+        current = pending.pop()
+        done.append(current)
+        with contextlib.suppress(OSError):
+            os.chmod(current, 0o700)
+        try:
+            with os.scandir(current) as listing:
+                entries = list(listing)
+        except OSError:
+            continue
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+            elif current == top:
+                pending.append(entry.path)
+            else:
+                moved += 1
+                flat = os.path.join(top, f".tally-flat-{tag}-{moved}")
+                with contextlib.suppress(OSError):
+                    os.rename(entry.path, flat)
+                    pending.append(flat)
+    for emptied in reversed(done):  # the top last
+        with contextlib.suppress(OSError):
+            os.rmdir(emptied)

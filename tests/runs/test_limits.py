@@ -4,11 +4,17 @@ into the sandbox): real files on the real filesystem, no sandbox needed."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import threading
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
 from daemon.runs.limits import MB, DiskQuota, detect_memory_cgroup, disk_usage
+from daemon.runs.sandbox import address_space_mb, remove_task_dir, tmpfs_sizes
+from roster.models import CommandPolicy
 
 
 def _write(path: Path, size: int) -> None:
@@ -100,3 +106,48 @@ def test_the_cgroup_probe_answers_either_way() -> None:
             "MemorySwapMax=0",
             "--",
         ]
+
+
+def test_the_in_memory_dirs_are_a_share_of_memory_mb() -> None:
+    """tmpfs sizes add up to `tmpfs_mb` (a quarter of `memory_mb` by default), and what is
+    left is each process's address space; a share that leaves too little is refused."""
+    for policy in (
+        CommandPolicy(),
+        CommandPolicy(memory_mb=16),
+        CommandPolicy(memory_mb=512, tmpfs_mb=100),
+    ):
+        sizes = tmpfs_sizes(policy)
+        assert sum(sizes.values()) == policy.tmpfs_total_mb * MB
+        assert all(size > 0 and size % 4096 == 0 for size in sizes.values())
+        assert address_space_mb(policy) + policy.tmpfs_total_mb == policy.memory_mb
+    assert CommandPolicy().tmpfs_total_mb == 512
+    assert address_space_mb(CommandPolicy(sandbox="none")) == 2048  # no tmpfs: all of it
+    with pytest.raises(ValidationError, match="leaves less than 12 MiB of memory_mb = 64"):
+        CommandPolicy(memory_mb=64, tmpfs_mb=60)
+
+
+def test_a_tree_too_deep_to_measure_is_past_the_quota(tmp_path: Path) -> None:
+    """A task can nest dirs past PATH_MAX (by relative paths): what lies below cannot be
+    measured by path, so the quota names it rather than count it as nothing."""
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(1100):  # > PATH_MAX, and deeper than shutil.rmtree's recursion
+            os.mkdir("dir", dir_fd=fd)
+            deeper = os.open("dir", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = deeper
+        hidden = os.open("hidden", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
+        os.write(hidden, b"\x01" * (4 * MB))
+        os.close(hidden)
+    finally:
+        os.close(fd)
+    try:
+        used = disk_usage(tmp_path)
+        assert used.unmeasured == os.strerror(errno.ENAMETOOLONG)
+        message = DiskQuota(tmp_path, 64 * MB, 100_000).check()
+        assert message is not None
+        assert "unreadable to its disk quota check (File name too long)" in message
+    finally:
+        # deeper than shutil.rmtree's recursion: the task dir's own remover takes it
+        remove_task_dir(tmp_path)
+    assert not tmp_path.exists()

@@ -459,3 +459,25 @@ def _fds() -> set[str]:
         with contextlib.suppress(OSError):  # the listing's own descriptor, gone
             out.add(f"{fd}:{os.readlink(f'/proc/self/fd/{fd}')}")
     return out
+
+
+DEEP = """
+import os
+for _ in range(25):  # 25 * 201 bytes > PATH_MAX
+    os.mkdir("d" * 200)
+    os.chdir("d" * 200)
+with open("hidden", "wb") as f:
+    f.write(bytes(1 << 20))
+"""
+
+
+async def test_a_tree_nested_past_path_max_fails_and_is_removed(sandboxed: Make) -> None:
+    """Dirs nested past PATH_MAX cannot be measured by path: the task fails naming its quota,
+    and its dir is still removed."""
+    daemon = await sandboxed()
+    root = tasks_root(daemon.settings.state_dir)
+    done, body = await run_to_end(daemon, sys.executable, "-c", DEEP)
+    assert done.state == "failed", body
+    assert "unreadable to its disk quota check" in done.task("t").error
+    assert body["exit_code"] in (0, -signal.SIGKILL)  # killed once seen, or seen at its end
+    assert not [p for p in root.iterdir() if p.name.startswith("tally-task-")]

@@ -234,6 +234,7 @@ class _Watch:
 
         if self.probe is not None and self.info is not None:
             await self._attach(self.probe, self.info.read, proc)
+            self.info.close()  # read once: a daemon running many tasks keeps fewer fds
         disk = asyncio.ensure_future(self.quota.watch(exceeded))
         try:
             while not disk.done():

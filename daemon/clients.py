@@ -23,12 +23,13 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from daemon.errors import Conflict, InvalidInput, NotFound
 from daemon.ledger.store import write_atomic
+from roster.models import Whole
 
 Scope = Literal["read", "submit", "command", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "submit", "command", "admin")
@@ -44,12 +45,15 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    rpm: int | None = Field(default=None, ge=1, le=1_000_000, description="Requests a minute.")
-    tpm: int | None = Field(
-        default=None, ge=1, le=MAX_TOKENS, description="Tokens (prompt + completion) a minute."
+    # Whole: JSON's 60.0 is the integer 60 (JSON Schema's `integer`), as in the roster.
+    rpm: Annotated[int, Field(ge=1, le=1_000_000), Whole] | None = Field(
+        default=None, description="Requests a minute."
     )
-    tokens_per_day: int | None = Field(
-        default=None, ge=1, le=MAX_TOKENS, description="Tokens in any 24 hours (rolling)."
+    tpm: Annotated[int, Field(ge=1, le=MAX_TOKENS), Whole] | None = Field(
+        default=None, description="Tokens (prompt + completion) a minute."
+    )
+    tokens_per_day: Annotated[int, Field(ge=1, le=MAX_TOKENS), Whole] | None = Field(
+        default=None, description="Tokens in any 24 hours (rolling)."
     )
 
     def any(self) -> bool:

@@ -140,7 +140,8 @@ async def test_a_dead_member_falls_back_in_order_each_try_witnessed(gw: Setup) -
     assert all(s["client"] == "default" and s["model"] == "gone" for s in switches)
     assert all(s["error"] and s["code"] for s in switches)
     [call] = [await gw.body(e) for e in await gw.entries(CALL)]
-    assert call["target"] == "lane:cheap" and call["member"] == "tiny"
+    assert call["target"] == "lane:cheap"
+    assert call["member"] == "tiny"
     [reply] = await gw.entries(REPLY)
     assert int(answer.headers["X-Tally-Seq"]) == reply.seq
     # the lane's system prompt went first, as a call to lane:backend does
@@ -176,7 +177,8 @@ async def test_bad_fallbacks_are_located_roster_errors(tmp_path: Path, model: Fa
         load_roster_text(text)
     message = str(caught.value)
     assert "gateway.fallbacks.gone[0]" in message or "gateway.fallbacks.gone.0" in message
-    assert "tier:nope" in message and "listed twice" in message
+    assert "tier:nope" in message
+    assert "listed twice" in message
 
 
 # ---------------------------------------------------------------- limits and budgets
@@ -194,7 +196,8 @@ async def test_the_61st_request_in_a_minute_is_a_429_the_sdk_retries(gw: Setup) 
     assert refusal.status_code == 429
     assert refusal.body["type"] == "rate_limit_error"  # type: ignore[index]
     assert refusal.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
-    assert "rpm" in refusal.message and "60" in refusal.message
+    assert "rpm" in refusal.message
+    assert "60" in refusal.message
     retry_after = int(refusal.response.headers["Retry-After"])
     assert 1 <= retry_after <= 60
     assert int(refusal.response.headers["retry-after-ms"]) <= retry_after * 1000
@@ -207,11 +210,14 @@ async def test_the_61st_request_in_a_minute_is_a_429_the_sdk_retries(gw: Setup) 
     patient = gw.client(token, retries=2)
     started = time.monotonic()
     done = await patient.chat.completions.create(model="tiny", messages=_user("x"), max_tokens=1)
-    assert done.choices and 0.5 < time.monotonic() - started < 10
+    assert done.choices
+    assert 0.5 < time.monotonic() - started < 10
     await ide.close()
     await patient.close()
     [limited] = [await gw.body(e) for e in await gw.entries(LIMITED)]  # once a minute, not per 429
-    assert limited["client"] == "ide" and limited["limit"] == "rpm" and limited["allowed"] == 60
+    assert limited["client"] == "ide"
+    assert limited["limit"] == "rpm"
+    assert limited["allowed"] == 60
     assert limited["surface"] == "chat.completions"
 
 
@@ -232,29 +238,33 @@ async def test_a_token_budget_holds_across_the_gateway_runs_and_a_restart(
         assert "tokens_per_day" in caught.value.message
         assert int(caught.value.response.headers["Retry-After"]) > 3600  # a day's window
         # runs count against the same budget: a submit is refused the same way
-        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
-            async with http.post(
-                gw.base + "/v1/tools/submit", json={"request": "backend work"}
-            ) as resp:
-                assert resp.status == 429
-                assert int(resp.headers["Retry-After"]) > 3600
-                assert (await resp.json())["error"]["code"] == "rate_limited"
+        headers = {"Authorization": f"Bearer {token}"}
+        async with (
+            aiohttp.ClientSession(headers=headers) as http,
+            http.post(gw.base + "/v1/tools/submit", json={"request": "backend work"}) as resp,
+        ):
+            assert resp.status == 429
+            assert int(resp.headers["Retry-After"]) > 3600
+            assert (await resp.json())["error"]["code"] == "rate_limited"
         await batch.close()
     # a restart rebuilds the day's usage from the record
     async for gw in _setup(tmp_path, model):
         assert gw.daemon.quotas.snapshot("batch")["tokens_day"] >= 40
         token_client = gw.daemon.clients.lookup(token)
-        assert token_client is not None and gw.daemon.quotas.check(token_client) is not None
+        assert token_client is not None
+        assert gw.daemon.quotas.check(token_client) is not None
 
 
 async def test_a_runs_tokens_count_for_its_client(gw: Setup) -> None:
     token = gw.daemon.clients.add("runner", "submit", Limits(tpm=1_000_000))
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http:
-        async with http.post(
-            gw.base + "/v1/tools/submit", json={"request": "backend work", "wait": True}
-        ) as resp:
-            run = await resp.json()
-            assert resp.status == 200 and run["state"] == "done", run
+    body = {"request": "backend work", "wait": True}
+    async with (
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http,
+        http.post(gw.base + "/v1/tools/submit", json=body) as resp,
+    ):
+        run = await resp.json()
+        assert resp.status == 200, run
+        assert run["state"] == "done", run
     used = gw.daemon.quotas.snapshot("runner")
     assert used["requests_minute"] == 1
     assert used["tokens_minute"] == run["spent"]["tokens"] > 0
@@ -272,7 +282,8 @@ async def test_client_list_and_metrics_show_limits_and_use(gw: Setup) -> None:
         async with http.get(gw.base + "/metrics") as resp:
             metrics = await resp.text()
     assert listed["limits"] == {"rpm": 5, "tpm": None, "tokens_per_day": 100_000}
-    assert listed["used"]["requests_minute"] == 1 and listed["used"]["tokens_day"] > 0
+    assert listed["used"]["requests_minute"] == 1
+    assert listed["used"]["tokens_day"] > 0
     assert 'tally_client_limit{client="ide",limit="rpm"} 5' in metrics
     assert 'tally_client_usage{client="ide",window="requests_minute"} 1' in metrics
 
@@ -283,7 +294,8 @@ async def test_client_list_and_metrics_show_limits_and_use(gw: Setup) -> None:
 def _openai_shaped(body: Any) -> dict[str, Any]:
     error = body["error"]
     assert set(error) == {"message", "type", "param", "code"}, body
-    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["message"], str)
+    assert error["message"]
     return dict(error)
 
 
@@ -299,7 +311,8 @@ async def test_every_gateway_error_is_in_openais_shape(gw: Setup) -> None:
             _openai_shaped(await resp.json())
         auth = {"Authorization": f"Bearer {TOKEN}"}
         async with http.get(base + "/v1/chat/completions", headers=auth) as resp:
-            assert resp.status == 405 and "POST" in resp.headers["Allow"]
+            assert resp.status == 405
+            assert "POST" in resp.headers["Allow"]
             _openai_shaped(await resp.json())
         async with http.post(
             base + "/v1/chat/completions", headers={**auth, "Host": "evil.example"}, json={}
@@ -339,9 +352,11 @@ async def test_a_members_own_error_message_reaches_the_client(gw: Setup) -> None
 
 
 async def test_the_gateway_is_in_openapi_and_its_schema_is_the_checked_one(gw: Setup) -> None:
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-        async with http.get(gw.base + "/openapi.json") as resp:
-            document = await resp.json()
+    async with (
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http,
+        http.get(gw.base + "/openapi.json") as resp,
+    ):
+        document = await resp.json()
     validate(document)
     chat = document["paths"]["/v1/chat/completions"]["post"]
     assert {"200", "401", "429", "503"} <= set(chat["responses"])
@@ -351,7 +366,8 @@ async def test_the_gateway_is_in_openapi_and_its_schema_is_the_checked_one(gw: S
     jsonschema.validate(request, resolver)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**request, "nope": 1}, resolver)
-    assert "/v1/models" in document["paths"] and "/v1/embeddings" in document["paths"]
+    assert "/v1/models" in document["paths"]
+    assert "/v1/embeddings" in document["paths"]
 
 
 async def test_summary_and_metrics_count_the_same_things(gw: Setup) -> None:

@@ -23,18 +23,44 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from daemon.errors import Conflict, InvalidInput, NotFound
 from daemon.ledger.store import write_atomic
+from roster.models import Whole
 
 Scope = Literal["read", "submit", "command", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "submit", "command", "admin")
 CLIENT_NAME = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 CLIENTS_FILE = "clients.json"
 RESERVED = ("owner", "default")
+MAX_TOKENS = 2**53 - 1
+
+
+class Limits(BaseModel):
+    """A client's rate limits and token budget (LiteLLM's virtual-key limits): None = none.
+    Enforced on the gateway and on runs by `daemon.quotas`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    # Whole: JSON's 60.0 is the integer 60 (JSON Schema's `integer`), as in the roster.
+    rpm: Annotated[int, Field(ge=1, le=1_000_000), Whole] | None = Field(
+        default=None, description="Requests a minute."
+    )
+    tpm: Annotated[int, Field(ge=1, le=MAX_TOKENS), Whole] | None = Field(
+        default=None, description="Tokens (prompt + completion) a minute."
+    )
+    tokens_per_day: Annotated[int, Field(ge=1, le=MAX_TOKENS), Whole] | None = Field(
+        default=None, description="Tokens in any 24 hours (rolling)."
+    )
+
+    def any(self) -> bool:
+        return self.rpm is not None or self.tpm is not None or self.tokens_per_day is not None
+
+
+NO_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
@@ -43,6 +69,7 @@ class Client:
 
     name: str
     scope: Scope
+    limits: Limits = NO_LIMITS
 
     def allows(self, needed: Scope) -> bool:
         return SCOPES.index(self.scope) >= SCOPES.index(needed)
@@ -61,6 +88,8 @@ class ClientRecord(BaseModel):
     scope: Scope
     token_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     created_at_us: int = Field(ge=0)
+    limits: Limits | None = None
+    """Absent in files written before limits existed, and for clients without any."""
 
 
 class ClientFile(BaseModel):
@@ -102,12 +131,14 @@ class ClientStore:
         """The client this bearer token belongs to (None: unknown or revoked)."""
         self._fresh()
         record = self._by_digest.get(digest(token))  # a 256-bit secret's digest: no timing oracle
-        return Client(record.name, record.scope) if record is not None else None
+        if record is None:
+            return None
+        return Client(record.name, record.scope, record.limits or NO_LIMITS)
 
     def records(self) -> list[ClientRecord]:
         return list(self._fresh())
 
-    def add(self, name: str, scope: Scope) -> str:
+    def add(self, name: str, scope: Scope, limits: Limits | None = None) -> str:
         """Make a client; returns its token (the only time it exists outside the caller)."""
         if name in RESERVED:
             raise InvalidInput(f"{name!r} is reserved (the socket owner and the legacy token)")
@@ -116,7 +147,11 @@ class ClientStore:
             raise Conflict(f"a client named {name!r} exists; revoke it first")
         token = "tly_" + secrets.token_urlsafe(32)
         record = ClientRecord(
-            name=name, scope=scope, token_sha256=digest(token), created_at_us=time.time_ns() // 1000
+            name=name,
+            scope=scope,
+            token_sha256=digest(token),
+            created_at_us=time.time_ns() // 1000,
+            limits=limits if limits is not None and limits.any() else None,
         )
         self._write([*records, record])
         return token
@@ -131,7 +166,8 @@ class ClientStore:
 
     def _write(self, records: list[ClientRecord]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        data = ClientFile(clients=records).model_dump(mode="json")
+        # Unset limits stay out of the file, so a file without any reads as it did before.
+        data = ClientFile(clients=records).model_dump(mode="json", exclude_none=True)
         write_atomic(self.path, (json.dumps(data, indent=2) + "\n").encode(), mode=0o600)
         self._mtime = None  # re-read on next use
         os.utime(self.path)  # a new mtime even within the same clock tick

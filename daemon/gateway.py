@@ -52,8 +52,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from daemon.clients import Client
-from daemon.errors import InvalidInput, NotFound, TallyError
+from daemon.errors import Busy, DeadlineExceeded, InvalidInput, NotFound, TallyError
 from daemon.histogram import SECONDS, Histogram
+from daemon.quotas import Quotas, Refusal
 from daemon.runs.entries import safe
 from daemon.slots.errors import ConsumerGone, ModelError, PoolBusy, SlotLost
 from daemon.slots.records import ledger_timings
@@ -67,7 +68,9 @@ if TYPE_CHECKING:
 
 CALL = "gateway.call"
 REPLY = "gateway.reply"
-KINDS = (CALL, REPLY)
+FALLBACK = "gateway.fallback"
+LIMITED = "client.limited"
+KINDS = (CALL, REPLY, FALLBACK)
 
 TIER = "tier:"
 LANE = "lane:"
@@ -254,10 +257,13 @@ class Retryable(Exception):
 class Gateway:
     """Resolves model ids, leases, witnesses, relays. Holds per-(client, model) statistics."""
 
-    def __init__(self, pool: Pool, ledger: Ledger, roster: Roster) -> None:
+    def __init__(
+        self, pool: Pool, ledger: Ledger, roster: Roster, quotas: Quotas | None = None
+    ) -> None:
         self.pool = pool
         self.ledger = ledger
         self.roster = roster
+        self.quotas = quotas or Quotas()
         self.usage: dict[tuple[str, str], Usage] = {}
         self.waiting = 0
 
@@ -296,16 +302,51 @@ class Gateway:
     # ------------------------------------------------------------ calls
 
     async def chat(self, client: Client, raw: bytes, open_stream: Open, send: Send) -> Answer:
-        """One chat completion for `client`; a streamed one goes out through open/send."""
+        """One chat completion for `client`; a streamed one goes out through open/send.
+
+        The model asked for is tried first, then each of its `[gateway] fallbacks` in order,
+        while nothing has reached the client: every switch is a witnessed `gateway.fallback`
+        (what failed, why, what is tried next), and every try its own call and reply."""
         settings = self.roster.gateway
         request = parse_request(raw, settings.max_tokens)
-        target = self.resolve(request.model)
+        candidates = [request.model, *settings.fallbacks.get(request.model, [])]
+        self.resolve(request.model)  # an unknown model is a 404 before anything is counted
+        await self.admit(client, "chat.completions")
+        failed: TallyError | None = None
+        for index, model in enumerate(candidates):
+            try:
+                target = self.resolve(model)
+            except NotFound as err:  # a fallback whose tier serves nothing after a reload
+                failed = err
+                await self._fell_back(client, request.model, candidates, index, err)
+                continue
+            call = self._call(client, request, raw, target, open_stream, send)
+            try:
+                return await self._attempts(call, target)
+            except (Busy, DeadlineExceeded, SlotLost, ModelError) as err:
+                if call.opened or (isinstance(err, ModelError) and err.status_code < 500):
+                    raise  # the client has bytes already, or the request itself was refused
+                failed = err
+                await self._fell_back(client, request.model, candidates, index, err)
+        assert failed is not None
+        raise failed
+
+    def _call(
+        self,
+        client: Client,
+        request: ChatRequest,
+        raw: bytes,
+        target: Target,
+        open_stream: Open,
+        send: Send,
+    ) -> _Call:
+        settings = self.roster.gateway
         body = request.model_dump(mode="json", exclude_unset=True)
         if target.system is not None:
             body["messages"] = [{"role": "system", "content": target.system}, *body["messages"]]
         if "max_tokens" not in body and "max_completion_tokens" not in body:
             body["max_tokens"] = settings.max_tokens
-        call = _Call(
+        return _Call(
             gateway=self,
             client=client,
             request=request,
@@ -316,8 +357,10 @@ class Gateway:
             open_stream=open_stream,
             send=send,
         )
+
+    async def _attempts(self, call: _Call, target: Target) -> Answer:
         rungs = [target.lease, *target.climb]
-        attempts = 1 + settings.retries
+        attempts = 1 + self.roster.gateway.retries
         for attempt in range(1, attempts + 1):
             lease_target = rungs[min(attempt - 1, len(rungs) - 1)]
             try:
@@ -327,10 +370,55 @@ class Gateway:
                     raise failed.cause from None
         raise AssertionError("unreachable")
 
+    async def _fell_back(
+        self, client: Client, asked: str, candidates: list[str], index: int, err: TallyError
+    ) -> None:
+        """Witness that `candidates[index]` could not serve (and what is tried next, if any)."""
+        if len(candidates) == 1:
+            return  # no fallbacks configured: the error is the answer, as before
+        following = candidates[index + 1] if index + 1 < len(candidates) else None
+        await self.ledger.append(
+            actor=client.name,
+            kind=FALLBACK,
+            body={
+                "client": client.name,
+                "model": asked,
+                "failed": candidates[index],
+                "error": err.message[:500],
+                "code": err.code,
+                "next": following,
+            },
+        )
+
+    async def admit(self, client: Client, endpoint: str) -> None:
+        """Count one request of `client`, or refuse it with 429 (witnessed once a minute)."""
+        refusal = self.quotas.admit(client)
+        if refusal is None:
+            return
+        await self.witness_refusal(refusal, endpoint)
+        raise refusal.error()
+
+    async def witness_refusal(self, refusal: Refusal, surface: str) -> None:
+        if not self.quotas.witness_due(refusal):
+            return
+        await self.ledger.append(
+            actor=refusal.client,
+            kind=LIMITED,
+            body={
+                "client": refusal.client,
+                "limit": refusal.limit,
+                "allowed": refusal.allowed,
+                "used": refusal.used,
+                "retry_after_ms": int(refusal.retry_after * 1000),
+                "surface": surface,
+            },
+        )
+
     async def embed(self, client: Client, raw: bytes) -> Answer:
         """Embeddings, passed through to a member that serves them; witnessed like a chat."""
         request = parse_embedding(raw)
         target = self.resolve(request.model)
+        await self.admit(client, "embeddings")
         deadline = time.monotonic() + self.roster.gateway.queue_timeout_s
         waited = time.monotonic()
         async with self.pool.lease(target.lease, deadline=deadline) as lease:
@@ -411,6 +499,7 @@ class Gateway:
         if error is None:
             stats.calls += 1
             stats.prompt_tokens += prompt if isinstance(prompt, int) else 0
+            self.quotas.spend(client.name, prompt if isinstance(prompt, int) else 0)
             stats.latency.observe(time.monotonic() - started)
         else:
             stats.errors += 1
@@ -653,6 +742,9 @@ class _Call:
         )
 
     def _count(self, done: Completion, duration: float, ttft_us: int | None) -> None:
+        self.gateway.quotas.spend(
+            self.client.name, done.usage.prompt_tokens + done.usage.completion_tokens
+        )
         stats = self.gateway.stats(self.client.name, self.request.model)
         stats.calls += 1
         stats.prompt_tokens += done.usage.prompt_tokens

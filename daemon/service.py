@@ -30,11 +30,14 @@ from typing import Any
 from daemon.clients import ClientStore
 from daemon.config import Settings
 from daemon.errors import InvalidRoster, TallyError
+from daemon.gateway import REPLY as GATEWAY_REPLY
 from daemon.gateway import Gateway
 from daemon.histograms import RunTimings
 from daemon.lag import LoopLag
 from daemon.ledger import Ledger
+from daemon.quotas import DAY_S, Quotas
 from daemon.routing import Router
+from daemon.runs import entries as k
 from daemon.runs import snapshot as snapshots
 from daemon.runs.engine import Engine, EngineOptions
 from daemon.runs.executors import watch_children_with_pidfd
@@ -65,6 +68,8 @@ class Daemon:
         """The ledger size the start-up snapshot covered (None: the whole ledger was replayed)."""
         self.start_seconds = 0.0
         self.clients = ClientStore(settings.state_dir)
+        self.quotas = Quotas()
+        """Named clients' rate limits and token budgets, enforced on the gateway and on runs."""
         self.lag = LoopLag()
         self.timings = RunTimings()
         """Latency histograms (/metrics), fed by the engine as it witnesses run entries."""
@@ -127,7 +132,7 @@ class Daemon:
             )
             await self._pool.start()
             self._memory_cgroup = await self._detect_memory_cgroup(roster)
-            self._gateway = Gateway(self._pool, self._ledger, roster)
+            self._gateway = Gateway(self._pool, self._ledger, roster, self.quotas)
             self._engine = Engine(
                 self._ledger,
                 self._pool,
@@ -141,6 +146,7 @@ class Daemon:
                 ),
             )
             self._engine.watch(self.timings)
+            self._engine.watch(self._count_run_tokens)
             self._tracer = self._start_tracing()
             await asyncio.to_thread(clear_task_dirs, self.confinement().tasks_root)
             await self._witness_command_policy(roster)
@@ -150,6 +156,7 @@ class Daemon:
             if self.restored_from is not None:
                 self._snapshot_size = self.restored_from
             await self.write_snapshot()
+            await self._rebuild_quotas()
         except BaseException:
             await self._ledger.close()
             raise
@@ -157,6 +164,56 @@ class Daemon:
         self.lag.start()
         self._checkup = asyncio.create_task(self._check_members(roster), name="member checkup")
         self.start_seconds = time.perf_counter() - started
+
+    def _count_run_tokens(self, entry: Any, body: dict[str, Any]) -> None:
+        """A run's model reply counts its tokens against the client that submitted the run."""
+        if entry.kind != k.MODEL_REPLY or entry.run is None:
+            return
+        view = self.engine.table.views.get(entry.run)
+        if view is not None and view.client is not None:
+            self.quotas.spend(view.client, _tokens(body))
+
+    async def _rebuild_quotas(self) -> None:
+        """The last 24 hours of replies, counted against their clients (`daemon.quotas`), so a
+        restart does not reset a day's budget. Only when some client has a limit: a daemon
+        without limits reads nothing here."""
+        if not any(r.limits is not None for r in self.clients.records()):
+            return
+        ledger = self.ledger
+        end = ledger.size
+        start = await _first_since(ledger, int((self.quotas.clock() - DAY_S) * 1e6), end)
+        runs: dict[str, str | None] = {}
+        seq = start
+        while seq < end:
+            batch = [e for e in await ledger.entries(start=seq, limit=1000) if e.seq < end]
+            if not batch:
+                break
+            wanted = [e.body if e.kind in _USAGE_KINDS else None for e in batch]
+            for entry, found in zip(batch, await ledger.read_bodies(wanted), strict=True):
+                body = found.value if isinstance(found.value, dict) else None
+                if body is None:
+                    continue
+                if entry.kind == k.REQUEST and entry.run is not None:
+                    runs[entry.run] = (
+                        body.get("client") if isinstance(body.get("client"), str) else None
+                    )
+                    continue
+                who = (
+                    body.get("client")
+                    if entry.kind == GATEWAY_REPLY
+                    else self._client_of(entry.run, runs)
+                )
+                if isinstance(who, str):
+                    self.quotas.spend(who, _tokens(body), at=entry.ts / 1e6)
+            seq = batch[-1].seq + 1
+
+    def _client_of(self, run: str | None, runs: dict[str, str | None]) -> str | None:
+        if run is None:
+            return None
+        if run not in runs:
+            view = self.engine.table.views.get(run)
+            runs[run] = view.client if view is not None else None
+        return runs[run]
 
     def warm(self) -> None:
         """Load what a start leaves for later (`surfaces.http.warm` calls this once listening):
@@ -329,6 +386,33 @@ class Daemon:
                 await self.write_snapshot()
             except Exception:  # derived data: logged, the next period retries
                 log.exception("run snapshot failed")
+
+
+_USAGE_KINDS = frozenset({k.REQUEST, k.MODEL_REPLY, GATEWAY_REPLY})
+
+
+def _tokens(body: dict[str, Any]) -> int:
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
+        return 0
+    total = 0
+    for key in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            total += value
+    return total
+
+
+async def _first_since(ledger: Ledger, ts_us: int, end: int) -> int:
+    """The first seq below `end` witnessed at or after `ts_us` (entries' times only grow)."""
+    low, high = 0, end
+    while low < high:
+        middle = (low + high) // 2
+        if (await ledger.get(middle)).ts < ts_us:
+            low = middle + 1
+        else:
+            high = middle
+    return low
 
 
 def _said_if_failed(task: asyncio.Task[None]) -> None:

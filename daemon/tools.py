@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.config import JsonDict
 
-from daemon.clients import CLIENT_NAME, OWNER, Client, Scope
+from daemon.clients import CLIENT_NAME, OWNER, Client, Limits, Scope
 from daemon.errors import (
     Busy,
     Conflict,
@@ -42,6 +42,7 @@ from daemon.ledger.canonical import MAX_SAFE_INT
 from daemon.ledger.entry import Body, BodyState
 from daemon.ledger.summary import Vocabulary, summarize
 from daemon.planning import Plan, Task, problems, waves
+from daemon.quotas import RateLimited
 from daemon.runs import entries as k
 from daemon.runs.replay import replay
 from daemon.runs.state import STOPPED as TERMINAL
@@ -453,6 +454,7 @@ def _commands(plan: Plan | dict[str, Any] | None) -> bool:
 async def submit(daemon: Daemon, data: SubmitIn, ctx: ToolContext) -> RunOut:
     if _commands(data.plan):
         require(ctx, "command", "a plan with command tasks")
+    await daemon.gateway.admit(ctx.client, "submit")  # the client's rpm and token budgets
     view = await daemon.engine.submit(
         data.request,
         plan=data.plan,
@@ -847,8 +849,14 @@ class SummaryOut(_Out):
     run: str | None
     entries: int
     by_kind: dict[str, int]
-    model_calls: int
-    tokens: int = Field(description="Prompt + completion tokens the servers reported.")
+    model_calls: int = Field(
+        description="Model calls of runs (model.call entries); /metrics' tally_model_calls_total"
+    )
+    gateway_calls: int = Field(
+        default=0, description="Gateway calls answered (gateway.reply without an error)"
+    )
+    gateway_errors: int = Field(default=0, description="Gateway attempts that ended in an error")
+    tokens: int = Field(description="Prompt + completion tokens the servers reported to runs.")
     per_member: dict[str, MemberUsage]
     by_purpose: dict[str, int] = Field(description="Model calls by purpose (task, plan, ...).")
     escalations: int = Field(description="task.escalate entries: a task moved up a tier.")
@@ -887,6 +895,8 @@ async def ledger_summary(daemon: Daemon, data: SummaryIn, ctx: ToolContext) -> S
         entries=acc.count,
         by_kind=acc.by_kind,
         model_calls=acc.by_kind.get(k.MODEL_CALL, 0),
+        gateway_calls=sum(g.calls for models in acc.gateway.values() for g in models.values()),
+        gateway_errors=sum(g.errors for models in acc.gateway.values() for g in models.values()),
         tokens=sum(m.prompt_tokens + m.completion_tokens for m in members.values()),
         per_member=members,
         by_purpose=acc.by_purpose,
@@ -920,12 +930,28 @@ class ClientNameIn(_In):
 
 class ClientAddIn(ClientNameIn):
     scope: Scope = Field(description="read, submit, command or admin (each includes the former).")
+    limits: Limits | None = Field(
+        default=None,
+        description="Rate limits and a token budget (rpm, tpm, tokens_per_day); none: unlimited.",
+    )
+
+
+class ClientUse(_Out):
+    """What a client used, over the same windows its limits count."""
+
+    requests_minute: int
+    tokens_minute: int
+    tokens_day: int
 
 
 class ClientOut(_Out):
     name: str
     scope: Scope
     created_at_us: int
+    limits: Limits | None = None
+    used: ClientUse | None = Field(
+        default=None, description="Its requests and tokens in the last minute and 24 hours."
+    )
 
 
 class ClientAddOut(ClientOut):
@@ -937,10 +963,11 @@ class ClientListOut(_Out):
 
 
 async def client_add(daemon: Daemon, data: ClientAddIn, ctx: ToolContext) -> ClientAddOut:
-    token = await asyncio.to_thread(daemon.clients.add, data.name, data.scope)
-    await daemon.ledger.append(
-        actor=ctx.client.name, kind="client.add", body={"name": data.name, "scope": data.scope}
-    )
+    token = await asyncio.to_thread(daemon.clients.add, data.name, data.scope, data.limits)
+    body: dict[str, Any] = {"name": data.name, "scope": data.scope}
+    if data.limits is not None and data.limits.any():  # absent otherwise: the bytes of before
+        body["limits"] = data.limits.model_dump(exclude_none=True)
+    await daemon.ledger.append(actor=ctx.client.name, kind="client.add", body=body)
     record = next(r for r in daemon.clients.records() if r.name == data.name)
     return ClientAddOut(**record.model_dump(exclude={"token_sha256"}), token=token)
 
@@ -948,7 +975,13 @@ async def client_add(daemon: Daemon, data: ClientAddIn, ctx: ToolContext) -> Cli
 async def client_list(daemon: Daemon, _: Empty, ctx: ToolContext) -> ClientListOut:
     records = daemon.clients.records()
     return ClientListOut(
-        clients=[ClientOut(**r.model_dump(exclude={"token_sha256"})) for r in records]
+        clients=[
+            ClientOut(
+                **r.model_dump(exclude={"token_sha256"}),
+                used=ClientUse(**daemon.quotas.snapshot(r.name)),
+            )
+            for r in records
+        ]
     )
 
 
@@ -1307,7 +1340,7 @@ TOOLS: dict[str, Tool[Any, Any]] = {t.name: t for t in _tools()}
 # other status comes back.
 ERRORS: dict[str, tuple[type[TallyError], ...]] = {
     "route": (Unavailable,),  # the preview is witnessed: the ledger may be unwritable
-    "submit": (NotFound, Conflict, Busy, Unavailable),
+    "submit": (NotFound, Conflict, Busy, RateLimited, Unavailable),
     "run_get": (NotFound,),
     "run_cancel": (NotFound, Unavailable),
     "run_resume": (NotFound, Conflict, Unavailable),

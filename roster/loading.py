@@ -299,6 +299,7 @@ def _cross_checks(data: dict[str, Any]) -> Iterator[tuple[FieldPath, str]]:
         prefix: FieldPath = ("tiers", "members") if nested else ("tiers",)
         yield from _tier_checks(tiers.get("ladder"), defined, prefix, members)
     yield from _policy_checks(data.get("policy"), defined, members)
+    yield from _fallback_checks(data.get("gateway"), defined, members, data.get("lanes"))
     lanes = data.get("lanes")
     for i, lane in enumerate(lanes if isinstance(lanes, list) else []):
         if not isinstance(lane, dict):
@@ -324,6 +325,37 @@ def _policy_checks(
         name = policy.get(field)
         if isinstance(name, str) and name not in known:
             yield ("policy", field), f"unknown tier or member {name!r} (known: {_known(known)})"
+
+
+def _fallback_checks(
+    gateway: Any, tiers: dict[str, Any] | None, members: list[str], lanes: Any
+) -> Iterator[tuple[FieldPath, str]]:
+    """`[gateway] fallbacks` name model ids the gateway serves: members, tier:X, lane:X."""
+    if not isinstance(gateway, dict) or not isinstance(gateway.get("fallbacks"), dict):
+        return
+    lane_names = [name for _, name in _names(lanes)]
+    known = [*members, *(f"tier:{t}" for t in tiers or {}), *(f"lane:{n}" for n in lane_names)]
+    for model, targets in gateway["fallbacks"].items():
+        if isinstance(model, str) and model not in known:
+            yield (
+                ("gateway", "fallbacks", model),
+                (f"unknown model {model!r}: a member, tier:NAME or lane:NAME"),
+            )
+        seen: set[str] = set()
+        for j, target in enumerate(targets if isinstance(targets, list) else []):
+            if not isinstance(target, str):
+                continue
+            if target not in known:
+                yield (
+                    ("gateway", "fallbacks", model, j),
+                    (
+                        f"unknown model {target!r}: a member, tier:NAME or lane:NAME "
+                        f"(known: {_known(known[:20])})"
+                    ),
+                )
+            elif target == model or target in seen:
+                yield ("gateway", "fallbacks", model, j), f"{target!r} is listed twice"
+            seen.add(target)
 
 
 def _tier_checks(

@@ -291,6 +291,13 @@ class Gateway(_Strict):
     """Keep a conversation on the slot that holds its KV cache (see daemon.gateway)."""
     max_tokens: Annotated[int, Field(ge=1, le=1 << 20), Whole] = 4096
     """The most a call may ask for (`max_tokens`), and what it gets if it does not say."""
+    fallbacks: dict[
+        Annotated[str, Field(min_length=1, max_length=200)],
+        Annotated[list[Annotated[str, Field(min_length=1, max_length=200)]], Field(max_length=16)],
+    ] = Field(default={}, max_length=1024)
+    """A model id (a member, `tier:NAME` or `lane:NAME`) -> the model ids tried in order when
+    it cannot serve (down, busy, timed out, a server error) before any byte reached the client
+    (LiteLLM's `fallbacks`). Each switch is witnessed as `gateway.fallback`."""
 
 
 class Roster(_Strict):

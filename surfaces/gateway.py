@@ -20,9 +20,11 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from pydantic import BaseModel
 
 from daemon.clients import OWNER, Client
 from daemon.errors import Busy, DeadlineExceeded, Forbidden, InvalidInput, NotFound, TallyError
+from daemon.quotas import RateLimited
 from daemon.slots.errors import ModelError, NoHealthyMember
 
 if TYPE_CHECKING:
@@ -57,6 +59,16 @@ def error_for(err: TallyError) -> web.Response:
         )
     if isinstance(err, Forbidden):
         return openai_error(403, err.message, kind="permission_error", code=err.code)
+    if isinstance(err, RateLimited):
+        # Retry-After in whole seconds for every client, and OpenAI's own `retry-after-ms`,
+        # which its SDKs read first, so a retry waits no longer than the window needs.
+        retry = {
+            "Retry-After": str(max(1, math.ceil(err.retry_after))),
+            "retry-after-ms": str(max(1, math.ceil(err.retry_after * 1000))),
+        }
+        return openai_error(
+            429, err.message, kind="rate_limit_error", code="rate_limit_exceeded", headers=retry
+        )
     if isinstance(err, Busy):
         retry = {"Retry-After": str(max(1, math.ceil(err.retry_after)))}
         # A full queue is the caller's rate to slow down (429, which SDKs retry after
@@ -66,14 +78,41 @@ def error_for(err: TallyError) -> web.Response:
         return openai_error(status, err.message, kind=kind, code=err.code, headers=retry)
     if isinstance(err, DeadlineExceeded):
         return openai_error(504, err.message, kind="timeout", code=err.code)
-    if isinstance(err, ModelError) and 400 <= err.status_code < 500:
-        upstream = err.details.get("body") if isinstance(err.details, dict) else None
+    if isinstance(err, ModelError):
+        # The member's own words (llama.cpp: "start it with --embeddings") reach the client,
+        # capped; a 4xx is the request's fault, 501 stays "not implemented", the rest is 502.
+        upstream = upstream_message(err.details.get("body"))
         message = f"{err.message}: {upstream}" if upstream else err.message
-        return openai_error(
-            err.status_code, message[:2000], kind="invalid_request_error", code=err.code
-        )
-    status = 502 if isinstance(err, ModelError) else err.status
+        if 400 <= err.status_code < 500:
+            return openai_error(
+                err.status_code, message[:2000], kind="invalid_request_error", code=err.code
+            )
+        status = 501 if err.status_code == 501 else 502
+        return openai_error(status, message[:2000], kind="server_error", code=err.code)
+    status = err.status
     return openai_error(status, err.message, kind="server_error", code=err.code)
+
+
+def upstream_message(body: Any) -> str | None:
+    """What a member said in its error body: OpenAI's `error.message`, or the text itself."""
+    if isinstance(body, dict):
+        found = body.get("error")
+        if isinstance(found, dict) and isinstance(found.get("message"), str):
+            return str(found["message"])[:1000]
+        return None
+    if not isinstance(body, str) or not body.strip():
+        return None
+    try:
+        data = json.loads(body[:4000]) if body.lstrip().startswith("{") else None
+    except (ValueError, RecursionError):  # a cut-off or hostile body: its text, as it came
+        data = None
+    if isinstance(data, dict):
+        found = data.get("error")
+        if isinstance(found, dict) and isinstance(found.get("message"), str):
+            return str(found["message"])[:1000]
+        if isinstance(found, str):
+            return found[:1000]
+    return body.strip()[:1000]
 
 
 def _daemon(request: web.Request) -> Daemon:
@@ -233,6 +272,175 @@ class _Watch:
 
     def cancel(self) -> None:
         self._timer.cancel()
+
+
+# ---------------------------------------------------------------- the published description
+
+_OPENAI_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+_ERROR_STATUSES = {
+    400: "The body is not a valid request (the message names the field)",
+    401: "Missing or wrong bearer token (TCP)",
+    403: "The client's scope does not allow it, or a cross-origin request",
+    404: "No such model (GET /v1/models lists them)",
+    408: "The request body did not arrive in time",
+    413: "The body is over the daemon's limit",
+    421: "The Host header is not this daemon's",
+    429: "Over the client's rate limit or token budget, or too many calls waiting: see "
+    "Retry-After (and retry-after-ms)",
+    501: "The member does not serve this endpoint (its own message says how to enable it)",
+    502: "The member failed; its message is passed on, capped",
+    503: "No member of the model can serve (down or cooling down), fallbacks included",
+    504: "No slot came free before the queue timeout",
+}
+_MODELS = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["id", "object", "created", "owned_by"],
+                "properties": {
+                    "id": {"type": "string"},
+                    "object": {"const": "model"},
+                    "created": {"type": "integer"},
+                    "owned_by": {"type": "string"},
+                },
+            },
+        },
+    },
+}
+_ANSWER = {
+    "type": "object",
+    "description": "OpenAI's answer object as the member wrote it, with `model` the id asked "
+    "for; the headers X-Tally-Seq and X-Tally-Call-Seq name its ledger entries.",
+    "required": ["object"],
+}
+
+
+def openapi_paths() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The gateway's operations and the schemas they use, for `/openapi.json`."""
+    from daemon.gateway import ChatRequest, EmbeddingRequest
+
+    schemas = {"OpenAIError": _OPENAI_ERROR, **_components(ChatRequest, EmbeddingRequest)}
+
+    def errors(statuses: tuple[int, ...]) -> dict[str, Any]:
+        ref = {"$ref": "#/components/schemas/OpenAIError"}
+        return {
+            str(s): {
+                "description": _ERROR_STATUSES[s],
+                "content": {"application/json": {"schema": ref}},
+            }
+            for s in statuses
+        }
+
+    calls = (400, 401, 403, 404, 408, 413, 421, 429, 501, 502, 503, 504)
+
+    def post(op: str, summary: str, model: str, streams: bool) -> dict[str, Any]:
+        content: dict[str, Any] = {"application/json": {"schema": _ANSWER}}
+        if streams:
+            content["text/event-stream"] = {
+                "schema": {"type": "string", "description": "`data:` chunks, then `[DONE]`"}
+            }
+        return {
+            "post": {
+                "operationId": op,
+                "tags": ["gateway"],
+                "summary": summary,
+                "security": [{"bearer": ["submit"]}],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {"schema": {"$ref": f"#/components/schemas/{model}"}}
+                    },
+                },
+                "responses": {"200": {"description": "OK", "content": content}, **errors(calls)},
+            }
+        }
+
+    paths = {
+        "/v1/models": {
+            "get": {
+                "operationId": "gateway_models",
+                "tags": ["gateway"],
+                "summary": "OpenAI's model list: members, then tier:NAME and lane:NAME",
+                "security": [{"bearer": ["read"]}],
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"application/json": {"schema": _MODELS}},
+                    },
+                    **errors((401, 403, 421)),
+                },
+            }
+        },
+        "/v1/chat/completions": post(
+            "gateway_chat",
+            "OpenAI chat completions over the slot pool, each call witnessed "
+            "(gateway.call, gateway.reply); `[gateway] fallbacks` are tried in order",
+            "ChatRequest",
+            streams=True,
+        ),
+        "/v1/embeddings": post(
+            "gateway_embeddings",
+            "OpenAI embeddings from a member that serves them",
+            "EmbeddingRequest",
+            streams=False,
+        ),
+    }
+    return paths, schemas
+
+
+def _components(*models: type[BaseModel]) -> dict[str, Any]:
+    """Each model's schema, and the nested ones it refers to, as OpenAPI components."""
+    out: dict[str, Any] = {}
+    for model in models:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        out.update(schema.pop("$defs", {}))
+        out[model.__name__] = schema
+    return out
+
+
+PATHS = frozenset({"/v1/models", "/v1/chat/completions", "/v1/embeddings"})
+"""The gateway's endpoints: every error on them is in OpenAI's shape, the guard's included."""
+
+_TYPES = {401: "invalid_request_error", 403: "permission_error", 429: "rate_limit_error"}
+_CODES = {401: "invalid_api_key"}
+
+
+def reshaped(response: web.Response) -> web.Response:
+    """A refusal the listeners' guard wrote in tally's shape (`{"error": {"code", "message",
+    "details"}}`), in OpenAI's instead, with the same status and headers: an SDK that gets a
+    401 or 413 from the gateway reports it as its own error type."""
+    try:
+        error = json.loads(response.body)["error"]  # type: ignore[arg-type]
+        message, code = str(error["message"]), str(error["code"])
+    except (TypeError, ValueError, KeyError):
+        return response
+    status = response.status
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    headers = {k: v for k, v in response.headers.items() if k.lower() in _KEPT}
+    return openai_error(status, message, kind=kind, code=_CODES.get(status, code), headers=headers)
+
+
+_KEPT = frozenset({"www-authenticate", "retry-after", "allow"})
 
 
 def add_routes(app: web.Application) -> None:

@@ -40,7 +40,10 @@ from daemon.clients import DEFAULT, OWNER, Client, Scope
 from daemon.errors import Busy, TallyError
 from surfaces import console, metrics
 from surfaces.auth import bearer_ok
+from surfaces.gateway import PATHS as GATEWAY_PATHS
 from surfaces.gateway import add_routes as gateway_routes
+from surfaces.gateway import openapi_paths as gateway_openapi
+from surfaces.gateway import reshaped as gateway_shaped
 from surfaces.notify import sd_notify, watchdog_task
 
 if TYPE_CHECKING:
@@ -229,7 +232,9 @@ async def surface_mw(
     """One middleware (each layer costs per request): guard first, then map errors to JSON."""
     refused = _refuse(request, request.app[OPTIONS])
     if refused is not None:
-        return refused
+        return gateway_shaped(refused) if request.path in GATEWAY_PATHS else refused
+    if request.path in GATEWAY_PATHS:
+        return await _gateway_call(request, handler)
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -255,6 +260,34 @@ async def surface_mw(
             return web.Response(status=499)  # what the access log shows ("client closed")
         log.exception("internal error on %s %s", request.method, request.path)
         return error_response(500, "internal", "internal error (see the daemon's log)")
+
+
+async def _gateway_call(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """The gateway's handlers answer OpenAI-shaped errors themselves; what escapes them (a 405,
+    an internal error) is reshaped here, so no gateway error is in tally's own shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        allow = exc.headers.get("Allow")
+        headers = {"Allow": allow} if allow is not None else None
+        return gateway_shaped(
+            error_response(exc.status, _http_code(exc.status), exc.reason, headers=headers)
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        transport = request.transport
+        if isinstance(exc, ConnectionResetError) and (transport is None or transport.is_closing()):
+            log.debug("client gone during %s %s", request.method, request.path)
+            return web.Response(status=499)
+        log.exception("internal error on %s %s", request.method, request.path)
+        return gateway_shaped(
+            error_response(500, "internal", "internal error (see the daemon's log)")
+        )
 
 
 # ---------------------------------------------------------------- tools
@@ -468,6 +501,8 @@ _GET_STATUSES = {s: _TOOL_STATUSES[s] for s in (401, 403, 413, 421, 500)}
 _ERROR_WHY = {
     404: "Not found (a run, an entry, a body, a lane, a tree size the ledger has not reached)",
     409: "Conflict with the current state (e.g. an Idempotency-Key reused, a run not resumable)",
+    429: "Over the client's rate limit or token budget (`tally client add --rpm/--tpm/"
+    "--tokens-per-day`); see Retry-After",
     503: "Busy or unavailable (e.g. the ledger cannot write); see Retry-After when busy",
 }
 
@@ -597,6 +632,9 @@ def openapi_document() -> dict[str, Any]:
             },
         }
     }
+    gateway_paths, gateway_schemas = gateway_openapi()
+    paths.update(gateway_paths)
+    schemas.update(gateway_schemas)
     for path, op, summary, ctype in [
         ("/metrics", "metrics", "Prometheus metrics", "text/plain"),
         ("/healthz", "healthz", "Liveness", "application/json"),
@@ -626,8 +664,10 @@ def openapi_document() -> dict[str, Any]:
             "client add`) or the default one (`tally token`), whose scope (read < submit < "
             "command < admin) covers the operation's; the unix socket's peer is the owner "
             "(admin). Input is validated exactly as the schemas say, without coercion. "
-            'Every error is `{"error": {"code", "message", "details"}}`; a 405 '
-            "names the allowed methods in `Allow`.",
+            'Every error is `{"error": {"code", "message", "details"}}`, except on the '
+            "OpenAI-compatible gateway (/v1/models, /v1/chat/completions, /v1/embeddings), "
+            'whose errors are OpenAI\'s `{"error": {"message", "type", "param", "code"}}`; a '
+            "405 names the allowed methods in `Allow`.",
         },
         "paths": paths,
         "components": {

@@ -49,6 +49,7 @@ def render(daemon: Daemon) -> str:
     _slots(out, daemon)
     _ledger(out, daemon)
     _gateway(out, daemon)
+    _clients(out, daemon)
     lag = daemon.lag.histogram
     name = "tally_event_loop_lag_seconds"
     out.family(name, "histogram", "How late the event loop woke a 100 ms timer.")
@@ -75,7 +76,12 @@ def _runs(out: _Text, daemon: Daemon) -> None:
     out.family("tally_tasks", "gauge", "Tasks of known runs, by state.")
     for state, n in sorted(tasks.items()):
         out.sample("tally_tasks", n, state=state)
-    out.family("tally_model_calls_total", "counter", "Model calls spent by known runs.")
+    out.family(
+        "tally_model_calls_total",
+        "counter",
+        "Model calls of runs (model.call entries), over the runs the daemon knows: the 'runs' "
+        "count of `tally ledger summary`. Gateway calls are tally_gateway_calls_total.",
+    )
     out.sample("tally_model_calls_total", calls)
     out.family("tally_tokens_total", "counter", "Tokens spent by known runs.")
     out.sample("tally_tokens_total", tokens)
@@ -167,7 +173,12 @@ def _histogram(
 def _gateway(out: _Text, daemon: Daemon) -> None:
     """OpenAI-gateway traffic by client and model asked for, since the daemon started."""
     usage = sorted(daemon.gateway.usage.items())
-    out.family("tally_gateway_calls_total", "counter", "Gateway calls answered.")
+    out.family(
+        "tally_gateway_calls_total",
+        "counter",
+        "Gateway calls answered since this daemon started (gateway.reply entries without an "
+        "error); `tally ledger summary` counts the same over the whole record.",
+    )
     for (client, model), u in usage:
         out.sample("tally_gateway_calls_total", u.calls, client=client, model=model)
     out.family("tally_gateway_errors_total", "counter", "Gateway attempts that ended in an error.")
@@ -188,6 +199,25 @@ def _gateway(out: _Text, daemon: Daemon) -> None:
         for (client, model), u in usage:
             h = getattr(u, attr)
             _histogram(out, name, h.cumulative(), h.total, client=client, model=model)
+
+
+def _clients(out: _Text, daemon: Daemon) -> None:
+    """Named clients' limits (`tally client add --rpm/--tpm/--tokens-per-day`), what they used
+    over the same windows, and the requests the limits refused since the daemon started."""
+    records = daemon.clients.records()
+    out.family("tally_client_limit", "gauge", "A client's limit (rpm, tpm, tokens_per_day).")
+    for r in records:
+        for limit, value in (r.limits.model_dump(exclude_none=True) if r.limits else {}).items():
+            out.sample("tally_client_limit", value, client=r.name, limit=limit)
+    name = "tally_client_usage"
+    out.family(name, "gauge", "What a client used: requests and tokens, by window.")
+    for r in records:
+        for window, value in daemon.quotas.snapshot(r.name).items():
+            out.sample(name, value, client=r.name, window=window)
+    name = "tally_client_limited_total"
+    out.family(name, "counter", "Requests a client's limit refused (429), since start.")
+    for (client, limit), n in daemon.quotas.refused().items():
+        out.sample(name, n, client=client, limit=limit)
 
 
 def _histograms(out: _Text, daemon: Daemon) -> None:

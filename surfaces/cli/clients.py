@@ -24,6 +24,13 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     add.add_argument(
         "--scope", choices=SCOPES, required=True, help="each scope includes the ones before it"
     )
+    add.add_argument(
+        "--rpm", type=_positive, metavar="N", help="requests a minute (gateway and submit)"
+    )
+    add.add_argument("--tpm", type=_positive, metavar="N", help="tokens a minute")
+    add.add_argument(
+        "--tokens-per-day", type=_positive, metavar="N", help="tokens in any 24 hours (a budget)"
+    )
     add.set_defaults(run=run, call="client_add")
     lst = sub.add_parser("list", help="names, scopes, creation times (never tokens)")
     lst.set_defaults(run=run, call="client_list")
@@ -36,9 +43,49 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         p.add_argument("--state", type=Path, help="state dir, used when the daemon is stopped")
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 2**53 - 1:
+        raise argparse.ArgumentTypeError(f"{value} is out of range (1 to 2**53-1)")
+    return value
+
+
+def _limits(args: argparse.Namespace) -> dict[str, int] | None:
+    found = {
+        "rpm": getattr(args, "rpm", None),
+        "tpm": getattr(args, "tpm", None),
+        "tokens_per_day": getattr(args, "tokens_per_day", None),
+    }
+    limits = {key: value for key, value in found.items() if value is not None}
+    return limits or None
+
+
 def _arguments(args: argparse.Namespace) -> dict[str, Any]:
-    found = {"name": getattr(args, "name", None), "scope": getattr(args, "scope", None)}
+    found = {
+        "name": getattr(args, "name", None),
+        "scope": getattr(args, "scope", None),
+        "limits": _limits(args),
+    }
     return {key: value for key, value in found.items() if value is not None}
+
+
+def limits_text(client: dict[str, Any]) -> str:
+    """`rpm 60 (3 used) · tokens/day 200000 (1520 used)`, or `no limits`."""
+    limits = client.get("limits") or {}
+    used = client.get("used") or {}
+    parts = []
+    for key, label, window in (
+        ("rpm", "rpm", "requests_minute"),
+        ("tpm", "tpm", "tokens_minute"),
+        ("tokens_per_day", "tokens/day", "tokens_day"),
+    ):
+        if limits.get(key) is not None:
+            spent = f" ({used[window]} used)" if window in used else ""
+            parts.append(f"{label} {limits[key]}{spent}")
+    return " · ".join(parts) or "no limits"
 
 
 async def _through_daemon(args: argparse.Namespace) -> dict[str, Any]:
@@ -49,13 +96,14 @@ async def _through_daemon(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _offline(args: argparse.Namespace) -> dict[str, Any]:
-    from daemon.clients import ClientStore
+    from daemon.clients import ClientStore, Limits
     from daemon.config import default_state_dir
 
     store = ClientStore(args.state or default_state_dir())
     strip = {"token_sha256"}
     if args.call == "client_add":
-        token = store.add(args.name, args.scope)
+        limits = _limits(args)
+        token = store.add(args.name, args.scope, Limits(**limits) if limits else None)
         record = next(r for r in store.records() if r.name == args.name)
         return {**record.model_dump(exclude=strip), "token": token}
     if args.call == "client_revoke":
@@ -89,7 +137,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(body, indent=2))
     elif "clients" in body:
         for c in body["clients"]:
-            print(f"{c['name']:<24} {c['scope']:<8} created {c['created_at_us']}")
+            print(
+                f"{c['name']:<24} {c['scope']:<8} created {c['created_at_us']}  " + limits_text(c)
+            )
     elif "token" in body:
         print(body["token"])
         print(

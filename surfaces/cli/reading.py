@@ -110,8 +110,9 @@ def replay_text(run: dict[str, Any]) -> str:
 
 def summary_text(body: dict[str, Any]) -> str:
     lines = [
-        f"entries {body['entries']} · model calls {body['model_calls']} · tokens {body['tokens']}"
-        f" · escalations {body['escalations']}",
+        f"entries {body['entries']} · model calls: runs {body['model_calls']}, gateway "
+        f"{body.get('gateway_calls', 0)} answered + {body.get('gateway_errors', 0)} failed"
+        f" · run tokens {body['tokens']} · escalations {body['escalations']}",
         "by kind: " + ", ".join(f"{k} {n}" for k, n in sorted(body["by_kind"].items())),
     ]
     for name, m in sorted(body["per_member"].items()):

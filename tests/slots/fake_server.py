@@ -51,6 +51,8 @@ class FakeServer:
         self.ready_file = ready_file
         self.model_ids = models or ["fake"]
         self.hang = False
+        self.embeddings_off = False
+        """Answer /v1/embeddings as llama-server does when started without --embeddings."""
         self.health_status: int | None = None  # answer /health with this status instead
         self.crash_after: int | None = None  # tokens streamed before the crash
         self.truncate_after: int | None = None  # tokens streamed before a clean, early end
@@ -179,6 +181,13 @@ class FakeServer:
         """One short vector per input, derived from its text (no model: a fixed shape)."""
         body = await request.json()
         self.requests.append(body)
+        if self.embeddings_off:
+            error = {
+                "code": 501,
+                "message": "This server does not support embeddings. Start it with `--embeddings`",
+                "type": "not_supported_error",
+            }
+            return web.json_response({"error": error}, status=501)
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
         data = [
             {"object": "embedding", "index": i, "embedding": [len(str(x)) / 10, 0.5, -0.25]}

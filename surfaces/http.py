@@ -229,65 +229,43 @@ def _forbidden(client: Client, needed: Scope, what: str) -> web.Response:
 async def surface_mw(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """One middleware (each layer costs per request): guard first, then map errors to JSON."""
+    """One middleware (each layer costs per request): guard first, then map errors to JSON.
+    On the gateway's paths every error is in OpenAI's shape: its handlers answer so
+    themselves, and what the guard refuses or escapes them (a 401, a 405) is reshaped here."""
+    gateway = request.path in GATEWAY_PATHS
     refused = _refuse(request, request.app[OPTIONS])
-    if refused is not None:
-        return gateway_shaped(refused) if request.path in GATEWAY_PATHS else refused
-    if request.path in GATEWAY_PATHS:
-        return await _gateway_call(request, handler)
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
+    if refused is None:
+        try:
+            return await handler(request)
+        except asyncio.CancelledError:
             raise
+        except Exception as exc:
+            refused = _error(request, exc)
+    return gateway_shaped(refused) if gateway and refused.status != 499 else refused
+
+
+def _error(request: web.Request, exc: Exception) -> web.Response:
+    """What a handler's exception answers (an HTTPException below 400 goes on up)."""
+    if isinstance(exc, web.HTTPException):
+        if exc.status < 400:
+            raise exc
         allow = exc.headers.get("Allow")  # a 405 must name the methods that are allowed
         headers = {"Allow": allow} if allow is not None else None
         return error_response(exc.status, _http_code(exc.status), exc.reason, headers=headers)
-    except TallyError as exc:
-        headers = None
+    if isinstance(exc, TallyError):
+        retry = None
         if isinstance(exc, Busy):
-            headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+            retry = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
         return error_response(
-            exc.status, exc.code, exc.message, to_jsonable_python(exc.details), headers
+            exc.status, exc.code, exc.message, to_jsonable_python(exc.details), retry
         )
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        transport = request.transport
-        if isinstance(exc, ConnectionResetError) and (transport is None or transport.is_closing()):
-            # the client went away mid-answer: no error of ours (an upstream's reset is)
-            log.debug("client gone during %s %s", request.method, request.path)
-            return web.Response(status=499)  # what the access log shows ("client closed")
-        log.exception("internal error on %s %s", request.method, request.path)
-        return error_response(500, "internal", "internal error (see the daemon's log)")
-
-
-async def _gateway_call(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """The gateway's handlers answer OpenAI-shaped errors themselves; what escapes them (a 405,
-    an internal error) is reshaped here, so no gateway error is in tally's own shape."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        allow = exc.headers.get("Allow")
-        headers = {"Allow": allow} if allow is not None else None
-        return gateway_shaped(
-            error_response(exc.status, _http_code(exc.status), exc.reason, headers=headers)
-        )
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        transport = request.transport
-        if isinstance(exc, ConnectionResetError) and (transport is None or transport.is_closing()):
-            log.debug("client gone during %s %s", request.method, request.path)
-            return web.Response(status=499)
-        log.exception("internal error on %s %s", request.method, request.path)
-        return gateway_shaped(
-            error_response(500, "internal", "internal error (see the daemon's log)")
-        )
+    transport = request.transport
+    if isinstance(exc, ConnectionResetError) and (transport is None or transport.is_closing()):
+        # the client went away mid-answer: no error of ours (an upstream's reset is)
+        log.debug("client gone during %s %s", request.method, request.path)
+        return web.Response(status=499)  # what the access log shows ("client closed")
+    log.exception("internal error on %s %s", request.method, request.path)
+    return error_response(500, "internal", "internal error (see the daemon's log)")
 
 
 # ---------------------------------------------------------------- tools

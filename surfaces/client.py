@@ -182,7 +182,7 @@ async def _json_or_raise(resp: aiohttp.ClientResponse) -> dict[str, Any]:
     text = await resp.text()
     try:
         body = json.loads(text) if text else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         body = {}
     if resp.status == 200 and isinstance(body, dict):
         return body
@@ -208,7 +208,7 @@ async def _parse_sse(content: aiohttp.StreamReader) -> AsyncIterator[SseEvent]:
                 payload = "\n".join(data)
                 try:
                     value: Any = json.loads(payload)
-                except ValueError:
+                except (ValueError, RecursionError):  # the daemon's bytes are still bytes
                     value = payload
                 yield SseEvent(ident, kind, value)
             ident, kind, data = None, "message", []

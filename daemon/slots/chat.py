@@ -266,8 +266,15 @@ class ChatClient:
         return result
 
 
+def _line_limit(cap: int) -> int:
+    return max(_MIN_LINE, min(cap, MAX_LINE))
+
+
 def _too_large(err: Exception, cap: int, body: Mapping[str, Any]) -> str:
-    what = str(err) if isinstance(err, TooLarge) else f"a line of the stream is over {cap} bytes"
+    if isinstance(err, TooLarge):
+        what = str(err)
+    else:
+        what = f"a line of the stream is over its limit of {_line_limit(cap)} bytes"
     asked = body.get("max_completion_tokens") or body.get("max_tokens")
     return (
         f"{what} (max_tokens {asked} × {REPLY_TOKEN_BYTES} + {REPLY_OVERHEAD} bytes, "
@@ -369,7 +376,7 @@ async def _read_stream(
     parts: list[str] = []
     kept = 0
     done = False
-    max_line = max(_MIN_LINE, min(cap, MAX_LINE))
+    max_line = _line_limit(cap)
     while True:
         raw = await resp.content.readline(max_line_length=max_line)
         if not raw:

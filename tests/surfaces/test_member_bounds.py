@@ -181,3 +181,21 @@ async def test_a_reply_that_drips_ends_at_its_total_deadline(
         assert all("hung" in f["error"] for f in failed), failed
     finally:
         await daemon.stop()
+
+
+async def test_a_run_whose_member_floods_fails_witnessed(daemon: Daemon, model: FakeServer) -> None:
+    """The engine's calls read through the same bounds: each failed call is a `model.reply`
+    with the error, and the run ends failed instead of the daemon."""
+    from daemon.runs import entries as k
+
+    await _fault(model, mode="huge", bytes=400 * MIB, count=50)
+    view = await daemon.engine.submit("build the api", lane="backend")
+    view = await daemon.engine.wait(view.id, timeout=30)
+    assert view.state == "failed", view
+    replies = await daemon.ledger.entries(limit=100, kind=k.MODEL_REPLY, run=view.id)
+    errors = [(await daemon.ledger.body(r.body)).value["error"] for r in replies]
+    assert errors
+    assert all(e is not None and "over its limit" in e for e in errors), errors
+    model.hostile_left = 0
+    again = await daemon.engine.wait((await daemon.engine.submit("build the api")).id, 30)
+    assert again.state == "done", again.error

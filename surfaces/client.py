@@ -161,14 +161,19 @@ class DaemonClient:
                 ) as resp:
                     if resp.status != 200:
                         await _json_or_raise(resp)
+                    overrun = False
                     async for event in _parse_sse(resp.content):
                         retries = 0
                         if event.id is not None:
                             last = event.id
                         if event.event == "end":
                             return
+                        if event.event == "overrun":  # we read too slowly: resume from `last`
+                            overrun = True
+                            break
                         yield event
-                return
+                if not overrun:
+                    return
             except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
                 retries += 1
                 if retries > 3:

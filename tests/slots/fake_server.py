@@ -14,7 +14,8 @@ then on every request gets 502, as from a proxy whose backend is gone. Hostile r
 the next `count` chat requests: "huge" answers `bytes` of valid JSON (made as it is sent, never
 held) with an honest Content-Length, or chunked with `chunked`; "flood" streams `bytes` of
 text in 64 KiB deltas; "deep" answers JSON nested `depth` levels; "drip" streams one token
-every `interval` seconds and never ends. `--ready-file PATH`
+every `interval` seconds and never ends; with `stream_only` only streamed requests count.
+`--ready-file PATH`
 keeps it "loading" until PATH exists (a spawned server a test can fix from outside).
 `--models a,b` sets what /v1/models lists; `--ollama` answers as Ollama does (/api/version;
 no /health, /props, /slots).
@@ -215,7 +216,8 @@ class FakeServer:
             return web.json_response(
                 {"error": {"code": status, "message": "injected"}}, status=status
             )
-        if self.hostile is not None and self.hostile_left > 0:
+        streams = bool(body.get("stream")) or not (self.hostile or {}).get("stream_only")
+        if self.hostile is not None and self.hostile_left > 0 and streams:
             self.hostile_left -= 1
             return await self._hostile(request, self.hostile)
         id_slot = body.get("id_slot")

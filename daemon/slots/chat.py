@@ -411,13 +411,6 @@ async def _read_stream(
             result.id = chunk["id"]
         if result.created is None and isinstance(chunk.get("created"), int):
             result.created = chunk["created"]
-        if on_chunk is not None:
-            try:
-                relayed = on_chunk(chunk)
-                if inspect.isawaitable(relayed):
-                    await relayed
-            except (ConnectionError, aiohttp.ClientError) as err:
-                raise ConsumerGone(str(err)) from err
         choices = chunk.get("choices") or ()
         for choice in choices if isinstance(choices, list) else ():
             if not isinstance(choice, dict):
@@ -439,6 +432,14 @@ async def _read_stream(
                 result.finish_reason = choice["finish_reason"]
         if kept > cap:
             raise TooLarge("the streamed reply", cap)
+        # relayed once counted: a chunk that crosses the cap never reaches the caller's client
+        if on_chunk is not None:
+            try:
+                relayed = on_chunk(chunk)
+                if inspect.isawaitable(relayed):
+                    await relayed
+            except (ConnectionError, aiohttp.ClientError) as err:
+                raise ConsumerGone(str(err)) from err
     if not done and result.finish_reason is None:
         # The body ended before the stream did: the same as a connection lost mid-stream (the
         # lease turns it into SlotLost), not a short success. A finish_reason without [DONE]

@@ -186,9 +186,7 @@ class ChatClient:
         """GET a JSON endpoint: (status, parsed body, or None when it is not JSON or is over
         SMALL_BODY bytes). The timeout bounds the whole exchange, body included."""
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with self.session.get(
-            url, timeout=timeout, headers=headers, allow_redirects=False
-        ) as resp:
+        async with self.session.get(url, timeout=timeout, headers=headers) as resp:
             if resp.status != 200:
                 return resp.status, None
             try:

@@ -9,20 +9,25 @@ which the engine keeps in its own `model.reply` as `remote`. Checking one such c
 3. fetch the entry and its RFC 9162 inclusion proof at the checkpoint's size, rebuild the
    entry's canonical line and its leaf hash, and check the path leads to the signed root;
 4. check it is a `gateway.reply` whose answered text hashes to the text we recorded.
-Everything the other daemon sends is treated as hostile: sizes are capped, shapes checked,
-and any surprise is a `failed` result with its reason, never an exception.
+Everything the other daemon sends is treated as hostile: each answer is read up to
+`_MAX_ANSWER` bytes within `_TIMEOUT_S`, its JSON nests at most `daemon.intake.MAX_DEPTH`,
+shapes are checked, and any surprise is a `failed` result with its reason, never an exception:
+one call's failure does not stop the others. A member whose checkpoint cannot be had, or that
+does not answer in time, fails its remaining calls with that reason without being asked again,
+so one dead or dripping member costs one timeout, not one per call.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
+import logging
 import os
 from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
 from pydantic import BaseModel
 
+from daemon.intake import loads, read_body
 from daemon.ledger.canonical import NotCanonical, canonicalize
 from daemon.ledger.checkpoint import CheckpointError, verify_note
 from daemon.ledger.entry import Entry
@@ -33,6 +38,8 @@ from roster import Member
 if TYPE_CHECKING:
     from daemon.ledger import Ledger
     from roster import Roster
+
+log = logging.getLogger("tally.remotes")
 
 Status = Literal["ok", "failed", "pending"]
 _MAX_ANSWER = 1 << 20  # a proof, an entry or a checkpoint is far smaller
@@ -73,6 +80,9 @@ class _Remote:
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.session = session
         self._checkpoint: Any = None
+        self.broken: str | None = None
+        self.checkpoint_failed = False
+        """Why its remaining calls fail without asking (no checkpoint, no answer in time)."""
 
     async def tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.root}/v1/tools/{name}"
@@ -80,35 +90,29 @@ class _Remote:
         async with self.session.post(
             url, json=arguments, headers=self.headers, timeout=timeout, allow_redirects=False
         ) as resp:
-            raw = await resp.content.read(_MAX_ANSWER + 1)
-            if len(raw) > _MAX_ANSWER:
-                raise ValueError(f"{name}: the answer is over {_MAX_ANSWER} bytes")
             if resp.status != 200:
-                raise ValueError(
-                    f"{name}: HTTP {resp.status}: {raw[:200].decode('utf-8', 'replace')}"
-                )
-        data = _json_object(raw)
-        if data is None:
+                text = (await resp.content.read(200)).decode("utf-8", "replace")
+                raise ValueError(f"{name}: HTTP {resp.status}: {text}")
+            raw = await read_body(resp, _MAX_ANSWER, f"{name}: the answer")
+        data = loads(raw, f"{name}: the answer")  # Malformed is a ValueError
+        if not isinstance(data, dict):
             raise ValueError(f"{name}: the answer is not a JSON object")
         return data
 
     async def checkpoint(self) -> Any:
         """The other daemon's latest checkpoint, its signature checked (fetched once)."""
         if self._checkpoint is None:
+            self.checkpoint_failed = True  # until it is had
             answer = await self.tool("ledger_checkpoint", {})
-            note = (answer.get("checkpoint") or {}).get("note")
-            if not isinstance(note, str):
+            held = answer.get("checkpoint")
+            if held is None:
                 return None  # none signed yet: every call is pending
+            note = held.get("note") if isinstance(held, dict) else None
+            if not isinstance(note, str) or len(note) > 8192:
+                raise ValueError("ledger_checkpoint: the answer holds no checkpoint note")
             self._checkpoint = verify_note(note, self.key)
+        self.checkpoint_failed = False
         return self._checkpoint
-
-
-def _json_object(raw: bytes) -> dict[str, Any] | None:
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
 
 
 async def check_call(remote: _Remote, seq: int, remote_seq: int, text: str) -> RemoteCheck:
@@ -117,7 +121,8 @@ async def check_call(remote: _Remote, seq: int, remote_seq: int, text: str) -> R
     try:
         checkpoint = await remote.checkpoint()
     except CheckpointError as err:
-        return _failed(result, f"the checkpoint's signature does not verify: {err}")
+        remote.broken = f"the checkpoint's signature does not verify: {err}"
+        return _failed(result, remote.broken)
     if checkpoint is None or remote_seq >= checkpoint.size:
         size = checkpoint.size if checkpoint is not None else 0
         result.status = "pending"
@@ -126,6 +131,8 @@ async def check_call(remote: _Remote, seq: int, remote_seq: int, text: str) -> R
     result.checkpoint_size = checkpoint.size
     got = await remote.tool("ledger_get", {"seq": remote_seq, "bodies": True})
     content = got.pop("content", None)
+    if not isinstance(got.get("kind"), str):
+        return _failed(result, f"ledger_get: entry {remote_seq} has no kind")
     fields = {k: got.get(k) for k in ("v", "seq", "ts", "actor", "kind", "run", "parent", "body")}
     fields["prev"] = got.get("prev")
     try:
@@ -136,10 +143,15 @@ async def check_call(remote: _Remote, seq: int, remote_seq: int, text: str) -> R
     proof = await remote.tool(
         "ledger_proof", {"kind": "inclusion", "seq": remote_seq, "size": checkpoint.size}
     )
+    path_hex = proof.get("path") or []
     try:
-        path = [bytes.fromhex(h) for h in proof.get("path") or []]
+        if not isinstance(path_hex, list) or len(path_hex) > 64:
+            raise TypeError
+        path = [bytes.fromhex(h) for h in path_hex]
     except (TypeError, ValueError):
-        return _failed(result, "the proof's path is not hex hashes")
+        return _failed(result, "the proof's path is not a list of hex hashes")
+    if any(len(h) != 32 for h in path):
+        return _failed(result, "the proof's path holds a hash that is not 32 bytes")
     root = bytes.fromhex(checkpoint.root)
     if not verify_inclusion(remote_seq, checkpoint.size, leaf_hash(line), path, root):
         return _failed(result, "the entry is not in the signed tree (inclusion proof fails)")
@@ -189,12 +201,10 @@ async def verify_remote(
                 results.append(_failed(check, f"{name!r} is no longer a tally member with a key"))
                 continue
             remote = remotes.setdefault(name, _Remote(member, session))
-            try:
-                results.append(
-                    await check_call(remote, entry.seq, check.remote_seq, str(body["text"]))
-                )
-            except (aiohttp.ClientError, TimeoutError, ValueError) as err:
-                results.append(_failed(check, f"asking {name} failed: {err}"))
+            if remote.broken is not None:
+                results.append(_failed(check, remote.broken))
+                continue
+            results.append(await _checked(remote, check, str(body["text"])))
     return RemoteReport(
         checked=len(results),
         ok=sum(r.status == "ok" for r in results),
@@ -202,6 +212,29 @@ async def verify_remote(
         pending=sum(r.status == "pending" for r in results),
         results=results,
     )
+
+
+async def _checked(remote: _Remote, check: RemoteCheck, text: str) -> RemoteCheck:
+    """`check_call`, with every surprise from the member a `failed` result with its reason."""
+    name = remote.member.name
+    try:
+        return await check_call(remote, check.seq, check.remote_seq, text)
+    except TimeoutError:
+        remote.broken = f"{name} did not answer within {_TIMEOUT_S:g} s (not asked again)"
+        return _failed(check, remote.broken)
+    except (aiohttp.ClientError, ValueError) as err:
+        why = f"asking {name} failed: {_short(err)}"
+    except Exception as err:
+        log.warning("checking call %d at %s: %s", check.seq, name, _short(err))
+        why = f"asking {name} failed: {type(err).__name__}: {_short(err)}"
+    if remote.checkpoint_failed:
+        remote.broken = f"{why} (its checkpoint could not be had: not asked again)"
+    return _failed(check, why)
+
+
+def _short(err: BaseException) -> str:
+    text = str(err) or type(err).__name__
+    return text if len(text) <= 300 else text[:299] + "…"
 
 
 async def _remote_replies(

@@ -76,6 +76,10 @@ class Member(_Strict):
     idle_unload_s: float | None = Field(default=None, gt=0, le=30 * DAY_S)
     ready_timeout_s: float = Field(default=60.0, gt=0, le=DAY_S)
     request_timeout_s: float = Field(default=300.0, gt=0, le=DAY_S)
+    max_reply_mb: Annotated[int, Field(ge=1, le=1024), Whole] = 16
+    """The most one reply of this member may hold (a chat reply, its streamed text and tool
+    calls, an embeddings answer); a chat reply is also capped by its `max_tokens`. Past it
+    the call fails as the member's fault."""
     sampling: Sampling = Sampling()
     tally: bool = False
     """The `url` is another tally daemon's gateway (`http://host:port/v1`): each call records

@@ -161,14 +161,19 @@ class DaemonClient:
                 ) as resp:
                     if resp.status != 200:
                         await _json_or_raise(resp)
+                    overrun = False
                     async for event in _parse_sse(resp.content):
                         retries = 0
                         if event.id is not None:
                             last = event.id
                         if event.event == "end":
                             return
+                        if event.event == "overrun":  # we read too slowly: resume from `last`
+                            overrun = True
+                            break
                         yield event
-                return
+                if not overrun:
+                    return
             except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
                 retries += 1
                 if retries > 3:
@@ -182,7 +187,7 @@ async def _json_or_raise(resp: aiohttp.ClientResponse) -> dict[str, Any]:
     text = await resp.text()
     try:
         body = json.loads(text) if text else {}
-    except ValueError:
+    except (ValueError, RecursionError):
         body = {}
     if resp.status == 200 and isinstance(body, dict):
         return body
@@ -208,7 +213,7 @@ async def _parse_sse(content: aiohttp.StreamReader) -> AsyncIterator[SseEvent]:
                 payload = "\n".join(data)
                 try:
                     value: Any = json.loads(payload)
-                except ValueError:
+                except (ValueError, RecursionError):  # the daemon's bytes are still bytes
                     value = payload
                 yield SseEvent(ident, kind, value)
             ident, kind, data = None, "message", []

@@ -38,6 +38,7 @@ from pydantic_core import to_jsonable_python
 
 from daemon.clients import DEFAULT, OWNER, Client, Scope
 from daemon.errors import Busy, TallyError
+from daemon.runs.feed import OVERRUN
 from surfaces import console, metrics
 from surfaces.auth import bearer_ok
 from surfaces.gateway import PATHS as GATEWAY_PATHS
@@ -416,6 +417,8 @@ async def run_events(request: web.Request) -> web.StreamResponse:
                 break
             pending = None
             await resp.write(sse_frame(event.kind, event.data, event.seq))
+            if event.kind == OVERRUN:
+                break  # dropped as too slow: no `end`, so the client resumes (Last-Event-ID)
     except ConnectionResetError:  # the client left; a cancel (shutdown) goes on up
         pass
     finally:

@@ -48,7 +48,7 @@ from daemon.runs.budget import Meter, limits
 from daemon.runs.context import EngineOptions, Run, Setting
 from daemon.runs.dispatch import Capacity
 from daemon.runs.executors import Stub, echo_stub
-from daemon.runs.feed import Feed, Watcher
+from daemon.runs.feed import OVERRUN, Feed, Watcher
 from daemon.runs.keys import Keys
 from daemon.runs.ports import EntryLike, LedgerPort, PoolPort, RouterPort
 from daemon.runs.sandbox import admit_commands
@@ -173,6 +173,9 @@ class Engine:
                 return
             while True:
                 event = await queue.get()
+                if event.kind == OVERRUN:  # this reader fell too far behind: it resumes
+                    yield event
+                    return
                 if event.seq is not None:
                     if event.seq <= last:
                         continue

@@ -90,12 +90,12 @@ def parse_json(text: str) -> tuple[Any, str]:
     stripped = text.strip()
     try:
         return json.loads(stripped), "parsed"
-    except ValueError:
+    except (ValueError, RecursionError):  # a model's reply may nest past json's limit
         pass
     for match in _FENCE.finditer(text):
         try:
             return json.loads(match.group(1).strip()), "rescued_fenced"
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
     span = first_balanced_object(text)
     if span is not None:

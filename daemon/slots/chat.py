@@ -4,23 +4,32 @@ Streaming reads Server-Sent Events up to `data: [DONE]`, asking for the final us
 stream that ends with neither [DONE] nor a finish_reason was cut short and is an error.
 Any exception while a request is open (including cancellation) closes its connection rather
 than returning it to the pool, so llama-server notices and stops generating.
+
+What a member sends is bounded (daemon.intake): a reply's bytes (non-streamed: the body; streamed:
+the text and tool-call fragments kept) by `reply_cap` — the request's `max_tokens` times
+REPLY_TOKEN_BYTES plus REPLY_OVERHEAD, at most the member's `max_reply_mb` — an SSE line by
+the same cap (at most MAX_LINE), a GET's answer by SMALL_BODY, an embeddings answer by the
+ceiling; JSON nesting by MAX_DEPTH. Past a bound the call fails with `BadReply` (502).
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import socket
 import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
+from aiohttp.http_exceptions import LineTooLong
 
-from daemon.slots.errors import ConsumerGone, ModelError
+from daemon.intake import SMALL_BODY, Malformed, TooLarge, loads, read_body
+from daemon.slots.errors import BadReply, ConsumerGone, ModelError, ReplyTooLarge
 from daemon.slots.records import Usage
 from roster import Member
+
+_MIN_LINE = 128 * 1024  # aiohttp's own default bound on a line
 
 OnDelta = Callable[[str], object]
 OnChunk = Callable[[dict[str, Any]], object]
@@ -28,6 +37,25 @@ OnChunk = Callable[[dict[str, Any]], object]
 
 REMOTE_SEQ = "X-Tally-Seq"
 REMOTE_CHECKPOINT = "X-Tally-Checkpoint"
+
+REPLY_TOKEN_BYTES = 4096
+"""What one generated token may cost in a reply: its text JSON-escaped (up to 6 bytes a
+character), and with `logprobs` its 20 alternatives — generous, so no honest reply meets it."""
+REPLY_OVERHEAD = 64 * 1024
+"""The rest of a reply: ids, usage, timings, the finish reason."""
+DEFAULT_CEILING = 16 * 2**20
+"""A member's `max_reply_mb` default, in bytes."""
+MAX_LINE = 4 * 2**20
+"""The longest SSE line read (a chunk carrying a whole tool call may be long)."""
+
+
+def reply_cap(body: Mapping[str, Any], ceiling: int = DEFAULT_CEILING) -> int:
+    """The byte cap of the reply to `body`: its max_tokens × REPLY_TOKEN_BYTES + REPLY_OVERHEAD,
+    at most `ceiling` (a request that names no max_tokens gets the ceiling)."""
+    asked = body.get("max_completion_tokens") or body.get("max_tokens")
+    if not isinstance(asked, int) or isinstance(asked, bool) or asked <= 0:
+        return ceiling
+    return min(ceiling, REPLY_OVERHEAD + asked * REPLY_TOKEN_BYTES)
 
 
 def request_body(
@@ -56,14 +84,23 @@ def request_body(
     return body
 
 
+def _tokens(value: Any) -> int:
+    """A token count a member reported: a whole number in the ledger's range, else 0."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**53:
+        return value
+    return 0
+
+
 def parse_usage(raw: Any) -> Usage:
     if not isinstance(raw, dict):
         return Usage()
     details = raw.get("prompt_tokens_details") or {}
     return Usage(
-        prompt_tokens=int(raw.get("prompt_tokens") or 0),
-        completion_tokens=int(raw.get("completion_tokens") or 0),
-        cached_tokens=int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0,
+        prompt_tokens=_tokens(raw.get("prompt_tokens")),
+        completion_tokens=_tokens(raw.get("completion_tokens")),
+        cached_tokens=_tokens(details.get("cached_tokens")) if isinstance(details, dict) else 0,
     )
 
 
@@ -146,20 +183,26 @@ class ChatClient:
     async def get(
         self, url: str, timeout_s: float, headers: Mapping[str, str] | None = None
     ) -> tuple[int, Any]:
-        """GET a JSON endpoint: (status, parsed body or None)."""
+        """GET a JSON endpoint: (status, parsed body, or None when it is not JSON or is over
+        SMALL_BODY bytes). The timeout bounds the whole exchange, body included."""
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with self.session.get(url, timeout=timeout, headers=headers) as resp:
             if resp.status != 200:
                 return resp.status, None
             try:
-                return resp.status, await resp.json(content_type=None)
-            except ValueError:
+                return resp.status, loads(await read_body(resp, SMALL_BODY, url), url)
+            except ValueError:  # TooLarge, Malformed
                 return resp.status, None
 
     async def post_json(
-        self, url: str, body: dict[str, Any], headers: Mapping[str, str] | None = None
+        self,
+        url: str,
+        body: dict[str, Any],
+        headers: Mapping[str, str] | None = None,
+        limit: int = DEFAULT_CEILING,
     ) -> dict[str, Any]:
-        """POST a JSON body and read a JSON object back (embeddings); ModelError on >= 400."""
+        """POST a JSON body and read a JSON object of at most `limit` bytes back (embeddings);
+        ModelError on >= 400, BadReply on an answer that is too large or not a JSON object."""
         async with self.session.post(url, json=body, headers=headers) as resp:
             if resp.status >= 400:
                 text = (await resp.content.read(2000)).decode("utf-8", "replace")
@@ -168,9 +211,14 @@ class ChatClient:
                     status_code=resp.status,
                     details={"body": text},
                 )
-            data = await resp.json(content_type=None)
+            try:
+                data = loads(await read_body(resp, limit, "the answer"), "the answer")
+            except TooLarge as err:
+                raise ReplyTooLarge(str(err), details={"limit": limit}) from None
+            except Malformed as err:
+                raise BadReply(str(err)) from None
         if not isinstance(data, dict):
-            raise ModelError("the model server's answer is not a JSON object", status_code=502)
+            raise BadReply("the model server's answer is not a JSON object")
         return data
 
     async def complete(
@@ -180,7 +228,11 @@ class ChatClient:
         headers: Mapping[str, str] | None = None,
         on_delta: OnDelta | None = None,
         on_chunk: OnChunk | None = None,
+        limit: int | None = None,
     ) -> Completion:
+        """POST a chat completion and read its reply, of at most `limit` bytes (default:
+        `reply_cap(body)`); BadReply when the reply breaks a bound or is not JSON."""
+        cap = reply_cap(body) if limit is None else limit
         try:
             resp = await self.session.post(url, json=body, headers=headers)
         except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
@@ -195,16 +247,37 @@ class ChatClient:
                     status_code=resp.status,
                     details={"body": text},
                 )
-            if body.get("stream"):
-                result = await _read_stream(resp, on_delta, on_chunk)
-            else:
-                result = _read_whole(await resp.json(content_type=None))
+            try:
+                if body.get("stream"):
+                    result = await _read_stream(resp, cap, on_delta, on_chunk)
+                else:
+                    result = _read_whole(loads(await read_body(resp, cap, "the reply")))
+            except (TooLarge, LineTooLong) as err:
+                raise ReplyTooLarge(_too_large(err, cap, body), details={"limit": cap}) from None
+            except Malformed as err:
+                raise BadReply(str(err)) from None
             result.remote = result.remote or _remote(resp.headers)
         except BaseException:
             _reset(resp)  # drop the connection: the server stops generating
             raise
         resp.release()
         return result
+
+
+def _line_limit(cap: int) -> int:
+    return max(_MIN_LINE, min(cap, MAX_LINE))
+
+
+def _too_large(err: Exception, cap: int, body: Mapping[str, Any]) -> str:
+    if isinstance(err, TooLarge):
+        what = str(err)
+    else:
+        what = f"a line of the stream is over its limit of {_line_limit(cap)} bytes"
+    asked = body.get("max_completion_tokens") or body.get("max_tokens")
+    return (
+        f"{what} (max_tokens {asked} × {REPLY_TOKEN_BYTES} + {REPLY_OVERHEAD} bytes, "
+        "at most the member's max_reply_mb)"
+    )
 
 
 def _reset(resp: aiohttp.ClientResponse) -> None:
@@ -218,17 +291,26 @@ def _reset(resp: aiohttp.ClientResponse) -> None:
 
 
 def _read_whole(data: Any) -> Completion:
+    """A non-streamed reply; a field of the wrong type is a BadReply, never a TypeError."""
     result = Completion()
     if not isinstance(data, dict):
-        return result
+        raise BadReply("the reply is not a JSON object")
     choices = data.get("choices") or [{}]
-    message = choices[0].get("message") or {}
-    result.text = message.get("content") or ""
-    result.finish_reason = choices[0].get("finish_reason")
+    first = choices[0] if isinstance(choices, list) else None
+    message = first.get("message") or {} if isinstance(first, dict) else None
+    if not isinstance(first, dict) or not isinstance(message, dict):
+        raise BadReply("the reply's choices[0].message is not an object")
+    content = message.get("content")
+    result.text = content if isinstance(content, str) else ""
+    finish = first.get("finish_reason")
+    result.finish_reason = finish if isinstance(finish, str) else None
     result.usage = parse_usage(data.get("usage"))
-    result.timings = data.get("timings") or {}
-    result.model = data.get("model")
-    result.tool_calls = list(message.get("tool_calls") or [])
+    timings = data.get("timings")
+    result.timings = timings if isinstance(timings, dict) else {}
+    model = data.get("model")
+    result.model = model if isinstance(model, str) else None
+    calls = message.get("tool_calls")
+    result.tool_calls = [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
     result.whole = data
     return result
 
@@ -254,8 +336,10 @@ def _remote_of(raw: Any) -> dict[str, int] | None:
     return out
 
 
-def _merge_tool_calls(calls: list[dict[str, Any]], deltas: Any) -> None:
-    """Streamed tool calls arrive in pieces keyed by index; the arguments are concatenated."""
+def _merge_tool_calls(calls: list[dict[str, Any]], deltas: Any) -> int:
+    """Streamed tool calls arrive in pieces keyed by index; the arguments are concatenated.
+    Returns the bytes (characters) of text kept."""
+    kept = 0
     for delta in deltas if isinstance(deltas, list) else ():
         if not isinstance(delta, dict):
             continue
@@ -266,48 +350,87 @@ def _merge_tool_calls(calls: list[dict[str, Any]], deltas: Any) -> None:
         call = calls[index]
         if isinstance(delta.get("id"), str):
             call["id"] = delta["id"]
+            kept += len(delta["id"])
         if isinstance(delta.get("type"), str):
             call["type"] = delta["type"]
+            kept += len(delta["type"])
         function = delta.get("function")
         if isinstance(function, dict):
             for key in ("name", "arguments"):
                 if isinstance(function.get(key), str):
                     call["function"][key] += function[key]
+                    kept += len(function[key])
+    return kept
 
 
 async def _read_stream(
-    resp: aiohttp.ClientResponse, on_delta: OnDelta | None, on_chunk: OnChunk | None = None
+    resp: aiohttp.ClientResponse,
+    cap: int,
+    on_delta: OnDelta | None,
+    on_chunk: OnChunk | None = None,
 ) -> Completion:
+    """Read SSE to [DONE]; the text and tool-call fragments kept count against `cap`."""
     result = Completion()
     parts: list[str] = []
+    kept = 0
     done = False
-    async for raw in resp.content:
+    max_line = _line_limit(cap)
+    while True:
+        raw = await resp.content.readline(max_line_length=max_line)
+        if not raw:
+            break
         line = raw.strip()
         if not line.startswith(b"data:"):
             continue
         payload = line[5:].strip()
         if payload == b"[DONE]":
             done = True
-            await resp.read()  # consume the end of the body so the connection can be reused
+            # the end of the body, read (bounded) so the connection can be reused; past
+            # the bound the connection is closed on release instead
+            with contextlib.suppress(TooLarge):
+                await read_body(resp, 4096, "the end of the stream")
             break
-        chunk = json.loads(payload)
+        chunk = loads(payload, "a stream chunk")
         if not isinstance(chunk, dict):
-            raise aiohttp.ClientPayloadError("a stream chunk is not a JSON object")
+            raise BadReply("a stream chunk is not a JSON object")
         if chunk.get("error") is not None:  # a server that failed mid-stream says so in-band
             raise ModelError(
                 "the model server failed mid-stream", status_code=502, details={"body": chunk}
             )
         if chunk.get("usage"):
             result.usage = parse_usage(chunk["usage"])
-        if chunk.get("timings"):
+        if isinstance(chunk.get("timings"), dict) and chunk["timings"]:
             result.timings = chunk["timings"]
         if chunk.get("tally") is not None:
             result.remote = _remote_of(chunk["tally"])
-        result.model = chunk.get("model") or result.model
+        if isinstance(chunk.get("model"), str) and chunk["model"]:
+            result.model = chunk["model"]
         if result.id is None and isinstance(chunk.get("id"), str):
             result.id = chunk["id"]
         if result.created is None and isinstance(chunk.get("created"), int):
             result.created = chunk["created"]
+        choices = chunk.get("choices") or ()
+        for choice in choices if isinstance(choices, list) else ():
+            if not isinstance(choice, dict):
+                continue
+            step = choice.get("delta") or {}
+            step = step if isinstance(step, dict) else {}
+            kept += _merge_tool_calls(result.tool_calls, step.get("tool_calls"))
+            delta = step.get("content")
+            if isinstance(delta, str) and delta:
+                kept += len(delta)
+                if kept > cap:
+                    raise TooLarge("the streamed reply", cap)
+                parts.append(delta)
+                if on_delta is not None:
+                    echoed = on_delta(delta)
+                    if inspect.isawaitable(echoed):
+                        await echoed
+            if isinstance(choice.get("finish_reason"), str):
+                result.finish_reason = choice["finish_reason"]
+        if kept > cap:
+            raise TooLarge("the streamed reply", cap)
+        # relayed once counted: a chunk that crosses the cap never reaches the caller's client
         if on_chunk is not None:
             try:
                 relayed = on_chunk(chunk)
@@ -315,17 +438,6 @@ async def _read_stream(
                     await relayed
             except (ConnectionError, aiohttp.ClientError) as err:
                 raise ConsumerGone(str(err)) from err
-        for choice in chunk.get("choices") or ():
-            _merge_tool_calls(result.tool_calls, (choice.get("delta") or {}).get("tool_calls"))
-            delta = (choice.get("delta") or {}).get("content")
-            if delta:
-                parts.append(delta)
-                if on_delta is not None:
-                    echoed = on_delta(delta)
-                    if inspect.isawaitable(echoed):
-                        await echoed
-            if choice.get("finish_reason"):
-                result.finish_reason = choice["finish_reason"]
     if not done and result.finish_reason is None:
         # The body ended before the stream did: the same as a connection lost mid-stream (the
         # lease turns it into SlotLost), not a short success. A finish_reason without [DONE]

@@ -9,7 +9,6 @@ redirect is never followed (a loopback probe must not be sent elsewhere).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -19,6 +18,8 @@ from urllib.parse import urlsplit
 import aiohttp
 from pydantic import BaseModel
 
+from daemon.intake import SMALL_BODY, loads, read_body
+
 # The ports local OpenAI-compatible servers listen on by default, and what usually runs there.
 USUAL_PORTS: tuple[tuple[int, str], ...] = (
     (11434, "Ollama"),
@@ -27,7 +28,7 @@ USUAL_PORTS: tuple[tuple[int, str], ...] = (
     (8000, "vLLM"),
 )
 LOOPBACK = "127.0.0.1"
-_BODY_CAP = 1 << 20  # a /v1/models or /props answer larger than this is not one
+_BODY_CAP = SMALL_BODY  # a /v1/models or /props answer larger than this is not one
 _MODELS_SHOWN = 50
 
 
@@ -111,12 +112,9 @@ async def get_json(
     async with session.get(url, timeout=timeout, headers=headers, allow_redirects=False) as resp:
         if resp.status != 200:
             return resp.status, None
-        raw = await resp.content.read(_BODY_CAP + 1)
-        if len(raw) > _BODY_CAP:
-            return resp.status, None
         try:
-            return resp.status, json.loads(raw)
-        except ValueError:
+            return resp.status, loads(await read_body(resp, _BODY_CAP, url), url)
+        except ValueError:  # over the cap, not JSON, or nested too deep
             return resp.status, None
 
 

@@ -66,3 +66,22 @@ class ConsumerGone(Exception):
     Raised instead of whatever the callback raised, so a write error of the caller's client
     (aiohttp's ClientConnectionResetError is an aiohttp.ClientError too) is never taken for a
     lost connection to the model server; the upstream request is cut all the same."""
+
+
+class BadReply(ModelError):
+    """The member answered what no model server should: JSON that does not parse or nests too
+    deep, or (`ReplyTooLarge`) more bytes than the request could need. The member's fault: the
+    call fails (502), the member's `last_error` says why, and the daemon goes on."""
+
+    code = "bad_reply"
+    status = 502
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message, status_code=502, details=details)
+
+
+class ReplyTooLarge(BadReply):
+    """A reply past its cap: `max_tokens` × REPLY_TOKEN_BYTES + REPLY_OVERHEAD, at most the
+    member's `max_reply_mb`."""
+
+    code = "reply_too_large"

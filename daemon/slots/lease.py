@@ -19,15 +19,18 @@ and `id_slot` always name the slot the lease holds now, which is where the last 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Protocol
 
 import aiohttp
 
-from daemon.slots.chat import Completion, OnChunk, OnDelta, request_body
+from daemon.slots.chat import Completion, OnChunk, OnDelta, reply_cap, request_body
 from daemon.slots.discovery import connection_problem
-from daemon.slots.errors import ModelError, SlotLost
+from daemon.slots.errors import BadReply, ModelError, SlotLost
 from daemon.slots.instance import Slot
 from daemon.slots.records import ChatResult
+
+log = logging.getLogger("tally.slots")
 
 
 class Failover(Protocol):
@@ -196,7 +199,11 @@ class Lease:
         sent = {**body, "model": spec.model_id or spec.name}
         try:
             async with asyncio.timeout(spec.request_timeout_s):
-                return await instance.ctx.client.post_json(url, sent, instance.headers)
+                return await instance.ctx.client.post_json(
+                    url, sent, instance.headers, limit=spec.max_reply_mb * 2**20
+                )
+        except BadReply as err:
+            raise self._blame(err) from None
         except (TimeoutError, aiohttp.ClientError) as err:
             raise SlotLost(
                 f"embeddings on {self.member}/{self.instance} failed: {err!r}",
@@ -220,9 +227,15 @@ class Lease:
         task = asyncio.current_task()
         self._task = task
         try:
+            # One deadline for the whole call, however slowly its reply drips in.
             async with asyncio.timeout(spec.request_timeout_s):
                 return await instance.ctx.client.complete(
-                    instance.chat_url, body, instance.headers, on_delta, on_chunk
+                    instance.chat_url,
+                    body,
+                    instance.headers,
+                    on_delta,
+                    on_chunk,
+                    limit=reply_cap(body, spec.max_reply_mb * 2**20),
                 )
         except asyncio.CancelledError:
             # Our own cancel from lose() becomes SlotLost; a caller's cancel stays a cancel.
@@ -248,12 +261,24 @@ class Lease:
                     else:  # an external one may (a proxy, a restart): is it still there?
                         instance.check_soon()
             raise self._lost_error() from None
+        except BadReply as err:
+            raise self._blame(err) from None
         except ModelError as err:
             if err.status_code >= 500 and spec.url is not None:
                 instance.check_soon()  # a bad request or a server going away: a probe tells
             raise
         finally:
             self._task = None
+
+    def _blame(self, err: BadReply) -> BadReply:
+        """A reply no model server should send: the member's fault, shown as its last error
+        (`slots`), with a health check soon; the call fails with the member named."""
+        instance = self._slot.instance
+        why = f"{self.member}/{self.instance}: {err.message}"
+        instance.last_error = instance.member.last_error = why
+        log.warning("%s", why)
+        instance.check_soon()
+        return type(err)(why, details={k: v for k, v in err.details.items() if k != "status_code"})
 
     def _report(self, err: SlotLost | ModelError) -> str:
         """Tell the failed call's server it failed (see `chat`); why, for the record."""

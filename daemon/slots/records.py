@@ -175,6 +175,8 @@ def ledger_timings(raw: object) -> dict[str, int]:
     for name, value in dict(raw or {}).items():  # type: ignore[call-overload]
         if not isinstance(value, int | float) or isinstance(value, bool):
             continue
+        if not -(2**43) < value < 2**43:  # NaN, infinities, and what no ledger integer holds
+            continue
         name = str(name)
         if name.endswith(("_per_token_ms", "_per_second")):
             continue

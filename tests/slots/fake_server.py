@@ -10,7 +10,12 @@ process (in-process: drops the connection) mid-stream, "truncate" ends the next 
 after N tokens (`after`) with neither a finish_reason nor [DONE], "hang" stops answering anything,
 "fail" answers the next N chat requests with 500 (or `status`), "die" makes the next chat request
 the last one answered: it is cut mid-body (`how` "cut") or answered 502 (`how` "502"), and from
-then on every request gets 502, as from a proxy whose backend is gone. `--ready-file PATH`
+then on every request gets 502, as from a proxy whose backend is gone. Hostile replies, for
+the next `count` chat requests: "huge" answers `bytes` of valid JSON (made as it is sent, never
+held) with an honest Content-Length, or chunked with `chunked`; "flood" streams `bytes` of
+text in 64 KiB deltas; "deep" answers JSON nested `depth` levels; "drip" streams one token
+every `interval` seconds and never ends; with `stream_only` only streamed requests count.
+`--ready-file PATH`
 keeps it "loading" until PATH exists (a spawned server a test can fix from outside).
 `--models a,b` sets what /v1/models lists; `--ollama` answers as Ollama does (/api/version;
 no /health, /props, /slots).
@@ -59,6 +64,8 @@ class FakeServer:
         self.fail_next = 0
         self.fail_status = 500
         self.dying: str | None = None  # "cut" or "502": how the next chat request ends it
+        self.hostile: dict[str, Any] | None = None  # the hostile reply mode (see /_fault)
+        self.hostile_left = 0
         self.dead = False
         self.requests: list[dict[str, Any]] = []
         self.processing: set[int] = set()
@@ -165,6 +172,9 @@ class FakeServer:
             self.fail_status = int(body.get("status", 500))
         elif mode == "die":
             self.dying = str(body.get("how", "cut"))
+        elif mode in ("huge", "flood", "deep", "drip"):
+            self.hostile = body
+            self.hostile_left = int(body.get("count", 1))
         elif mode == "exit":
             asyncio.get_running_loop().call_later(0.01, os._exit, int(body.get("code", 3)))
         return web.json_response({"ok": True})
@@ -215,6 +225,10 @@ class FakeServer:
             return web.json_response(
                 {"error": {"code": status, "message": "injected"}}, status=status
             )
+        streams = bool(body.get("stream")) or not (self.hostile or {}).get("stream_only")
+        if self.hostile is not None and self.hostile_left > 0 and streams:
+            self.hostile_left -= 1
+            return await self._hostile(request, self.hostile)
         id_slot = body.get("id_slot")
         slot = self._pick_slot(id_slot if isinstance(id_slot, int) and id_slot >= 0 else None)
         async with self._locks[slot]:
@@ -224,6 +238,42 @@ class FakeServer:
                 return await self._generate(request, body, slot)
             finally:
                 self.processing.discard(slot)
+
+    async def _hostile(self, request: web.Request, mode: dict[str, Any]) -> web.StreamResponse:
+        """One hostile reply (see the module docstring); a client that leaves ends it."""
+        kind = mode["mode"]
+        piece = b"a" * 65536
+        if kind == "deep":
+            n = int(mode.get("depth", 100_000))
+            return web.Response(body=b"[" * n + b"]" * n, content_type="application/json")
+        if kind in ("flood", "drip"):
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            left = int(mode.get("bytes", 0))
+            while kind == "drip" or left > 0:
+                text = "t " if kind == "drip" else piece.decode()
+                chunk = {"choices": [{"index": 0, "delta": {"content": text}}]}
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                left -= len(text)
+                await asyncio.sleep(float(mode.get("interval", 0)))
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        total = int(mode["bytes"])
+        head = b'{"object":"chat.completion","choices":[{"index":0,"finish_reason":"stop",'
+        head += b'"message":{"role":"assistant","content":"'
+        tail = b'"}}]}'
+        headers = {"Content-Type": "application/json"}
+        if not mode.get("chunked"):
+            headers["Content-Length"] = str(total)
+        resp = web.StreamResponse(headers=headers)
+        await resp.prepare(request)
+        await resp.write(head)
+        left = total - len(head) - len(tail)
+        while left > 0:
+            await resp.write(piece[: min(left, len(piece))])
+            left -= len(piece)
+        await resp.write(tail)
+        return resp
 
     async def _cut(self, request: web.Request, stream: bool) -> None:
         """Start an answer and close the connection half-way through its body."""

@@ -71,6 +71,8 @@ class HttpOptions:
 
 DAEMON: web.AppKey[Daemon] = web.AppKey("daemon")
 CLIENT = web.RequestKey("client", Client)  # the resolved caller
+STREAM_KEY = web.RequestKey("stream_key", str)
+"""What a TCP caller's SSE streams count under (a client, or one console session)."""
 OPTIONS = web.AppKey("options", HttpOptions)
 
 
@@ -172,19 +174,21 @@ def _refuse(request: web.Request, options: HttpOptions) -> web.Response | None:
         request[CLIENT] = OWNER
     else:
         client = _bearer_client(request, options)
-        if client is None and console.COOKIE in request.cookies:
+        key = f"client:{client.name}" if client is not None else ""
+        if client is None and console.HEADER in request.headers:
             known = {r.name for r in request.app[DAEMON].clients.records()}
-            client = console.cookie_client(request, known)
-            # A cookie rides along with requests other pages make (another local port is the
-            # same "site"): a POST needs the console's own Origin, and no other Origin passes.
-            crossed = origin is not None or request.method not in ("GET", "HEAD")
-            if client is not None and crossed and not console.same_origin(request):
-                return error_response(
-                    403, "forbidden_origin", "a console request needs the console's own Origin"
-                )
+            found = console.session_client(request, known)
+            if found is not None:
+                client, key = found
+                # Only the console's own script holds the secret; a request that carries it
+                # with another Origin is a leak being replayed.
+                if origin is not None and not console.same_origin(request):
+                    return error_response(
+                        403, "forbidden_origin", "a console request needs the console's own Origin"
+                    )
         if client is None:
-            if request.path == "/healthz" or request.path in console.PUBLIC:
-                return None  # liveness for probes (no details); the console's code exchange
+            if request.path == "/healthz" or console.public(request.path):
+                return None  # liveness for probes (no details); the console's pages and login
             return error_response(
                 401,
                 "unauthorized",
@@ -192,6 +196,7 @@ def _refuse(request: web.Request, options: HttpOptions) -> web.Response | None:
                 "read`, or `tally token` for the default client)",
                 headers={"WWW-Authenticate": 'Bearer realm="tally"'},
             )
+        request[STREAM_KEY] = key
         request[CLIENT] = client
     length = request.content_length
     if length is not None and length > options.body_limit:

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from daemon.clients import CLIENT_NAME, Client
 from daemon.errors import Forbidden, InvalidInput, NotFound
 from daemon.runs.state import TASK_ENDED
+from surfaces.connections import counted_stream
 
 if TYPE_CHECKING:
     from daemon.runs.engine import Engine
@@ -62,6 +63,8 @@ def public(path: str) -> bool:
     """Paths the guard lets through without a client: the static pages (they hold no data)
     and the login (it exchanges its own secret)."""
     return path == "/" or (path.startswith("/console/") and path != LOGOUT_PATH)
+
+
 _TYPES = {
     "js": "text/javascript",
     "css": "text/css",
@@ -451,7 +454,7 @@ def register(app: web.Application) -> None:
     app.router.add_get("/v1/console/session", whoami)
     app.router.add_get("/console/{name}", asset)
     app.router.add_post("/v1/console/code", mint_code)
-    app.router.add_get("/v1/events", run_feed)
+    app.router.add_get("/v1/events", counted_stream(run_feed))
 
 
 def set_base(app: web.Application, base: str) -> None:

@@ -97,6 +97,7 @@ async def test_sessions_in_a_browser(
             live = await engine.submit("the feed", plan=two_tasks())  # SSE read with fetch
             await admin.locator(f'tr[data-run="{live.id}"]').wait_for()
             await engine.cancel(live.id)
+            await admin.locator(f'tr[data-run="{live.id}"].state-cancelled').wait_for()
             assert await _buttons(admin, f"{served.url}/#/run/{running.id}") == {"cancel"}
             assert await _buttons(admin, f"{served.url}/#/run/{finished.id}") == set()
             assert await _buttons(admin, f"{served.url}/#/ledger/{request.seq}") == {"redact"}

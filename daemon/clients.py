@@ -10,24 +10,30 @@ The unix-socket owner is `admin` (the socket is 0600: only the daemon's user rea
 legacy `<state>/http.token` is the client named `default` with every scope, so setups from
 before named clients keep working. Other clients live in `<state>/clients.json` (0600, written
 atomically) as sha256 digests of their tokens: the file never holds a usable secret, and a
-token is shown once, when it is made. The store re-reads the file when its mtime changes, so
-`tally client add` works with the daemon running or not.
+token is shown once, when it is made. The store re-reads the file when it changes (a new inode
+per write, so two writes in one clock tick are still seen), so `tally client add` works with
+the daemon running or not. Every change is a read-modify-write under an exclusive lock on
+`clients.json.lock`: the daemon's own writes (one thread per tool call) and an offline
+`tally client` in another process never lose each other's clients.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from daemon.errors import Conflict, InvalidInput, NotFound
+from daemon.errors import Busy, Conflict, InvalidInput, NotFound
 from daemon.ledger.store import write_atomic
 from roster.models import Whole
 
@@ -37,6 +43,8 @@ CLIENT_NAME = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
 CLIENTS_FILE = "clients.json"
 RESERVED = ("owner", "default")
 MAX_TOKENS = 2**53 - 1
+LOCK_WAIT_S = 10.0
+"""How long a change waits for another writer of the client file before it gives up."""
 
 
 class Limits(BaseModel):
@@ -108,14 +116,15 @@ class ClientStore:
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / CLIENTS_FILE
-        self._mtime: int | None = None
+        self._mtime: tuple[int, ...] | None = None  # the file's identity when last read
         self._by_digest: dict[str, ClientRecord] = {}
         self._records: list[ClientRecord] = []
 
     def _fresh(self) -> list[ClientRecord]:
         """The records, re-read if the file changed (one stat per call)."""
         try:
-            mtime = self.path.stat().st_mtime_ns
+            st = self.path.stat()
+            mtime: tuple[int, ...] | None = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
         except FileNotFoundError:
             mtime = None
         if mtime != self._mtime:
@@ -142,27 +151,52 @@ class ClientStore:
         """Make a client; returns its token (the only time it exists outside the caller)."""
         if name in RESERVED:
             raise InvalidInput(f"{name!r} is reserved (the socket owner and the legacy token)")
-        records = self._fresh()
-        if any(r.name == name for r in records):
-            raise Conflict(f"a client named {name!r} exists; revoke it first")
-        token = "tly_" + secrets.token_urlsafe(32)
-        record = ClientRecord(
-            name=name,
-            scope=scope,
-            token_sha256=digest(token),
-            created_at_us=time.time_ns() // 1000,
-            limits=limits if limits is not None and limits.any() else None,
-        )
-        self._write([*records, record])
+        with self._locked() as records:
+            if any(r.name == name for r in records):
+                raise Conflict(f"a client named {name!r} exists; revoke it first")
+            token = "tly_" + secrets.token_urlsafe(32)
+            record = ClientRecord(
+                name=name,
+                scope=scope,
+                token_sha256=digest(token),
+                created_at_us=time.time_ns() // 1000,
+                limits=limits if limits is not None and limits.any() else None,
+            )
+            self._write([*records, record])
         return token
 
     def revoke(self, name: str) -> ClientRecord:
-        records = self._fresh()
-        found = next((r for r in records if r.name == name), None)
-        if found is None:
-            raise NotFound(f"no client named {name!r}")
-        self._write([r for r in records if r.name != name])
+        with self._locked() as records:
+            found = next((r for r in records if r.name == name), None)
+            if found is None:
+                raise NotFound(f"no client named {name!r}")
+            self._write([r for r in records if r.name != name])
         return found
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[list[ClientRecord]]:
+        """The records as the file holds them now, with every other writer (thread or process)
+        kept out until the block ends. Blocking: the daemon calls it off its event loop."""
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise Busy(
+                            f"{lock} is held by another writer of the client file; try again",
+                            retry_after=1.0,
+                        ) from None
+                    time.sleep(0.01)
+            self._mtime = None  # under the lock: the file as it is now, whatever the cache says
+            yield list(self._fresh())
+        finally:
+            os.close(fd)  # releases the lock
 
     def _write(self, records: list[ClientRecord]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

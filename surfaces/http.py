@@ -26,7 +26,7 @@ import struct
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,15 @@ from daemon.errors import Busy, TallyError
 from daemon.runs.feed import OVERRUN
 from surfaces import console, metrics
 from surfaces.auth import bearer_ok
+from surfaces.connections import (
+    GATE,
+    STREAM_KEY,
+    ConnectionLimits,
+    Gate,
+    GatedTCPSite,
+    counted_stream,
+    raise_nofile,
+)
 from surfaces.gateway import PATHS as GATEWAY_PATHS
 from surfaces.gateway import add_routes as gateway_routes
 from surfaces.gateway import openapi_paths as gateway_openapi
@@ -71,6 +80,7 @@ class HttpOptions:
     # bounds slow-header clients as well as idle keep-alive connections.
     idle_timeout_s: float = 30.0
     body_timeout_s: float = 30.0  # a request body not received in full by then gets a 408
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # TCP conns, SSE
 
 
 DAEMON: web.AppKey[Daemon] = web.AppKey("daemon")
@@ -176,26 +186,32 @@ def _refuse(request: web.Request, options: HttpOptions) -> web.Response | None:
         request[CLIENT] = OWNER
     else:
         client = _bearer_client(request, options)
-        if client is None and console.COOKIE in request.cookies:
+        key = f"client:{client.name}" if client is not None else ""
+        if client is None and console.HEADER in request.headers:
             known = {r.name for r in request.app[DAEMON].clients.records()}
-            client = console.cookie_client(request, known)
-            # A cookie rides along with requests other pages make (another local port is the
-            # same "site"): a POST needs the console's own Origin, and no other Origin passes.
-            crossed = origin is not None or request.method not in ("GET", "HEAD")
-            if client is not None and crossed and not console.same_origin(request):
-                return error_response(
-                    403, "forbidden_origin", "a console request needs the console's own Origin"
-                )
+            found = console.session_client(request, known)
+            if found is not None:
+                client, key = found
+                # Only the console's own script holds the secret; a request that carries it
+                # with another Origin is a leak being replayed.
+                if origin is not None and not console.same_origin(request):
+                    return error_response(
+                        403, "forbidden_origin", "a console request needs the console's own Origin"
+                    )
         if client is None:
-            if request.path == "/healthz" or request.path in console.PUBLIC:
-                return None  # liveness for probes (no details); the console's code exchange
-            return error_response(
+            if request.path == "/healthz" or console.public(request.path):
+                return None  # liveness for probes (no details); the console's pages and login
+            refused = error_response(
                 401,
                 "unauthorized",
                 "a valid bearer token is required over TCP (`tally client add NAME --scope "
                 "read`, or `tally token` for the default client)",
                 headers={"WWW-Authenticate": 'Bearer realm="tally"'},
             )
+            refused.force_close()  # nothing more to say to it: its descriptor comes back now
+            return refused
+        request.app[GATE].authenticated(request.transport)
+        request[STREAM_KEY] = key
         request[CLIENT] = client
     length = request.content_length
     if length is not None and length > options.body_limit:
@@ -445,7 +461,7 @@ async def close_streams(app: web.Application) -> None:
 
 
 async def get_metrics(request: web.Request) -> web.Response:
-    text = metrics.render(request.app[DAEMON])
+    text = metrics.render(request.app[DAEMON], request.app[GATE])
     # The Prometheus text format names its version in the media type.
     return web.Response(
         body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
@@ -608,6 +624,7 @@ def openapi_document() -> dict[str, Any]:
                         **_GET_STATUSES,
                         400: "Last-Event-ID is not a ledger seq",
                         404: "No such run",
+                        429: "The client has its limit of event streams open",
                     }
                 ),
             },
@@ -702,10 +719,11 @@ def create_app(daemon: Daemon, options: HttpOptions | None = None) -> web.Applic
     app[DAEMON] = daemon
     app[OPTIONS] = options
     app[STREAMS] = Streams()
+    app[GATE] = Gate.make(options.limits)
     app.on_shutdown.append(close_streams)
     app.router.add_get("/v1/tools", list_tools)
     app.router.add_post("/v1/tools/{name}", call_tool)
-    app.router.add_get("/v1/runs/{run_id}/events", run_events)
+    app.router.add_get("/v1/runs/{run_id}/events", counted_stream(run_events))
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/openapi.json", get_openapi)
     app.router.add_get("/healthz", healthz)
@@ -761,6 +779,7 @@ async def serve(
         _prepare_socket_path(listen.socket_path)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    raise_nofile()  # before anything opens: the TCP gate sizes itself from the limit
     await daemon.start()
     runner = app_runner(create_app(daemon, options), options)
     where: list[str] = []
@@ -780,7 +799,7 @@ async def serve(
             where.append(f"unix:{listen.socket_path}")
         if listen.tcp is not None:
             host, port = parse_tcp(listen.tcp)
-            await web.TCPSite(runner, host, port).start()
+            await GatedTCPSite(runner, host, port, runner.app[GATE]).start()
             where.append(f"http://{listen.tcp}")
             console.set_base(runner.app, f"http://{listen.tcp}")
         if announce is not None:

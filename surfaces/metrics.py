@@ -13,6 +13,7 @@ from daemon.runs.state import RunState
 
 if TYPE_CHECKING:
     from daemon.service import Daemon
+    from surfaces.connections import Gate
 
 RUN_STATES: tuple[str, ...] = RunState.__args__  # type: ignore[attr-defined]
 
@@ -43,8 +44,10 @@ def _num(value: float) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def render(daemon: Daemon) -> str:
+def render(daemon: Daemon, gate: Gate | None = None) -> str:
     out = _Text()
+    if gate is not None:
+        _connections(out, gate)
     _runs(out, daemon)
     _slots(out, daemon)
     _ledger(out, daemon)
@@ -231,3 +234,36 @@ def _histograms(out: _Text, daemon: Daemon) -> None:
                 out.sample(f"{h.name}_bucket", count, **labels, le=le)
             out.sample(f"{h.name}_sum", float(h.sums[label]), **labels)
             out.sample(f"{h.name}_count", pairs[-1][1], **labels)
+
+
+def _connections(out: _Text, gate: Gate) -> None:
+    """The TCP gate's limits and counts (surfaces.connections)."""
+    from surfaces.connections import fd_count
+
+    limits = gate.limits
+    name = "tally_limit"
+    out.family(name, "gauge", "Connection and descriptor limits in force, by name.")
+    for key, value in (
+        ("nofile", gate.nofile),
+        ("fd_reserve", limits.fd_reserve),
+        ("tcp_connections", gate.max_connections),
+        ("tcp_pending_per_peer", limits.max_pending_per_peer),
+        ("tcp_auth_timeout_seconds", limits.auth_timeout_s),
+        ("sse_streams_per_client", limits.sse_per_client),
+    ):
+        out.sample(name, value, limit=key)
+    out.family("tally_open_fds", "gauge", "Descriptors open in the daemon process.")
+    out.sample("tally_open_fds", fd_count() or 0)
+    out.family("tally_tcp_connections", "gauge", "Open TCP connections, by authentication.")
+    pending = sum(gate.pending.values())
+    out.sample("tally_tcp_connections", pending, state="pending")
+    out.sample("tally_tcp_connections", len(gate.conns) - pending, state="authenticated")
+    name = "tally_tcp_refused_total"
+    out.family(name, "counter", "Connections and event streams refused at a limit, by limit.")
+    for reason in ("total", "pending_per_peer", "sse_per_client"):
+        out.sample(name, gate.refused[reason], limit=reason)
+    name = "tally_tcp_auth_timeouts_total"
+    out.family(name, "counter", "TCP connections closed for not authenticating in time.")
+    out.sample(name, gate.timed_out)
+    out.family("tally_sse_streams", "gauge", "Event streams open over TCP.")
+    out.sample("tally_sse_streams", sum(gate.streams.values()))

@@ -42,6 +42,9 @@ RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
 SystemCallArchitectures=native
 SystemCallFilter=@system-service @mount
 SystemCallErrorNumber=EPERM
+# Descriptors: TCP connections stop well below this (see the README's security section),
+# so the socket, the ledger and the sandbox keep theirs.
+LimitNOFILE=65536
 Environment=PYTHONUNBUFFERED=1
 # The checkpoint signing key, kept out of the state dir: put it at the path below (0600) and
 # systemd hands it to the daemon alone in $CREDENTIALS_DIRECTORY. Without that file the
@@ -109,6 +112,9 @@ AmbientCapabilities=
 DevicePolicy=closed
 IPAddressDeny=any
 IPAddressAllow=localhost
+# Descriptors: TCP connections stop well below this (see the README's security section),
+# so the socket, the ledger and the sandbox keep theirs.
+LimitNOFILE=65536
 Environment=PYTHONUNBUFFERED=1
 # The checkpoint signing key, kept out of the state dir: put it at the path below (0600) and
 # systemd hands it to the daemon alone in $CREDENTIALS_DIRECTORY. Without that file the

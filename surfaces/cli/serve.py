@@ -95,7 +95,16 @@ def run_serve(args: argparse.Namespace) -> int:
         print("tally: MCP config for your IDE (mcpServers):", file=sys.stderr)
         print(mcp_config_block(sys.executable, socket_path), file=sys.stderr)
 
-    options = HttpOptions(token=token, body_limit=int(getattr(settings, "body_limit", 1 << 20)))
+    from surfaces.connections import ConnectionLimits
+
+    try:
+        limits = ConnectionLimits.from_env(os.environ)  # TALLY_MAX_CONNECTIONS, ...
+    except ValueError as exc:
+        print(f"tally serve: {exc}", file=sys.stderr)
+        return 2
+    options = HttpOptions(
+        token=token, body_limit=int(getattr(settings, "body_limit", 1 << 20)), limits=limits
+    )
     try:
         asyncio.run(
             serve(Daemon(settings), Listen(socket_path, settings.tcp), options, announce=announce)

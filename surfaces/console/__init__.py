@@ -2,16 +2,24 @@
 
 Browsers cannot reach the unix socket, and a bearer token cannot live in a page safely, so a
 browser signs in once: `tally console` asks the running daemon (over the socket, as its owner)
-for a one-time code and prints `http://HOST:PORT/console/login?code=…`. The code is good once,
-for two minutes; exchanging it sets an HttpOnly, SameSite=Strict session cookie bound to a
-client (`console`, scope `read`; `console-admin` with `--admin`; or a named client). The guard in
-`surfaces.http` accepts that cookie where it would accept a bearer token, with the same scopes,
-and a POST carried by the cookie needs an `Origin` equal to the page's own (no cross-site forms).
+for a one-time code and prints `http://HOST:PORT/console/login#code=…` (a fragment: the code is
+never in a request line, a log or a Referer). The code is good once, for two minutes.
 
-The pages are static files (plain HTML, CSS, ES modules; nothing built or fetched at run time)
-that read only through `POST /v1/tools/{name}`, the run SSE stream, and the run feed below
-(`GET /v1/events`: a coalesced `run` event per changed run), so they show nothing the API does
-not.
+The login page's own script POSTs the code (`POST /console/login`, the console's Origin, never a
+cross-site navigation) and gets a session secret bound to a client (`console`, scope `read`;
+`console-admin` with `--admin`; or a named client). The page keeps it in its origin's storage
+and sends it in the `X-Tally-Session` header on every API call and SSE stream (read with
+`fetch`, not `EventSource`, which cannot send headers). There is no cookie: browsers scope
+cookies by host and not by port, so any other web server on loopback would receive one and
+could set or overwrite it; a header secret is read and sent only by this origin's script, and
+another origin can neither read it nor send the custom header without a CORS grant this daemon
+never gives. The guard in `surfaces.http` accepts the secret where it would accept a bearer
+token, with the same scopes; a request that carries it with an Origin must carry its own.
+
+The pages are static files (plain HTML, CSS, ES modules; nothing built or fetched at run time;
+served without a session: they hold no data) that read only through `POST /v1/tools/{name}`,
+the run SSE stream, and the run feed below (`GET /v1/events`: a coalesced `run` event per
+changed run), so they show nothing the API does not.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from daemon.clients import CLIENT_NAME, Client
 from daemon.errors import Forbidden, InvalidInput, NotFound
 from daemon.runs.state import TASK_ENDED
+from surfaces.connections import counted_stream
 
 if TYPE_CHECKING:
     from daemon.runs.engine import Engine
@@ -39,14 +48,23 @@ if TYPE_CHECKING:
     from daemon.runs.state import RunView
 
 STATIC = Path(__file__).parent / "static"
-COOKIE = "tally_session"
+HEADER = "X-Tally-Session"
+"""The session secret's header: only the console's own script can send it (CORS)."""
 CODE_TTL_S = 120.0
 SESSION_TTL_S = 12 * 3600.0
 MAX_SESSIONS = 256
 LOGIN_PATH = "/console/login"
-PUBLIC = frozenset({LOGIN_PATH})
-"""Paths the guard lets through without a client (the login exchanges its own secret)."""
+LOGOUT_PATH = "/console/logout"
 _ASSET = re.compile(r"^[a-z0-9_-]{1,64}\.(js|css|html|svg)$")
+_SECRET = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
+
+
+def public(path: str) -> bool:
+    """Paths the guard lets through without a client: the static pages (they hold no data)
+    and the login (it exchanges its own secret)."""
+    return path == "/" or (path.startswith("/console/") and path != LOGOUT_PATH)
+
+
 _TYPES = {
     "js": "text/javascript",
     "css": "text/css",
@@ -95,8 +113,9 @@ class Sessions:
         self.codes[_digest(code)] = _Grant(client, named, now + CODE_TTL_S)
         return code
 
-    def exchange(self, code: str) -> str | None:
-        """A session id for a valid code, which is then spent (None: unknown, used, expired)."""
+    def exchange(self, code: str) -> tuple[str, _Grant] | None:
+        """A session secret for a valid code, which is then spent (None: unknown, used,
+        expired). Only the digest of either is kept."""
         grant = self.codes.pop(_digest(code), None)
         now = time.monotonic()
         if grant is None or grant.expires <= now:
@@ -104,40 +123,58 @@ class Sessions:
         self.sessions = {k: g for k, g in self.sessions.items() if g.expires > now}
         while len(self.sessions) >= MAX_SESSIONS:  # the oldest session goes first
             self.sessions.pop(next(iter(self.sessions)))
-        session = secrets.token_urlsafe(32)
-        self.sessions[_digest(session)] = _Grant(grant.client, grant.named, now + SESSION_TTL_S)
-        return session
+        secret = secrets.token_urlsafe(32)
+        session = _Grant(grant.client, grant.named, now + SESSION_TTL_S)
+        self.sessions[_digest(secret)] = session
+        return secret, session
 
-    def lookup(self, session: str) -> _Grant | None:
-        grant = self.sessions.get(_digest(session))
+    def lookup(self, secret: str) -> _Grant | None:
+        grant = self.sessions.get(_digest(secret))  # a 256-bit secret's digest: no timing oracle
         if grant is None:
             return None
         if grant.expires <= time.monotonic():
-            del self.sessions[_digest(session)]
+            del self.sessions[_digest(secret)]
             return None
         return grant
+
+    def end(self, secret: str) -> bool:
+        return self.sessions.pop(_digest(secret), None) is not None
 
 
 SESSIONS = web.AppKey("console_sessions", Sessions)
 
 
-def cookie_client(request: web.Request, known: set[str]) -> Client | None:
-    """The client of the request's console session cookie, if it holds a live one.
+def session_secret(request: web.Request) -> str | None:
+    """The session secret the request carries in its header, if it is well-formed."""
+    secret = request.headers.get(HEADER)
+    return secret if secret is not None and _SECRET.match(secret) else None
+
+
+def session_client(request: web.Request, known: set[str]) -> tuple[Client, str] | None:
+    """The client of the request's console session and the key its SSE streams count under
+    (one per session: every `console` session shares a client name), if it holds a live one.
 
     `known` names the named clients that still exist (a revoked one's sessions end with it).
     """
-    session = request.cookies.get(COOKIE)
-    if not session or len(session) > 200:
+    secret = session_secret(request)
+    if secret is None:
         return None
-    grant = request.app[SESSIONS].lookup(session)
+    grant = request.app[SESSIONS].lookup(secret)
     if grant is None or (grant.named and grant.client.name not in known):
         return None
-    return grant.client
+    return grant.client, f"session:{_digest(secret)[:16]}"
 
 
 def same_origin(request: web.Request) -> bool:
-    """A cookie-borne POST must come from the console's own page (CSRF)."""
+    """The request comes from the console's own page (its Origin names this listener)."""
     return request.headers.get("Origin") == f"http://{request.headers.get('Host', '')}"
+
+
+def cross_site(request: web.Request) -> bool:
+    """A browser says the request comes from another site (another port of this host is the
+    same *site* but not the same origin): `Sec-Fetch-Site` other than `same-origin` (the
+    console's own script) or `none` (typed, pasted or opened by `tally console --open`)."""
+    return request.headers.get("Sec-Fetch-Site", "none") not in ("same-origin", "none")
 
 
 # ---------------------------------------------------------------- login
@@ -179,7 +216,7 @@ async def mint_code(request: web.Request) -> web.Response:
     code = sessions.mint(client, named)
     return web.json_response(
         {
-            "url": f"{sessions.base}{LOGIN_PATH}?code={code}",
+            "url": f"{sessions.base}{LOGIN_PATH}#code={code}",
             "client": client.name,
             "scope": client.scope,
             "expires_in_s": int(CODE_TTL_S),
@@ -188,27 +225,87 @@ async def mint_code(request: web.Request) -> web.Response:
 
 
 _PLAIN = {"Content-Type": "text/plain; charset=utf-8", **_HEADERS}
+_PRIVATE = {**_HEADERS, "Cache-Control": "no-store"}
+
+
+class LoginIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    code: str = Field(min_length=1, max_length=200)
+
+
+def _cross_site_refusal() -> web.Response:
+    return web.Response(
+        status=403,
+        text="A console login must be opened directly (paste the URL `tally console` printed, "
+        "or use `tally console --open`), not reached from another page.\n",
+        headers=_PLAIN,
+    )
+
+
+async def login_page(request: web.Request) -> web.StreamResponse:
+    """GET /console/login: the page whose script POSTs the code from its URL's fragment.
+
+    Changes nothing: a navigation from another site (another local port included) is refused
+    before the page, and so before its script, can run."""
+    if cross_site(request):
+        return _cross_site_refusal()
+    return web.FileResponse(STATIC / "login.html", headers=_PRIVATE)
 
 
 async def login(request: web.Request) -> web.Response:
-    code = request.query.get("code", "")
-    session = request.app[SESSIONS].exchange(code) if 0 < len(code) <= 200 else None
-    if session is None:
-        return web.Response(
-            status=401,
-            text="This login code is unknown, used or expired: run `tally console` again.\n",
-            headers=_PLAIN,
+    """POST /console/login `{"code"}` from the login page: the session secret, once."""
+    from surfaces.http import error_response
+
+    if cross_site(request) or not same_origin(request):
+        return error_response(
+            403, "forbidden_origin", "a console login must come from the console's own page"
         )
-    response = web.HTTPSeeOther("/", headers=_HEADERS)
-    response.set_cookie(
-        COOKIE,
-        session,
-        max_age=int(SESSION_TTL_S),
-        path="/",
-        httponly=True,
-        samesite="Strict",
+    try:
+        data = LoginIn.model_validate_json(await request.read())
+    except ValidationError:
+        return error_response(400, "bad_request", 'the body must be {"code": "..."}')
+    exchanged = request.app[SESSIONS].exchange(data.code)
+    if exchanged is None:
+        return error_response(
+            401, "unauthorized", "this login code is unknown, used or expired: run `tally console`"
+        )
+    secret, grant = exchanged
+    return web.json_response(
+        {"session": secret, **_whoami(grant.client, grant.expires)}, headers=_PRIVATE
     )
-    raise response
+
+
+def _whoami(client: Client, expires: float) -> dict[str, Any]:
+    return {
+        "client": client.name,
+        "scope": client.scope,
+        "expires_in_s": max(0, int(expires - time.monotonic())),
+    }
+
+
+async def whoami(request: web.Request) -> web.Response:
+    """GET /v1/console/session: who this session is, so the page offers only what it may do."""
+    from surfaces.http import client_of
+
+    client = client_of(request)
+    secret = session_secret(request)
+    grant = request.app[SESSIONS].lookup(secret) if secret is not None else None
+    if client is None:  # the guard resolved nobody (an unauthenticated TCP request)
+        raise web.HTTPUnauthorized(reason="no session")
+    expires = grant.expires if grant is not None else time.monotonic()
+    body = _whoami(client, expires)
+    if grant is None:
+        body["expires_in_s"] = None  # a bearer token or the socket: no session to expire
+    return web.json_response(body, headers=_PRIVATE)
+
+
+async def logout(request: web.Request) -> web.Response:
+    """POST /console/logout: ends the session whose secret the header carries (the guard has
+    checked it and its Origin already: nobody else can end it)."""
+    secret = session_secret(request)
+    ended = secret is not None and request.app[SESSIONS].end(secret)
+    return web.json_response({"ended": ended}, headers=_PRIVATE)
 
 
 # ---------------------------------------------------------------- pages
@@ -351,10 +448,13 @@ async def run_feed(request: web.Request) -> web.StreamResponse:
 def register(app: web.Application) -> None:
     app[SESSIONS] = Sessions()
     app.router.add_get("/", index)
-    app.router.add_get(LOGIN_PATH, login)
+    app.router.add_get(LOGIN_PATH, login_page)
+    app.router.add_post(LOGIN_PATH, login)
+    app.router.add_post(LOGOUT_PATH, logout)
+    app.router.add_get("/v1/console/session", whoami)
     app.router.add_get("/console/{name}", asset)
     app.router.add_post("/v1/console/code", mint_code)
-    app.router.add_get("/v1/events", run_feed)
+    app.router.add_get("/v1/events", counted_stream(run_feed))
 
 
 def set_base(app: web.Application, base: str) -> None:

@@ -114,8 +114,8 @@ async def _batch(served: Served) -> float:
     return time.perf_counter() - started
 
 
-async def _with_consoles(served: Served, cookie: str) -> float:
-    headers = {"Cookie": f"tally_session={cookie}"}
+async def _with_consoles(served: Served, secret: str) -> float:
+    headers = {"X-Tally-Session": secret}
     async with aiohttp.ClientSession(headers=headers) as http:
         streams = [await http.get(f"{served.url}/v1/events") for _ in range(CONSOLES)]
         frames = [0] * CONSOLES
@@ -169,11 +169,11 @@ async def _main() -> None:
                     ]
                 else:
                     lines.append("page loads | skipped: no chromium (make install) |")
-                cookie = await served.cookie()
+                secret = await served.session()
                 plain, fanned = [], []
                 for _ in range(ROUNDS):
                     plain.append(await _batch(served))
-                    fanned.append(await _with_consoles(served, cookie))
+                    fanned.append(await _with_consoles(served, secret))
                 ratio = statistics.median(fanned) / statistics.median(plain)
                 lines += [
                     f"{BATCHES} × {CONCURRENT} runs, no console (s, median of {ROUNDS}) | "

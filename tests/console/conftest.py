@@ -47,14 +47,19 @@ class Served:
         assert proc.returncode == 0, err.decode()
         return out.decode().strip()
 
-    async def cookie(self, *flags: str) -> str:
-        """Log in through a fresh one-time URL; the session cookie's value."""
+    async def session(self, *flags: str) -> str:
+        """Log in as the login page does (POST the code from a fresh one-time URL's fragment,
+        with the console's Origin); the session secret."""
+        url = await self.login_url(*flags)
+        code = url.split("#code=", 1)[1]
         async with (
             aiohttp.ClientSession() as http,
-            http.get(await self.login_url(*flags), allow_redirects=False) as resp,
+            http.post(
+                f"{self.url}{console.LOGIN_PATH}", json={"code": code}, headers={"Origin": self.url}
+            ) as resp,
         ):
-            assert resp.status == 303, await resp.text()
-            return resp.cookies[console.COOKIE].value
+            assert resp.status == 200, await resp.text()
+            return str((await resp.json())["session"])
 
 
 async def serve_both(daemon: Daemon, tmp_path: Path) -> AsyncIterator[Served]:

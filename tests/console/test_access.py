@@ -1,4 +1,4 @@
-"""Who reaches the console: one-time login codes, the session cookie, scopes and origins, on a
+"""Who reaches the console: one-time login codes, the session secret, scopes and origins, on a
 real TCP socket with the real HTTP app; `tally console` runs as a real process."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from surfaces import console
 from surfaces.http import HttpOptions, create_app
@@ -19,100 +20,152 @@ from tests.slots.fake_server import FakeServer
 from tests.surfaces.conftest import two_tasks
 
 
-def _headers(cookie: str, origin: str | None) -> dict[str, str]:
-    headers = {"Cookie": f"{console.COOKIE}={cookie}"}
+def _headers(secret: str, origin: str | None) -> dict[str, str]:
+    headers = {console.HEADER: secret}
     if origin is not None:
         headers["Origin"] = origin
     return headers
 
 
 async def _post(
-    served: Served, tool: str, body: dict[str, Any], cookie: str, origin: str | None = "same"
+    served: Served, tool: str, body: dict[str, Any], secret: str, origin: str | None = "same"
 ) -> tuple[int, dict[str, Any]]:
     origin = served.url if origin == "same" else origin
     async with (
         aiohttp.ClientSession() as http,
         http.post(
-            f"{served.url}/v1/tools/{tool}", json=body, headers=_headers(cookie, origin)
+            f"{served.url}/v1/tools/{tool}", json=body, headers=_headers(secret, origin)
         ) as resp,
     ):
         return resp.status, await resp.json()
 
 
-async def test_without_a_cookie_pages_and_apis_answer_401(served: Served) -> None:
+async def test_without_a_session_apis_answer_401_and_pages_hold_no_data(served: Served) -> None:
     async with aiohttp.ClientSession() as http:
-        for path in ("/", "/console/app.js", "/v1/events", "/v1/tools", "/metrics"):
+        for path in ("/v1/events", "/v1/tools", "/metrics", "/v1/console/session"):
             async with http.get(served.url + path) as resp:
                 assert resp.status == 401, path
         async with http.post(f"{served.url}/v1/tools/runs_list", json={}) as resp:
             assert resp.status == 401
-        bad = {"Cookie": f"{console.COOKIE}=forged-session-id"}
-        async with http.get(served.url + "/", headers=bad) as resp:
-            assert resp.status == 401
+        forged = {console.HEADER: "forged-session-secret-0123456789"}
+        async with http.post(f"{served.url}/v1/tools/runs_list", json={}, headers=forged) as r:
+            assert r.status == 401
+        async with http.post(served.url + console.LOGOUT_PATH, json={}) as resp:
+            assert resp.status == 401  # logging out needs the session's own secret
+        # the pages are the package's static files: served to anyone, nothing in them
+        for path in ("/", "/console/app.js", "/console/login"):
+            async with http.get(served.url + path) as resp:
+                assert resp.status == 200, path
+                assert "script-src 'self'" in resp.headers["Content-Security-Policy"]
+        for name in ("..%2f__init__.py", "%2e%2e%2f__init__.py", "__init__.py"):
+            async with http.get(URL(f"{served.url}/console/{name}", encoded=True)) as resp:
+                assert resp.status == 404, name
 
 
-async def test_a_code_works_once_and_sets_a_strict_httponly_cookie(served: Served) -> None:
+async def test_a_code_works_once_by_post_from_the_console_and_sets_no_cookie(
+    served: Served,
+) -> None:
     url = await served.login_url()
-    assert url.startswith(f"{served.url}/console/login?code=")
+    assert url.startswith(f"{served.url}/console/login#code=")  # a fragment: never sent
+    code = url.split("#code=", 1)[1]
+    login = served.url + console.LOGIN_PATH
     async with aiohttp.ClientSession() as http:
-        async with http.get(url, allow_redirects=False) as resp:
-            assert resp.status == 303
-            assert resp.headers["Location"] == "/"
-            raw = resp.headers["Set-Cookie"]
-            assert "HttpOnly" in raw
-            assert "SameSite=Strict" in raw
-            cookie = resp.cookies[console.COOKIE].value
-        async with http.get(url, allow_redirects=False) as resp:
-            assert resp.status == 401  # spent
-            assert console.COOKIE not in resp.cookies
-        async with http.get(served.url + "/console/login?code=made-up") as resp:
-            assert resp.status == 401
-        async with http.get(served.url + "/", headers=_headers(cookie, None)) as resp:
+        # the old state-changing GET is gone: a GET with the code changes nothing
+        async with http.get(f"{login}?code={code}", allow_redirects=False) as resp:
             assert resp.status == 200
-            assert "tally console" in await resp.text()
-            assert "script-src 'self'" in resp.headers["Content-Security-Policy"]
+            assert "Set-Cookie" not in resp.headers
+        # a POST from another page (another local port, or no Origin at all) is refused
+        port = int(served.url.rsplit(":", 1)[1])
+        for origin in (None, f"http://127.0.0.1:{port + 1}", "http://localhost:1"):
+            headers = {"Origin": origin} if origin else {}
+            async with http.post(login, json={"code": code}, headers=headers) as resp:
+                assert resp.status == 403, origin
+        same = {"Origin": served.url}
+        crossed = {**same, "Sec-Fetch-Site": "same-site"}  # a page on another port's fetch
+        async with http.post(login, json={"code": code}, headers=crossed) as resp:
+            assert resp.status == 403
+        async with http.post(login, json={"code": code}, headers=same) as resp:
+            assert resp.status == 200
+            assert "Set-Cookie" not in resp.headers
+            assert resp.headers["Cache-Control"] == "no-store"
+            answer = await resp.json()
+        assert answer["client"] == "console"
+        assert answer["scope"] == "read"
+        async with http.post(login, json={"code": code}, headers=same) as resp:
+            assert resp.status == 401  # spent
+        async with http.post(login, json={"code": "made-up"}, headers=same) as resp:
+            assert resp.status == 401
+        secret = answer["session"]
         async with http.get(
-            served.url + "/console/../__init__.py", headers=_headers(cookie, None)
+            served.url + "/v1/console/session", headers=_headers(secret, None)
         ) as resp:
-            assert resp.status == 404
+            assert resp.status == 200
+            who = await resp.json()
+        assert (who["client"], who["scope"]) == ("console", "read")
+        assert 0 < who["expires_in_s"] <= console.SESSION_TTL_S
+        async with http.post(
+            served.url + console.LOGOUT_PATH, json={}, headers=_headers(secret, served.url)
+        ) as resp:
+            assert resp.status == 200
+        status, _ = await _post(served, "runs_list", {}, secret)
+        assert status == 401  # ended
+
+
+async def test_login_by_cross_site_navigation_is_refused(served: Served) -> None:
+    url = await served.login_url()
+    async with aiohttp.ClientSession() as http:
+        for site in ("cross-site", "same-site"):  # another site; another port of this host
+            headers = {"Sec-Fetch-Site": site, "Sec-Fetch-Mode": "navigate"}
+            async with http.get(url, headers=headers) as resp:
+                assert resp.status == 403, site
+                assert "opened directly" in await resp.text()
+        async with http.get(url, headers={"Sec-Fetch-Site": "none"}) as resp:
+            assert resp.status == 200  # typed, pasted, or opened by `tally console --open`
+
+
+async def test_the_cookie_or_secret_replayed_from_another_port_is_refused(served: Served) -> None:
+    """What another loopback web server receives from the browser (every cookie for the
+    host, and the Origin it can claim) gets nothing: sessions live in a header only the
+    console's script sends; a secret replayed with another page's Origin is refused too."""
+    admin = await served.session("--admin")
+    port = int(served.url.rsplit(":", 1)[1])
+    replay = {"Cookie": f"tally_session={admin}", "Origin": served.url}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{served.url}/v1/tools/client_list", json={}, headers=replay) as resp,
+    ):
+        assert resp.status == 401
+    for origin in ("http://evil.example", f"http://127.0.0.1:{port + 1}", "null"):
+        status, body = await _post(served, "client_list", {}, admin, origin)
+        assert status == 403, origin
+        assert body["error"]["code"] == "forbidden_origin"
+    status, _ = await _post(served, "client_list", {}, admin)
+    assert status == 200
 
 
 async def test_a_read_session_reads_but_cannot_cancel(served: Served, model: FakeServer) -> None:
     model.token_delay_s = 0.05  # the run stays in flight while we try to cancel it
     view = await served.daemon.engine.submit("the api", plan=two_tasks())
-    read = await served.cookie()
+    read = await served.session()
     status, body = await _post(served, "runs_list", {}, read)
     assert status == 200
     assert [r["id"] for r in body["runs"]] == [view.id]
     status, body = await _post(served, "run_cancel", {"run_id": view.id}, read)
     assert status == 403
     assert body["error"]["details"] == {"needed": "submit", "client": "console"}
-    admin = await served.cookie("--admin")
+    admin = await served.session("--admin")
     status, body = await _post(served, "run_cancel", {"run_id": view.id}, admin)
     assert status == 200
     assert body["state"] in ("cancelled", "done")
 
 
-async def test_cross_origin_posts_are_refused(served: Served) -> None:
-    admin = await served.cookie("--admin")
-    port = int(served.url.rsplit(":", 1)[1])
-    for origin in (None, "http://evil.example", f"http://127.0.0.1:{port + 1}", "null"):
-        status, body = await _post(served, "runs_list", {}, admin, origin)
-        assert status == 403, origin
-        assert body["error"]["code"] == "forbidden_origin"
-    # a GET carrying another origin's Origin (a fetch from another local page) is refused too
-    headers = _headers(admin, f"http://localhost:{port + 1}")
-    async with aiohttp.ClientSession() as http, http.get(served.url + "/", headers=headers) as r:
-        assert r.status == 403
-
-
 async def test_only_an_admin_mints_codes(served: Served) -> None:
-    admin = await served.cookie("--admin")
-    read = await served.cookie()
+    admin = await served.session("--admin")
+    read = await served.session()
     async with aiohttp.ClientSession() as http:
-        for cookie, status in ((read, 403), (admin, 200)):
+        for secret, status in ((read, 403), (admin, 200)):
             async with http.post(
-                served.url + "/v1/console/code", json={}, headers=_headers(cookie, served.url)
+                served.url + "/v1/console/code", json={}, headers=_headers(secret, served.url)
             ) as resp:
                 assert resp.status == status
         async with http.post(
@@ -125,20 +178,20 @@ async def test_only_an_admin_mints_codes(served: Served) -> None:
 
 async def test_a_session_bound_to_a_named_client_ends_when_it_is_revoked(served: Served) -> None:
     served.daemon.clients.add("alice", "submit")
-    cookie = await served.cookie("--client", "alice")
-    status, _ = await _post(served, "runs_list", {}, cookie)
+    secret = await served.session("--client", "alice")
+    status, _ = await _post(served, "runs_list", {}, secret)
     assert status == 200
     served.daemon.clients.revoke("alice")
-    status, _ = await _post(served, "runs_list", {}, cookie)
+    status, _ = await _post(served, "runs_list", {}, secret)
     assert status == 401
 
 
 async def test_the_run_feed_streams_run_changes(served: Served) -> None:
-    cookie = await served.cookie()
+    secret = await served.session()
     seen: list[dict[str, Any]] = []
     async with (
         aiohttp.ClientSession() as http,
-        http.get(served.url + "/v1/events", headers=_headers(cookie, None)) as resp,
+        http.get(served.url + "/v1/events", headers=_headers(secret, None)) as resp,
     ):
         assert resp.status == 200
         assert resp.headers["Content-Type"] == "text/event-stream"
@@ -165,7 +218,7 @@ async def test_redaction_needs_an_admin_session_and_a_reason(served: Served) -> 
     await served.daemon.engine.wait(view.id, timeout=30)
     request = (await served.daemon.ledger.entries(run=view.id, limit=1))[0]
     assert request.body is not None
-    read, admin = await served.cookie(), await served.cookie("--admin")
+    read, admin = await served.session(), await served.session("--admin")
     body = {"body_hash": request.body, "reason": "a secret in the prompt"}
     status, _ = await _post(served, "ledger_redact", body, read)
     assert status == 403

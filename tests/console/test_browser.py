@@ -1,7 +1,8 @@
 """The console in a real headless browser (Debian's chromium driven by Playwright, never a
 downloaded browser) against a daemon whose pool is the real embedded SmolLM2 model.
 
-Logs in through a one-time URL; watches a submitted plan's run appear and finish live; checks
+Logs in through a one-time URL (the session's header secret then reads every page and
+stream); watches a submitted plan's run appear and finish live; checks
 the DAG has the plan's node count; opens a task's output; verifies an entry in the browser (pass)
 and again with its proof tampered in transit (fail); opens the pool and ledger pages; saves a
 screenshot of each page; any console error in the browser fails the test."""
@@ -69,8 +70,8 @@ async def test_the_console_in_a_browser(real: Served, tmp_path: Path) -> None:
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda exc: errors.append(str(exc)))
 
-            await page.goto(await real.login_url())
-            assert page.url == f"{real.url}/"
+            await page.goto(await real.login_url())  # its script POSTs the code, then "/"
+            await page.wait_for_url(f"{real.url}/")
             await page.wait_for_selector("#runs")
             view = await real.daemon.engine.submit("a README for tally", plan=PLAN)
             deltas: list[dict[str, Any]] = []

@@ -147,3 +147,10 @@ def test_sd_notify_ready_watchdog_stopping_in_order(tmp_path: Path) -> None:
         check=False,
     )
     assert verify.returncode == 0, verify.stderr
+
+
+def test_units_give_the_daemon_descriptors() -> None:
+    """The usual soft limit (1024) is too few for a daemon with a TCP listener; both units set
+    soft and hard, so the system unit's seccomp filter (no setrlimit) costs nothing."""
+    for unit in (user_unit(), system_unit()):
+        assert "\nLimitNOFILE=65536\n" in unit

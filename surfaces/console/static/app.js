@@ -1,5 +1,5 @@
 // The console's router: #/runs, #/run/ID, #/compare/A/B, #/pool, #/ledger[/SEQ].
-import { tool } from "./api.js";
+import { logout, session, signedOut, tool } from "./api.js";
 import { h } from "./dom.js";
 import { runsPage } from "./runs.js";
 import { runPage } from "./run.js";
@@ -27,10 +27,18 @@ async function route() {
   }
 }
 
-window.addEventListener("hashchange", route);
-route();
-tool("health")
-  .then((health) => {
-    document.getElementById("who").textContent = `tally ${health.version} · ledger ${health.ledger_size}`;
+// No session in this origin's storage, or the daemon no longer knows it: say how to sign in.
+session()
+  .then((who) => {
+    document.getElementById("signout").hidden = false;
+    document.getElementById("signout").addEventListener("click", () => logout());
+    window.addEventListener("hashchange", route);
+    route();
+    tool("health")
+      .then((health) => {
+        document.getElementById("who").textContent =
+          `tally ${health.version} · ledger ${health.ledger_size} · ${who.client} (${who.scope})`;
+      })
+      .catch(() => {});
   })
-  .catch(() => {});
+  .catch(() => signedOut());

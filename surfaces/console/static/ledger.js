@@ -1,6 +1,6 @@
 // The ledger: entries by run, kind and actor, with bodies and causal chains; verify status and
 // the latest checkpoint; redaction (admin); and "verify in this browser" on any entry.
-import { tool } from "./api.js";
+import { allows, tool } from "./api.js";
 import { fail, h, json } from "./dom.js";
 import { parseVkey, verifyEntry } from "./verify.js";
 
@@ -68,7 +68,7 @@ async function detail(seq, pane) {
     result,
     json({ ...e, content: undefined }),
     h("h3", {}, e.redacted ? "Body (redacted)" : "Body"), json(e.content),
-    e.body && !e.redacted ? h("div", { class: "redact" }, reason, h("button", { id: "redact", onclick: redact }, "Redact body (admin)"), note) : null,
+    e.body && !e.redacted && (await allows("admin")) ? h("div", { class: "redact" }, reason, h("button", { id: "redact", onclick: redact }, "Redact body (admin)"), note) : null,
     h("h3", {}, "Causal chain"),
     h("ol", { id: "chain" }, chain.entries.map((c) => h("li", {}, h("a", { href: `#/ledger/${c.seq}` }, `${c.seq} ${c.kind}`), ` by ${c.actor}`))));
 }

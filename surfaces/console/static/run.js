@@ -1,6 +1,6 @@
 // A run: the DAG with live states, a timeline, each task's attempts and output, the answer,
 // cancel and resume. Live over the run's SSE stream; the rest through the tool registry.
-import { runEntries, stream, tool } from "./api.js";
+import { allows, runEntries, stream, tool } from "./api.js";
 import { fail, h, json } from "./dom.js";
 import { dag } from "./graph.js";
 
@@ -92,7 +92,11 @@ function attemptView(a, streaming) {
       h("pre", {}, a.output ?? (streaming || "(running)"))));
 }
 
+const FINAL = ["done", "failed", "cancelled", "budget_exhausted"];
+const RESUMABLE = ["interrupted"];
+
 export async function runPage(main, id) {
+  const canAct = await allows("submit"); // run_cancel and run_resume need scope submit
   let entries = [];
   let run = null;
   const streaming = new Map(); // task id -> the tokens streamed so far by its running attempt
@@ -115,8 +119,9 @@ export async function runPage(main, id) {
     head.replaceChildren(
       h("p", {}, h("span", { id: "run-state", class: `state-${run.state}` }, run.state), ` · lane ${run.lane || "?"} · client ${run.client || "?"} · ${run.spent.model_calls} calls · ${run.spent.tokens} tokens · ${run.spent.wall_ms} ms`),
       h("p", { class: "request" }, run.request),
-      h("button", { id: "cancel", onclick: act("run_cancel") }, "Cancel"), " ",
-      h("button", { id: "resume", onclick: act("run_resume") }, "Resume"), " ",
+      // only what this session may do to this run: a finished run has nothing to cancel
+      ...(canAct && !FINAL.includes(run.state) ? [h("button", { id: "cancel", onclick: act("run_cancel") }, "Cancel"), " "] : []),
+      ...(canAct && RESUMABLE.includes(run.state) ? [h("button", { id: "resume", onclick: act("run_resume") }, "Resume"), " "] : []),
       h("a", { href: `#/ledger/run/${encodeURIComponent(id)}` }, "entries in the ledger"));
     graph.replaceChildren(dag(run.tasks));
     time.replaceChildren(timeline(entries, per));

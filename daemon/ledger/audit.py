@@ -72,12 +72,16 @@ class VerifyReport(BaseModel):
     the record is intact; a writer rebuilds what it can (see `rebuilt`)."""
     rebuilt: list[str] = []
     """What a writer rebuilt after finding `derived` problems (read-only openers rebuild none)."""
+    warnings: list[str] = []
+    """What does not touch the record's integrity but should be seen: an unacknowledged batch
+    the owner will drop, a damaged journal base, a run snapshot that does not match."""
     tampered_why: dict[str, str] = {}
     """Deep: per tampered body hash, `changed` (its bytes no longer hash to it) or `missing (no
     redaction witnessed)` (removed or zeroed with no `redaction` entry naming it: an unwitnessed
     removal is tampering, not a redaction)."""
 
 
+TAMPERED_BODIES = "tampered bodies"  # the reason of a report whose chain and tree are intact
 CHANGED = "changed"
 MISSING = "missing (no redaction witnessed)"
 
@@ -168,7 +172,7 @@ def verify_files(
         tampered.extend(unwitnessed)
         redacted = [h for h in redacted if h in seen.witnessed]
     why = {h: CHANGED if h in seen.changed else MISSING for h in tampered}
-    reason = "tampered bodies" if tampered else None
+    reason = TAMPERED_BODIES if tampered else None
     if derived.problems and not tampered:
         reason = DERIVED
     return VerifyReport(

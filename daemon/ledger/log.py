@@ -27,9 +27,10 @@ import os
 import time
 from pathlib import Path
 
+from daemon.ledger.agreement import Agreement
 from daemon.ledger.checkpoint import Checkpoint, SignerOnDemand, save_checkpoint
 from daemon.ledger.entry import GENESIS_PREV
-from daemon.ledger.errors import LedgerFailed, LedgerUnwritable, SignerUnusable
+from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerUnwritable, SignerUnusable
 from daemon.ledger.outage import Outage
 from daemon.ledger.reader import ConsistencyProof, InclusionProof, Reader
 from daemon.ledger.recovery import TAIL_CHECK, Recovery
@@ -85,6 +86,9 @@ class Ledger(Recovery, Writer, Reader):
         # against the root it implies. A snapshot, swapped whole, so readers never see a torn one.
         self._head: tuple[int, tuple[tuple[int, bytes], ...]] = (0, ())
         self._repaired = False  # the stored tree is rebuilt at most once per open
+        self._agreement: Agreement | None = None
+        self._entries_limit: int | None = None
+        self._unanchored: LedgerCorrupt | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.tree: Tree
         self.bodies: BodyStore

@@ -40,6 +40,7 @@ PAGE = 4096
 TAIL_MAX = 256 << 20  # more than this past the journal's end is no one batch
 _LINE_START = b'{"actor":"'  # every canonical entry line starts so (keys are sorted)
 _BODY = b'"body":"'
+_LOST_BLOCK = bytes(512)  # a sector the disk never got, read back as zeros
 
 State = Literal["none", "same", "ahead", "behind", "differs"]
 
@@ -234,19 +235,26 @@ class _Compare:
             raise _Differs(last.next_seq + len(lines), _past(last, "a torn line no entry begins"))
 
     def _pack_tail(self, last: Record) -> None:
+        """Body records past the journal's end: whole ones hash to their names (or lost a
+        block to zeros), the last may be torn, zeros may follow; nothing else."""
         start, fd, size = last.pack_end, self.pack, self.pack_size
         if size - start > TAIL_MAX:
             raise _Differs(last.next_seq, _pack_past(start, "more bytes than any one batch"))
         offset = start
-        while offset + PACK_HEADER.size <= size:
+        while offset < size:
             head = os.pread(fd, PACK_HEADER.size, offset)
-            if not head.strip(b"\0") and not os.pread(fd, size - offset, offset).strip(b"\0"):
-                return  # zeros to the end: unwritten blocks
+            if not os.pread(fd, size - offset, offset).strip(b"\0"):
+                return  # zeros to the end: blocks the disk never got
+            if len(head) < PACK_HEADER.size:
+                raise _Differs(last.next_seq, _pack_past(offset, "a piece of a record header"))
             digest, length, flags = PACK_HEADER.unpack(head)
+            if flags or length > TAIL_MAX:
+                raise _Differs(last.next_seq, _pack_past(offset, "no body record's header"))
             end = offset + PACK_HEADER.size + length
             if end > size:
                 return  # a torn last record
-            if flags or body_digest(os.pread(fd, length, offset + PACK_HEADER.size)) != digest:
+            data = os.pread(fd, length, offset + PACK_HEADER.size)
+            if body_digest(data) != digest and _LOST_BLOCK not in data:
                 raise _Differs(
                     last.next_seq, _pack_past(offset, "a body record that is not its body")
                 )

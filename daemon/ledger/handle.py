@@ -58,6 +58,7 @@ class Handle:
     _journal: Journal  # the owner's only
     _agreement: Agreement | None  # how the record files stood against the journal at open
     _entries_limit: int | None  # a reader's: the entries file is read up to here, not past
+    _index_note: str | None  # the index did not match the entries and was rebuilt from them
     _unanchored: LedgerCorrupt | None  # a reader's: the tree does not add up to the checkpoint
 
     @property

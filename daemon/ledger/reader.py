@@ -26,7 +26,7 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from daemon.errors import NotFound
-from daemon.ledger.audit import TAMPERED_BODIES, VerifyReport, verify_files
+from daemon.ledger.audit import DERIVED, TAMPERED_BODIES, VerifyReport, verify_files
 from daemon.ledger.canonical import canonical_bytes
 from daemon.ledger.entry import (
     NO_BODY,
@@ -219,16 +219,22 @@ class Reader(Handle):
                 faults.append((agreement.seq, f"{agreement.reason} (nothing was changed)"))
             else:
                 warnings.append(agreement.reason)
-        if self._unanchored is not None:
-            faults.append((self._unanchored.seq, self._unanchored.reason))
         broken = report.first_bad_seq is not None and report.reason != TAMPERED_BODIES
+        if self._unanchored is not None and broken:  # else the walk added them up to it itself
+            faults.append((self._unanchored.seq, self._unanchored.reason))
         for seq, reason in faults:
             at = report.size if seq is None else seq
-            if broken and report.first_bad_seq is not None and report.first_bad_seq <= at:
+            if report.first_bad_seq is not None and report.first_bad_seq <= at:
+                warnings.append(reason)  # an earlier fault (or a tampered body) comes first
+                report = report.model_copy(update={"ok": False})
                 continue
             report = report.model_copy(update={"ok": False, "first_bad_seq": at, "reason": reason})
-            broken = True
-        return report.model_copy(update={"warnings": warnings})
+        derived = report.derived
+        if self._index_note is not None:
+            derived = [self._index_note, *derived]
+            if report.ok or report.reason is None:
+                report = report.model_copy(update={"ok": False, "reason": DERIVED})
+        return report.model_copy(update={"warnings": warnings, "derived": derived})
 
     def _rebuild(self, problems: list[str]) -> list[str]:
         """Writer thread: rebuild the caches `verify` found wrong (the tree nodes and the body

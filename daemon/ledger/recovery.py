@@ -38,10 +38,11 @@ import fcntl
 import json
 import logging
 import os
+import struct
 
 from daemon.errors import NotFound
 from daemon.ledger.agreement import Agreement, compare
-from daemon.ledger.audit import gap_reason, verify_files
+from daemon.ledger.audit import Chain, verify_files, walk_chain
 from daemon.ledger.checkpoint import Checkpoint, SignerOnDemand, load_checkpoint
 from daemon.ledger.entry import (
     GENESIS_PREV,
@@ -50,7 +51,7 @@ from daemon.ledger.entry import (
 from daemon.ledger.errors import LedgerCorrupt, LedgerLocked
 from daemon.ledger.handle import Handle
 from daemon.ledger.journal import FILL_STEP, Journal
-from daemon.ledger.merkle import leaf_hash
+from daemon.ledger.merkle import Frontier, leaf_hash
 from daemon.ledger.store import (
     MARKS,
     BodyStore,
@@ -210,6 +211,9 @@ class Recovery(Handle):
             fixed, frontier = tree.recheck(0)
             tree.frontier = frontier
             if tree.root(signed).hex() != latest.root:
+                self._judge_index()  # raises if the entries are what is wrong
+                fixed, tree.frontier = tree.recheck(0)
+            if tree.root(signed).hex() != latest.root:
                 err = LedgerCorrupt(
                     signed - 1,
                     "tree differs from the latest checkpoint even rebuilt from the leaf hashes "
@@ -270,14 +274,16 @@ class Recovery(Handle):
         n = tree.size
         file_size = self._file_size()
         if n and tree.end(n - 1) > file_size:
-            raise LedgerCorrupt(*self._first_broken(n))
+            self._judge_index()
+            n = tree.size
         first = max(0, n - self._tail_check)
         if n > first:
             start, end = tree.end(first - 1), tree.end(n - 1)
             lines = os.pread(self._entries_fd, end - start, start).split(b"\n")[:-1]
-            for i, line in enumerate(lines):
-                if leaf_hash(line) != tree.leaf(first + i):
-                    raise LedgerCorrupt(*self._first_broken(first + i + 1))
+            if len(lines) != n - first or any(
+                leaf_hash(line) != tree.leaf(first + i) for i, line in enumerate(lines)
+            ):
+                self._judge_index()
         offset = tree.end(n - 1)
         prev = tree.leaf(n - 1).hex() if n else GENESIS_PREV
         buf = b""
@@ -317,31 +323,48 @@ class Recovery(Handle):
             self._truncate_entries(offset)
         tree.flush()
 
-    def _first_broken(self, n: int) -> tuple[int, str]:
-        """The first of the first `n` indexed entries whose line is not where the index puts
-        it (lines deleted, inserted or changed), and why: a bisection, O(log n) reads. The
-        entries before it are intact, so open and `verify` name the same seq."""
-        tree, fd, file_size = self.tree, self._entries_fd, self._file_size()
-
-        def intact(i: int) -> bool:
-            start, end = tree.span(i)
-            if end > file_size:
-                return False
-            data = os.pread(fd, end - start, start)
-            return data.endswith(b"\n") and leaf_hash(data[:-1]) == tree.leaf(i)
-
-        lo, hi = 0, n - 1  # the last one is known to be broken
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if intact(mid):
-                lo = mid + 1
-            else:
-                hi = mid
-        start = tree.end(lo - 1)
-        if start >= file_size:
-            return lo, f"entries from seq {lo} on are missing: the entries file ends there"
-        line = os.pread(fd, 1 << 16, start).split(b"\n")[0]
-        return lo, gap_reason(line, lo) or "entry bytes do not match the recorded leaf hash"
+    def _judge_index(self) -> None:
+        """The index disagrees with the entries file (an end past the file, a leaf hash in the
+        tail check, a root that does not add up to the checkpoint). It is a cache: the entries
+        file is walked on its own (`walk_chain`, O(entries): only on this path) to tell which
+        is wrong. If the indexed entries chain, add up to the latest signed checkpoint, and
+        each is vouched for by the next one's link or the checkpoint, the index is rebuilt from
+        them (in memory for a reader: `verify` lists it). Else the entries are damaged, and open
+        is refused naming the first seq: where the chain breaks, or the line before it if the
+        index does not hold its hash either (that line was changed, or one was put before)."""
+        tree, n = self.tree, self.tree.size
+        # One line more than the index holds, if the file has it: its link vouches for the last.
+        chain = walk_chain(self._entries_fd, n + 1, self._file_size())
+        k = len(chain.leaves)
+        if chain.bad is not None and chain.bad < n:
+            if k > 0 and chain.leaves[k - 1] != tree.leaf(k - 1):
+                # Neither the index nor the next line's link holds this line's hash: it changed.
+                raise LedgerCorrupt(k - 1, "entry bytes do not match the recorded leaf hash")
+            raise LedgerCorrupt(k, chain.reason)
+        latest = load_checkpoint(self.dir / "checkpoint")
+        signed = latest.size if latest is not None and latest.size <= n else 0
+        if latest is not None and signed:
+            frontier = Frontier()
+            frontier.push_many(chain.leaves[:signed])
+            if frontier.root().hex() != latest.root:
+                wrong = next(
+                    (i for i in range(signed) if chain.leaves[i] != tree.leaf(i)), signed - 1
+                )
+                raise LedgerCorrupt(
+                    wrong, "the entries do not add up to the latest signed checkpoint"
+                )
+        if n > signed and k == n and chain.leaves[n - 1] != tree.leaf(n - 1):
+            # The last entry has no successor and no checkpoint to vouch for it: only the
+            # index says what it was.
+            raise LedgerCorrupt(n - 1, "entry bytes do not match the recorded leaf hash")
+        first = next(i for i in range(n) if tree.index.read(i) != _index_record(chain, i))
+        tree.truncate(0)
+        tree.extend(chain.leaves[:n], chain.ends[:n])
+        note = f"index.bin: entry {first} and on did not match the entries; rebuilt from them" + (
+            " in memory (read-only)" if self.readonly else ""
+        )
+        log.warning("ledger: %s", note)
+        self._index_note = note
 
     def _one_batch(self, offset: int) -> bool:
         """True if the complete lines from `offset` on can be one batch (at most MAX_BATCH, all
@@ -425,6 +448,10 @@ class Recovery(Handle):
             return bytes.fromhex(target) if isinstance(target, str) else None
         except ValueError:
             return None
+
+
+def _index_record(chain: Chain, i: int) -> bytes:
+    return chain.leaves[i] + struct.pack("<Q", chain.ends[i])  # as `store.Tree` writes it
 
 
 def _hex(data: bytes) -> bytes | None:

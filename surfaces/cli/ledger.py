@@ -346,6 +346,8 @@ def _note_text(name: str, text: str) -> str:
 
 
 async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
+    import asyncio
+
     from daemon.ledger import CheckpointError, parse_note
 
     since = None
@@ -364,6 +366,11 @@ async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
             "signature": signature,
         }
     report = _vouched(await ledger.verify(deep=args.deep))
+    from daemon.runs.snapshot import check as check_snapshot  # derived: a warning, not a fault
+
+    stale = await asyncio.to_thread(check_snapshot, ledger.state_dir, ledger)
+    if stale is not None:
+        report = report.model_copy(update={"warnings": [*report.warnings, stale]})
     if pinned is not None and since is not None:
         consistent = False
         if not _broken(report):

@@ -82,19 +82,20 @@ READERS = (
 QUICK = (READERS[0], READERS[1], READERS[3], READERS[5])
 
 
-def read_only_everything(state: Path, commands: tuple[tuple[str, ...], ...] = READERS) -> str:
+def read_only_everything(
+    state: Path, commands: tuple[tuple[str, ...], ...] = READERS
+) -> dict[tuple[str, ...], str]:
     """Read-only commands on `state`; asserts none changed a byte and none printed a
-    traceback. Returns `tally ledger verify`'s output."""
+    traceback. Returns each command's output."""
     before = hashes(state)
-    verdict = ""
+    outputs = {}
     for argv in commands:
         code, out, err = run_cli(*argv, "--state", str(state))
         assert "Traceback" not in out + err, (argv, out, err)
         assert code in (0, 1), (argv, code, out, err)
-        if argv == ("ledger", "verify"):
-            verdict = out
+        outputs[argv] = out
     assert hashes(state) == before, "a read-only command changed the state dir"
-    return verdict
+    return outputs
 
 
 def lines_of(state: Path) -> list[bytes]:
@@ -154,7 +155,7 @@ async def test_every_edit_of_the_entries_is_named_and_nothing_is_written(
     stopped: Path, name: str, edit: Callable[[list[bytes]], list[bytes]], seq: int
 ) -> None:
     rewrite(stopped, edit(lines_of(stopped)))
-    verdict = await asyncio.to_thread(read_only_everything, stopped, QUICK)
+    verdict = (await asyncio.to_thread(read_only_everything, stopped, QUICK))[READERS[0]]
     assert verdict.startswith(f"FAILED at seq {seq}: "), verdict
     record = {k: v for k, v in hashes(stopped).items() if k in RECORD}
     # The owner (the daemon's open) refuses as well, naming the same seq, and writes nothing.
@@ -189,8 +190,8 @@ async def test_the_reported_case_names_seq_500_and_changes_no_file(stopped: Path
 
 
 async def test_an_intact_stopped_ledger_verifies_and_nothing_changes(stopped: Path) -> None:
-    verdict = await asyncio.to_thread(read_only_everything, stopped)
-    assert verdict.startswith(f"ok: {N} entries"), verdict
+    verdicts = await asyncio.to_thread(read_only_everything, stopped)
+    assert verdicts[READERS[0]].startswith(f"ok: {N} entries"), verdicts
 
 
 # ---------------------------------------------------------------- random edits of every file
@@ -263,17 +264,42 @@ def test_random_edits_are_named_or_rebuilt_and_readers_write_nothing(
     shutil.copytree(small, state)
     if not apply(state / name, kind, where, data):
         return
-    verdict = read_only_everything(state, QUICK)
-    first = verdict.splitlines()[0] if verdict else ""
+    verdicts = read_only_everything(state, QUICK)
+    plain, deep = verdicts[READERS[0]], verdicts[READERS[1]]
+    first = plain.splitlines()[0]
+    record = {k: v for k, v in hashes(state).items() if k in RECORD}
+    try:
+        owner_size: int | None = asyncio.run(owner_opens(state))
+    except LedgerCorrupt as err:
+        owner_size = None
+        refused = err
+        # A refusal changes nothing of the record.
+        assert {k: v for k, v in hashes(state).items() if k in RECORD} == record
     if name == "ledger/entries.jsonl":
-        # The record itself: always a failure with its seq.
-        assert first.startswith("FAILED at seq "), (edit, verdict)
+        # The record itself: a failure with its seq, the same seq the owner refuses with.
+        assert first.startswith("FAILED at seq "), (edit, plain)
+        assert owner_size is None, (edit, plain)
+        assert first.startswith(f"FAILED at seq {refused.seq}: "), (edit, plain, refused)
+    elif name == "ledger/bodies.pack":
+        # Bodies are re-hashed by --deep: named (a seq), or a lost body refuses the open.
+        assert not deep.startswith("ok: "), (edit, deep)
+        assert deep.startswith("FAILED at seq ") or "first entry with a tampered body: seq" in deep
     else:
-        # A derived file or the journal: named (a seq, or the file), or rebuilt in memory from
-        # the record (then verify is ok).
-        assert first.startswith(("FAILED at seq ", "ok: 120 entries", "FAILED: 120 entries")), (
-            edit,
-            verdict,
-        )
-        if first.startswith("FAILED: "):
-            assert "DERIVED" in verdict or "TAMPERED" in verdict, verdict
+        # A derived file or the journal: rebuilt from the record (in memory by a reader, which
+        # lists what it rebuilt), and by the owner (at its open, or its verify), after which a
+        # reader finds it all in order.
+        assert first.startswith(("ok: 120 entries", "FAILED: 120 entries")), (edit, plain)
+        if first.startswith("FAILED"):
+            assert "DERIVED" in plain, plain
+        assert owner_size == 120, edit
+        assert run_cli("ledger", "verify", "--state", str(state))[1].startswith("ok: 120 "), edit
+
+
+async def owner_opens(state: Path) -> int:
+    """The daemon's open, a verify (the owner's rebuilds what is derived) and close: the size
+    it opened with, or LedgerCorrupt."""
+    ledger = await Ledger.open(state, checkpoint_interval=None)
+    size = ledger.size
+    await ledger.verify()
+    await ledger.close()
+    return size

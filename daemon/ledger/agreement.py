@@ -226,8 +226,8 @@ class _Compare:
                 raise _Differs(seq, _past(last, f"the line there is not entry {seq}"))
             ts = line[at:].split(b",", 3)[2]
             stamp = ts if stamp is None else stamp
-            if ts != stamp:
-                raise _Differs(seq, _past(last, "lines of more than one batch"))
+            if ts != stamp:  # the journal lost a record (or lines were added): say where
+                raise _Differs(last.next_seq, _past(last, "lines of more than one batch"))
             if prev is not None and f'"prev":"{prev}"'.encode() not in line:
                 raise _Differs(seq, _past(last, f"entry {seq} does not link to the one before"))
             prev = leaf_hash(line).hex()

@@ -274,3 +274,32 @@ async def test_open_and_verify_name_the_same_seq_for_missing_lines(
     report = json.loads(out)
     assert report["first_bad_seq"] == seq
     assert words in report["reason"]
+
+
+async def test_a_damaged_journal_record_under_later_ones_refuses_and_cuts_nothing(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A crash, then the journal's record of seq 6 damaged: the files still hold 6..9, which
+    the owner's replay would cut as past the journal's end. They are acknowledged entries of
+    several batches, no crash's shape: refused, named, nothing written."""
+    await crash_after_two_cycles(state_dir)
+    records = scan(journal(state_dir).read_bytes())
+    damaged = next(r for r in records if r.seq == 6)
+    with journal(state_dir).open("r+b") as f:
+        f.seek(damaged.end - 3)
+        f.write(b"\xff")
+    before = hashes(state_dir)
+    code, out = await cli(capsys, "ledger", "verify", "--state", str(state_dir))
+    assert code == 1
+    assert out.startswith(
+        "FAILED at seq 6: entries.jsonl holds, past the journal's last entry "
+        "(seq 5), lines of more than one batch"
+    ), out
+    assert hashes(state_dir) == before
+    with pytest.raises(LedgerCorrupt) as err:
+        await Ledger.open(state_dir)
+    assert err.value.seq == 6
+    after = hashes(state_dir)
+    del after["ledger/lock"], before["ledger/lock"]  # the owner's pid (this process's, again)
+    assert after == before
+    assert len((state_dir / "ledger" / "entries.jsonl").read_bytes().splitlines()) == 10

@@ -12,9 +12,10 @@ external servers are asked whether they answer, list the model, and their contex
 spawned ones have their command and model file checked. Each problem is logged as a warning
 with its fix; readiness never waits for it.
 
-Start-up is bounded by the run-state snapshot (`daemon.runs.snapshot`): written after start,
-every `snapshot_interval_s` and on stop, it lets `start()` replay only the entries after it;
-without a valid one, start-up replays the whole ledger (the result is the same).
+Start-up is bounded by the run-state snapshot (`daemon.runs.snapshot`): written after start
+(at the warm-up, once the key that seals it loads), every `snapshot_interval_s` and on stop, it
+lets `start()` replay only the entries after it; without a valid one (its seal the ledger
+owner's, its stamp the ledger's), start-up replays the whole ledger (the result is the same).
 """
 
 from __future__ import annotations
@@ -155,7 +156,8 @@ class Daemon:
             self.restored_from = self._engine.restored_from
             if self.restored_from is not None:
                 self._snapshot_size = self.restored_from
-            await self.write_snapshot()
+            # The start's snapshot is written by the warm-up (`warm`): it is signed, and the
+            # signature library loads after the first answer, not before.
             await self._rebuild_quotas()
         except BaseException:
             await self._ledger.close()
@@ -219,8 +221,16 @@ class Daemon:
         """Load what a start leaves for later (`surfaces.http.warm` calls this once listening):
         the router's index here on the loop, the ledger's signing key on a worker thread."""
         self.router.prepare()
-        self._warming = asyncio.create_task(asyncio.to_thread(self.ledger.load_signer))
+        self._warming = asyncio.create_task(self._warm_up())
         self._warming.add_done_callback(_said_if_failed)
+
+    async def _warm_up(self) -> None:
+        """The signing key, then the start's run snapshot (sealed with it)."""
+        await asyncio.to_thread(self.ledger.load_signer)
+        try:
+            await self.write_snapshot()
+        except Exception:  # derived data: the next period retries
+            log.exception("run snapshot failed")
 
     def _start_tracing(self) -> Any:
         """The OTLP exporter, if configured (the SDK is imported only then)."""
@@ -284,7 +294,9 @@ class Daemon:
         stamped = snapshots.stamp(self.ledger, size, views)  # the ledger is read on the loop
         # The views are copies and the summaries bytes (see Engine.snapshot): encode and write
         # them off the loop.
-        await asyncio.to_thread(snapshots.write, self.settings.state_dir, stamped, summaries)
+        await asyncio.to_thread(
+            snapshots.write, self.settings.state_dir, stamped, summaries, self.ledger.seal
+        )
         self._snapshot_size = size
 
     def roster_allowed(self, path: Path) -> bool:

@@ -72,12 +72,16 @@ class VerifyReport(BaseModel):
     the record is intact; a writer rebuilds what it can (see `rebuilt`)."""
     rebuilt: list[str] = []
     """What a writer rebuilt after finding `derived` problems (read-only openers rebuild none)."""
+    warnings: list[str] = []
+    """What does not touch the record's integrity but should be seen: an unacknowledged batch
+    the owner will drop, a damaged journal base, a run snapshot that does not match."""
     tampered_why: dict[str, str] = {}
     """Deep: per tampered body hash, `changed` (its bytes no longer hash to it) or `missing (no
     redaction witnessed)` (removed or zeroed with no `redaction` entry naming it: an unwitnessed
     removal is tampering, not a redaction)."""
 
 
+TAMPERED_BODIES = "tampered bodies"  # the reason of a report whose chain and tree are intact
 CHANGED = "changed"
 MISSING = "missing (no redaction witnessed)"
 
@@ -127,7 +131,8 @@ def verify_files(
                 ends = list(accumulate(map(_PLUS_ONE, map(len, lines)), initial=offset))[1:]
                 whole = len(lines) == stop - seq
                 if not (whole and walk.bulk(seq, lines, index, ends, done)):
-                    walk.one_by_one(seq, lines, index, done)
+                    following = reader.peek() if stop < size else b""
+                    walk.one_by_one(seq, lines, index, done, following)
                     walk.derived.ends(seq, index, ends)
                 if not whole:
                     raise _Bad(
@@ -167,8 +172,11 @@ def verify_files(
     if unwitnessed:
         tampered.extend(unwitnessed)
         redacted = [h for h in redacted if h in seen.witnessed]
+        first = min(seen.redacted_at[h] for h in unwitnessed)
+        if walk.first_tampered is None or first < walk.first_tampered:
+            walk.first_tampered = first
     why = {h: CHANGED if h in seen.changed else MISSING for h in tampered}
-    reason = "tampered bodies" if tampered else None
+    reason = TAMPERED_BODIES if tampered else None
     if derived.problems and not tampered:
         reason = DERIVED
     return VerifyReport(
@@ -201,6 +209,7 @@ class _Seen:
     redacted: list[str] = field(default_factory=list)
     tampered: list[str] = field(default_factory=list)
     witnessed: set[str] = field(default_factory=set)  # bodies named by a `redaction` entry
+    redacted_at: dict[str, int] = field(default_factory=dict)  # the first entry naming each
     changed: set[str] = field(default_factory=set)  # tampered, (altered) bytes still stored
 
 
@@ -220,9 +229,15 @@ class _Walk:
         self.named: list[_Named] = []  # chunks whose bodies await the pack scan, in order
 
     def one_by_one(
-        self, seq: int, lines: list[bytes], index: bytes, done: list[list[bytes]]
+        self,
+        seq: int,
+        lines: list[bytes],
+        index: bytes,
+        done: list[list[bytes]],
+        following: bytes = b"",
     ) -> None:
-        """The reference walk: every check on every entry, in order; raises at the first fault."""
+        """The reference walk: every check on every entry, in order; raises at the first fault.
+        `following`: the line after the chunk, if any (its link vouches for the chunk's last)."""
         stack, prev, pinned = self.stack, self.prev, self.pinned
         pin = pinned[0] - seq if pinned is not None else -1
         self.settle(wait=True)  # bodies are judged in entry order
@@ -233,7 +248,20 @@ class _Walk:
                 raise _Bad(seq + i, _link_reason(line, seq + i))
             rec = i * INDEX_RECORD
             if index[rec : rec + 32] != h:
-                raise _Bad(seq + i, "entry bytes do not match the recorded leaf hash")
+                # The index is a cache; the record's own witnesses are the next entry's link,
+                # and for the last one a checkpoint at its size (checked just below).
+                after = lines[i + 1] if i + 1 < len(lines) else following
+                at = after.find(_PREV)
+                linked = at >= 0 and after[at + 8 : at + 72] == h.hex().encode()
+                if not linked and not (i + 1 == pin and not after):
+                    raise _Bad(seq + i, "entry bytes do not match the recorded leaf hash")
+                witness = f"entry {seq + i + 1} links to" if linked else "the checkpoint holds"
+                wrong_leaf = (
+                    f"index.bin: the leaf hash of entry {seq + i} does not match the entry "
+                    f"({witness} the entry as it is)"
+                )
+            else:
+                wrong_leaf = ""
             if self.deep:
                 self._check_deep(seq + i, line)
             prev = self.prev = h.hex().encode()
@@ -246,6 +274,8 @@ class _Walk:
             stack.append((level, h))
             if i + 1 == pin and pinned is not None and _fold(stack) != pinned[1]:
                 raise _Bad(seq + i, "root differs from the checkpoint at this size")
+            if wrong_leaf:
+                self.derived.add(wrong_leaf)
 
     def bulk(
         self, seq: int, lines: list[bytes], index: bytes, ends: list[int], done: list[list[bytes]]
@@ -361,6 +391,7 @@ class _Walk:
         if is_redacted:
             if body not in seen.redacted:
                 seen.redacted.append(body)
+                seen.redacted_at[body] = seq
         elif data is None or hashlib.sha256(data).digest() != digest:
             bad = True
             if body not in seen.tampered:
@@ -471,6 +502,14 @@ class _Lines:
         self.ready: list[bytes] = []
         self.at = 0
 
+    def peek(self) -> bytes:
+        """The next complete line, left to be taken (b"" at the end of the file)."""
+        line = self.take(1)
+        if not line:
+            return b""
+        self.at -= 1  # `take` just read it from `ready`
+        return line[0]
+
     def take(self, n: int) -> list[bytes]:
         """The next n complete lines (without their newline); fewer at the end of the file."""
         out: list[bytes] = []
@@ -553,6 +592,54 @@ def scan_entries(entries_path: Path) -> EntriesScan:
             prev = sha256(b"\x00" + line).hexdigest()
             seq += 1
     return EntriesScan(intact=seq)
+
+
+@dataclass(slots=True)
+class Chain:
+    """What `walk_chain` found: the leaf hash and end offset of every line that chains, and
+    where the chain broke (`bad`, with why, and the link the bad line names, if it has one)."""
+
+    leaves: list[bytes]
+    ends: list[int]
+    bad: int | None = None
+    reason: str = ""
+    named_prev: bytes | None = None
+
+
+def walk_chain(fd: int, count: int, size: int) -> Chain:
+    """The first `count` lines of the entries file (below byte `size`), each held to its seq
+    and its link to the line before, in file order: no index, no parse (the canonical slices,
+    as the fast verify reads them). Stops at the first that does not chain."""
+    chain = Chain([], [])
+    prev, offset, seq, rest = GENESIS_PREV.encode(), 0, 0, b""
+    while seq < count:
+        block = os.pread(fd, min(READ_BYTES, size - offset - len(rest)), offset + len(rest))
+        if not block:
+            chain.bad = seq
+            chain.reason = (
+                f"entry {seq} is torn: the entries file ends inside it"
+                if rest
+                else f"entries from seq {seq} on are missing: the entries file ends there"
+            )
+            return chain
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            at = line.find(_PREV)
+            named = line[at + 8 : at + 72] if at >= 0 else None
+            if named != prev or line.find(b'"seq":%d,' % seq) < 0:
+                chain.bad, chain.named_prev = seq, named
+                chain.reason = _link_reason(line, seq) if named != prev else f"not entry {seq}"
+                return chain
+            leaf = sha256(b"\x00" + line).digest()
+            offset += len(line) + 1
+            chain.leaves.append(leaf)
+            chain.ends.append(offset)
+            prev = leaf.hex().encode()
+            seq += 1
+            if seq == count:
+                return chain
+    return chain
 
 
 def _gap(seq: int, found: int) -> str:

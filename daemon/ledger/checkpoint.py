@@ -134,6 +134,25 @@ def read_key(path: Path) -> bytes:
     return pem
 
 
+def key_seed(pem: bytes) -> bytes:
+    """The 32-byte seed of a key `read_key` accepted."""
+    text = pem.decode("ascii").strip().removeprefix(_PEM_BEGIN).removesuffix(_PEM_END)
+    return base64.b64decode("".join(text.split()))[len(_PKCS8_ED25519) :]
+
+
+def verify_message(vkey: str, message: bytes, signature: bytes) -> bool:
+    """Whether `signature` is the vkey's ed25519 signature of `message` (see `sign_message`)."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    _, public = parse_vkey(vkey)
+    try:
+        Ed25519PublicKey.from_public_bytes(public).verify(signature, message)
+    except InvalidSignature:
+        return False
+    return True
+
+
 class Signer:
     """An ed25519 checkpoint key, loaded."""
 
@@ -164,6 +183,11 @@ class Signer:
     def vkey(self) -> str:
         return vkey_string(self.name, self.public)
 
+    def sign_message(self, message: bytes) -> bytes:
+        """A raw ed25519 signature of `message` (derived data the daemon vouches for, such as
+        the run snapshot: its messages never begin as a note does, with the key's name)."""
+        return self.private.sign(message)
+
     def sign(self, size: int, root: bytes, time_us: int) -> Checkpoint:
         body = f"{self.name}\n{size}\n{base64.b64encode(root).decode()}\ntime {time_us}\n"
         sig = self.private.sign(body.encode())
@@ -186,6 +210,9 @@ class SignerOnDemand:
         if not self.path.exists():
             write_atomic(self.path, key_pem(os.urandom(32)), mode=0o600)
         self._pem = read_key(self.path)
+        # A MAC key derived from the seed (domain-separated): the owner checks what it sealed
+        # itself without loading the signature library at start.
+        self.mac_key = hashlib.sha256(b"tally mac key\0" + key_seed(self._pem)).digest()
         self._signer: Signer | None = None
         self._lock = threading.Lock()
 

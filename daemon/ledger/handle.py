@@ -17,16 +17,20 @@ from __future__ import annotations
 import os
 from concurrent.futures import Executor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from daemon.ledger.checkpoint import Checkpoint, SignerOnDemand
 from daemon.ledger.entry import Entry
-from daemon.ledger.errors import LedgerFailed
+from daemon.ledger.errors import LedgerCorrupt, LedgerFailed
 from daemon.ledger.journal import Journal
 from daemon.ledger.outage import Outage
 from daemon.ledger.store import (
     BodyStore,
     Tree,
 )
+
+if TYPE_CHECKING:  # agreement imports the writer's limits, and the writer this module
+    from daemon.ledger.agreement import Agreement
 
 
 class Handle:
@@ -52,6 +56,10 @@ class Handle:
     _head: tuple[int, tuple[tuple[int, bytes], ...]]
     _unapplied: dict[int, bytes]
     _journal: Journal  # the owner's only
+    _agreement: Agreement | None  # how the record files stood against the journal at open
+    _entries_limit: int | None  # a reader's: the entries file is read up to here, not past
+    _index_note: str | None  # the index did not match the entries and was rebuilt from them
+    _unanchored: LedgerCorrupt | None  # a reader's: the tree does not add up to the checkpoint
 
     @property
     def size(self) -> int:

@@ -119,56 +119,9 @@ def _scan(read: Callable[[int, int], bytes], length: int) -> tuple[list[Record],
     return records, b"".join(payloads)
 
 
-def unapplied(directory: Path, entries_path: Path, pack_path: Path) -> Record | None:
-    """Read-only: the journal's last record if the record files differ from what the journal
-    says they hold (each record's bytes at its offsets, nothing past the last record), so that
-    `Journal.replay` would change them; None if they agree, or if there is no journal to go by
-    (none, only zeros, or files that end before its base: `replay` would touch nothing)."""
-    try:
-        fd = os.open(directory / JOURNAL, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        records, data = _scan(lambda size, at: os.pread(fd, size, at), os.fstat(fd).st_size)
-    finally:
-        os.close(fd)
-    if not records:
-        return None
-    entries, pack = _read_only(entries_path), _read_only(pack_path)
-    try:
-        return _differs(records, data, entries, pack)
-    finally:
-        for file_fd in (entries, pack):
-            if file_fd >= 0:
-                os.close(file_fd)
-
-
-def _read_only(path: Path) -> int:
-    """A read-only descriptor, or -1 for a file that does not exist (it holds nothing)."""
-    try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return -1
-
-
-def _differs(records: list[Record], data: bytes, entries: int, pack: int) -> Record | None:
-    base, last = records[0], records[-1]
-    entries_size = os.fstat(entries).st_size if entries >= 0 else 0
-    pack_size = os.fstat(pack).st_size if pack >= 0 else 0
-    if entries_size < base.entries_off or pack_size < base.pack_off:
-        return None
-    if (entries_size, pack_size) != (last.entries_end, last.pack_end):
-        return last
-    at = 0
-    for record in records:  # payloads in `_scan`'s order: pack bytes, then entry bytes
-        for fd, length, offset in (
-            (pack, record.pack_len, record.pack_off),
-            (entries, record.entries_len, record.entries_off),
-        ):
-            if length and os.pread(fd, length, offset) != data[at : at + length]:
-                return last
-            at += length
-    return None
+def read_records(fd: int) -> tuple[list[Record], bytes]:
+    """The journal's complete, continuous records read from `fd`, and their payloads."""
+    return _scan(lambda size, at: os.pread(fd, size, at), os.fstat(fd).st_size)
 
 
 class Journal:
@@ -205,8 +158,7 @@ class Journal:
         self.filled = upto
 
     def records(self) -> tuple[list[Record], bytes]:
-        fd = self.fd
-        return _scan(lambda size, at: os.pread(fd, size, at), os.fstat(fd).st_size)
+        return read_records(self.fd)
 
     def replay(self, entries_path: Path, pack_path: Path) -> Record | None:
         """Restore the record files from the journal (module doc) and fsync them; None,

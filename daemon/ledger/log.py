@@ -22,14 +22,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
 import os
 import time
 from pathlib import Path
 
-from daemon.ledger.checkpoint import Checkpoint, SignerOnDemand, save_checkpoint
+from daemon.ledger.agreement import Agreement
+from daemon.ledger.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    SignerOnDemand,
+    save_checkpoint,
+    verify_message,
+)
 from daemon.ledger.entry import GENESIS_PREV
-from daemon.ledger.errors import LedgerFailed, LedgerUnwritable, SignerUnusable
+from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerUnwritable, SignerUnusable
 from daemon.ledger.outage import Outage
 from daemon.ledger.reader import ConsistencyProof, InclusionProof, Reader
 from daemon.ledger.recovery import TAIL_CHECK, Recovery
@@ -85,6 +94,10 @@ class Ledger(Recovery, Writer, Reader):
         # against the root it implies. A snapshot, swapped whole, so readers never see a torn one.
         self._head: tuple[int, tuple[tuple[int, bytes], ...]] = (0, ())
         self._repaired = False  # the stored tree is rebuilt at most once per open
+        self._agreement: Agreement | None = None
+        self._entries_limit: int | None = None
+        self._unanchored: LedgerCorrupt | None = None
+        self._index_note: str | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.tree: Tree
         self.bodies: BodyStore
@@ -125,6 +138,35 @@ class Ledger(Recovery, Writer, Reader):
         if self._signer is not None:
             return self._signer.get().vkey
         return self._vkey
+
+    def seal(self, message: bytes) -> tuple[bytes, bytes]:
+        """The owner's: (MAC, ed25519 signature) of `message`, for derived data it writes and
+        must trust again (the run snapshot). The MAC is for the owner's own check at its next
+        start (`check_mac`: no signature library loads); the signature for anyone holding the
+        public key (`check_signature`: `tally ledger verify`). Blocking (the first use loads
+        the key): call it off the loop."""
+        if self._signer is None:
+            raise LedgerFailed("only the ledger's owner seals")
+        mac = hmac.new(self._signer.mac_key, message, hashlib.sha256).digest()
+        return mac, self._signer.get().sign_message(message)
+
+    def check_mac(self, message: bytes, mac: bytes) -> bool:
+        """The owner's: whether `mac` is its seal's MAC of `message` (False for a reader)."""
+        if self._signer is None:
+            return False
+        want = hmac.new(self._signer.mac_key, message, hashlib.sha256).digest()
+        return hmac.compare_digest(want, mac)
+
+    def check_signature(self, message: bytes, signature: bytes) -> bool:
+        """Whether `signature` is the checkpoint key's signature of `message` (by
+        `checkpoint.vkey`, or the owner's key); False with no key to check it with."""
+        vkey = self.vkey
+        if vkey is None:
+            return False
+        try:
+            return verify_message(vkey, message, signature)
+        except (CheckpointError, ValueError):
+            return False
 
     def load_signer(self) -> None:
         """Load the owner's signing key now (it loads at first use otherwise): the daemon's

@@ -26,7 +26,7 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from daemon.errors import NotFound
-from daemon.ledger.audit import VerifyReport, verify_files
+from daemon.ledger.audit import DERIVED, TAMPERED_BODIES, VerifyReport, verify_files
 from daemon.ledger.canonical import canonical_bytes
 from daemon.ledger.entry import (
     NO_BODY,
@@ -174,6 +174,7 @@ class Reader(Handle):
         report = await asyncio.to_thread(
             verify_files, self.dir / "entries.jsonl", self.tree, self.bodies, size, deep, pinned
         )
+        report = self._as_opened(report)
         if report.derived and not self.readonly and self._failed is None:
             loop = asyncio.get_running_loop()
             rebuilt = await loop.run_in_executor(self._executor, self._rebuild, report.derived)
@@ -185,6 +186,55 @@ class Reader(Handle):
             )
             report = report.model_copy(update={"rebuilt": rebuilt})
         return report
+
+    @property
+    def record_note(self) -> str | None:
+        """A reader's: how the record files stood against the journal, if that is to be said
+        (files behind it or differing from it; a damaged journal; an unacknowledged batch)."""
+        agreement = self._agreement
+        if not self.readonly or agreement is None or not agreement.reason:
+            return None
+        if agreement.state == "behind":
+            return f"{agreement.reason}; {self._restore_hint()}"
+        return agreement.reason
+
+    def _restore_hint(self) -> str:
+        return (
+            f"start the daemon on {self.state_dir} to restore them (its open does; this "
+            "read-only check changed nothing)"
+        )
+
+    def _as_opened(self, report: VerifyReport) -> VerifyReport:
+        """A reader's report, with what its open found: record files behind the journal or
+        differing from it (the first seq either way, unless the walk found an earlier fault),
+        a tree that does not add up to the checkpoint, and warnings."""
+        if not self.readonly:  # the owner acted on it at its open
+            return report
+        agreement, faults = self._agreement, []
+        warnings = list(report.warnings)
+        if agreement is not None and agreement.reason:
+            if agreement.state == "behind":
+                faults.append((agreement.seq, f"{agreement.reason}; {self._restore_hint()}"))
+            elif agreement.state == "differs":
+                faults.append((agreement.seq, f"{agreement.reason} (nothing was changed)"))
+            else:
+                warnings.append(agreement.reason)
+        broken = report.first_bad_seq is not None and report.reason != TAMPERED_BODIES
+        if self._unanchored is not None and broken:  # else the walk added them up to it itself
+            faults.append((self._unanchored.seq, self._unanchored.reason))
+        for seq, reason in faults:
+            at = report.size if seq is None else seq
+            if report.first_bad_seq is not None and report.first_bad_seq <= at:
+                warnings.append(reason)  # an earlier fault (or a tampered body) comes first
+                report = report.model_copy(update={"ok": False})
+                continue
+            report = report.model_copy(update={"ok": False, "first_bad_seq": at, "reason": reason})
+        derived = report.derived
+        if self._index_note is not None:
+            derived = [self._index_note, *derived]
+            if report.ok or report.reason is None:
+                report = report.model_copy(update={"ok": False, "reason": DERIVED})
+        return report.model_copy(update={"warnings": warnings, "derived": derived})
 
     def _rebuild(self, problems: list[str]) -> list[str]:
         """Writer thread: rebuild the caches `verify` found wrong (the tree nodes and the body
@@ -263,6 +313,8 @@ class Reader(Handle):
         """Serve `build()`'s proof if it checks; else rebuild the stored tree once and retry;
         else refuse (a wrong proof is never served). Built in a worker thread: O(log n) preads
         and hashes, each of which may wait for the disk."""
+        if self._unanchored is not None:  # a reader whose tree does not add up: no proof
+            raise self._unanchored
         try:
             return await asyncio.to_thread(build)
         except _Mismatch as first:

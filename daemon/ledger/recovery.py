@@ -6,16 +6,19 @@ has its body zeroed; and the stored tree is vouched for by the latest signed che
 does this without re-reading the history (a compact index, the Merkle frontier, and bounded
 re-checks: TAIL_CHECK, RECHECK_MAX).
 
-- Journal: the record files are restored from the journal first (`Journal.replay`): what lies
-  past its last whole record is cut (a batch never acknowledged), every record's bytes are
-  written back at their offsets, and, once open has checked everything below, the files are
-  fsynced and the journal starts a new cycle on them. With no usable journal (none yet; or the
-  files end before its base, which means fsynced bytes are gone) the files are judged as they
-  are, by the checks below. A read-only opener with no owner running does the same replay,
-  under the owner's lock, when the files differ from the journal (else, after a power loss, it
-  would read a prefix of the record); it refuses, and says why, if it cannot write them. Its
-  lock file then reads "reader <pid>", and an owner opening meanwhile waits for it (seconds at
-  most) instead of failing as it does against any other holder.
+- Journal: first the record files are held against the journal, writing nothing
+  (`agreement.compare`). Only a crash's difference (the files a prefix of the journal, give or
+  take zeros, and at most one unacknowledged batch past its end) is restored, by the owner
+  alone (`Journal.replay`): what lies past its last whole record is cut, every record's bytes
+  are written back at their offsets, and, once open has checked everything below, the files
+  are fsynced and the journal starts a new cycle on them. Any other difference is an edit or
+  damage: the owner refuses to open, naming the first seq that differs, and writes nothing
+  (`_refuse`). With no usable journal (none yet; or the files end before its base, which means
+  fsynced bytes are gone) the files are judged as they are, by the checks below.
+- A reader (read-only open) never writes a byte of the state dir. It reads the files up to
+  what the journal vouches for (not an unacknowledged batch past it) and remembers how they
+  stand (`_agreement`): `verify` reports files behind the journal (a stop before the
+  write-back: the owner's next open restores them) or differing from it, with the seq.
 - Torn tail: a partial last line (or zero fill after a crash) is truncated back to the last
   complete entry, and fsynced, before the writer starts.
 - Missing-body tail (files with no usable journal): entries whose body never reached the pack
@@ -35,19 +38,20 @@ import fcntl
 import json
 import logging
 import os
-import time
+import struct
 
 from daemon.errors import NotFound
-from daemon.ledger.audit import gap_reason
+from daemon.ledger.agreement import Agreement, compare
+from daemon.ledger.audit import Chain, verify_files, walk_chain
 from daemon.ledger.checkpoint import Checkpoint, SignerOnDemand, load_checkpoint
 from daemon.ledger.entry import (
     GENESIS_PREV,
     Entry,
 )
-from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerLocked
+from daemon.ledger.errors import LedgerCorrupt, LedgerLocked
 from daemon.ledger.handle import Handle
-from daemon.ledger.journal import FILL_STEP, Journal, Record, unapplied
-from daemon.ledger.merkle import leaf_hash
+from daemon.ledger.journal import FILL_STEP, Journal
+from daemon.ledger.merkle import Frontier, leaf_hash
 from daemon.ledger.store import (
     MARKS,
     BodyStore,
@@ -72,21 +76,31 @@ TAIL_CHECK = 1024
 # ledger never checkpointed (a bench fixture) has no anchor and skips it.
 RECHECK_MAX = 1 << 18
 READ_CHUNK = 1 << 22
-READER = "reader "  # the lock file's text while a reader restores the files: "reader <pid>"
-READER_WAIT_S = 10.0  # how long an opening owner waits for such a reader (a replay takes ms)
 
 
 class Recovery(Handle):
     """Open and recovery, on the writer thread before the writer starts (module doc)."""
 
     def _open(self) -> None:
+        entries, pack = self.dir / "entries.jsonl", self.dir / "bodies.pack"
         if self.readonly:
             if not self.dir.is_dir():
                 raise NotFound(f"no ledger in {self.state_dir}")
-            self._restore_for_reading()
+            # A running owner keeps the files current (it replayed at its own open): a reader
+            # compares nothing then (a commit in flight is not a difference).
+            if not self._owner_running():
+                self._agreement = compare(self.dir, entries, pack)
+                if self._agreement.state in ("ahead", "behind"):
+                    self._entries_limit = self._agreement.entries_end
         else:
             create_dir(self.dir)
             self._take_lock()
+            self._agreement = compare(self.dir, entries, pack)
+            if self._agreement.state == "differs":
+                self._refuse(self._agreement)
+        self._open_files()
+
+    def _open_files(self) -> None:
         meta = read_meta(self.dir / "meta.json")
         trusted = int(meta.get("size", 0))
         self.tree = Tree(self.dir, not self.readonly, trusted)
@@ -111,7 +125,8 @@ class Recovery(Handle):
         self._synced = min(trusted, self._size)
         if self._size:
             self._last_hash = self.tree.leaf(self._size - 1).hex()
-            self._last_ts = self._read_entry(self._size - 1).ts
+            if not self.readonly:  # a reader appends nothing: it needs no `ts` (nor a parse)
+                self._last_ts = self._read_entry(self._size - 1).ts
         if self.readonly:
             vkey_path = self.dir / "checkpoint.vkey"
             self._vkey = vkey_path.read_text().strip() if vkey_path.exists() else None
@@ -132,48 +147,44 @@ class Recovery(Handle):
 
     def _replay(self) -> None:
         """Restore the record files from the journal (see `journal`), before anything reads
-        them. With no journal to trust (none yet, or files shorter than its base), nothing is
-        touched: the checks below judge the files as they are."""
+        them: only ever after `compare` found a crash's difference (or none). With no journal
+        to trust (none yet, or files shorter than its base), nothing is touched: the checks
+        below judge the files as they are."""
         self._journal = Journal(self.dir, JOURNAL_SPACE)
         os.close(open_append(self.dir / "bodies.pack", append=False))  # created if new
         last = self._journal.replay(self.dir / "entries.jsonl", self.dir / "bodies.pack")
-        if last is not None and last.at:
-            log.warning("ledger: replayed the journal up to seq %d", last.next_seq)
+        if last is not None and self._agreement is not None and self._agreement.state != "same":
+            log.warning(
+                "ledger: restored the record files from the journal up to seq %d (%s)",
+                last.next_seq,
+                self._agreement.reason,
+            )
 
-    def _restore_for_reading(self) -> None:
-        """Read-only open: when the record files differ from the journal (a power loss before
-        the owner wrote its last batches back) and no owner is running, restore them as the
-        owner's open would, under its lock, so the reader sees every acknowledged entry and
-        nothing a crash cut (as SQLite's readers roll back a hot journal). A running owner
-        replayed at its own open and keeps the files current: the reader leaves them alone."""
-        entries, pack = self.dir / "entries.jsonl", self.dir / "bodies.pack"
-        if self._owner_running():
-            return
-        last = unapplied(self.dir, entries, pack)
-        if last is None:
-            return
+    def _refuse(self, agreement: Agreement) -> None:
+        """Owner: the record files differ from the journal in a way no crash leaves (an edit,
+        or damage). Nothing is written: the files are opened as a reader would, walked to name
+        the first entry that differs (the journal's word when it says an earlier one), and the
+        open is refused with what to do. The evidence stays as it is."""
+        self.readonly = True
+        seq, reason = agreement.seq, agreement.reason
         try:
-            self._take_lock(reader=True)
-        except LedgerLocked:
-            return
-        except OSError as err:
-            raise self._cannot_restore(last, err) from err
-        journal = None
-        try:
-            journal = Journal(self.dir, JOURNAL_SPACE)
-            os.close(open_append(pack, append=False))  # created if the crash left none
-            journal.replay(entries, pack)
-        except OSError as err:
-            raise self._cannot_restore(last, err) from err
-        finally:
-            if journal is not None:
-                journal.close()
-            os.close(self._lock_fd)
-            self._lock_fd = -1
-        log.warning(
-            "ledger: restored the record files from the journal, which ends at %d entries "
-            "(its owner had not written them back)",
-            last.next_seq,
+            self._open_files()
+            pinned = None
+            if self._latest is not None and self._latest.size <= self.tree.size:
+                pinned = (self._latest.size, bytes.fromhex(self._latest.root))
+            report = verify_files(
+                self.dir / "entries.jsonl", self.tree, self.bodies, self.tree.size, False, pinned
+            )
+            walked = report.first_bad_seq if not report.ok else None
+            if walked is not None and (seq is None or walked < seq):
+                seq, reason = walked, f"{report.reason} ({reason})"
+        except LedgerCorrupt as err:
+            if seq is None or err.seq < seq:
+                seq, reason = err.seq, f"{err.reason} ({reason})"
+        raise LedgerCorrupt(
+            self.tree.size if seq is None else seq,
+            f"{reason}. The daemon will not open it, and changed nothing: keep the state dir as "
+            "evidence, see `tally ledger verify`, and restore the ledger from a copy you trust",
         )
 
     def _owner_running(self) -> bool:
@@ -181,7 +192,7 @@ class Recovery(Handle):
         try:
             fd = os.open(self.dir / "lock", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            return False  # never opened writable, or unreadable: the replay's lock decides
+            return False  # never opened writable, or unreadable
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -189,14 +200,6 @@ class Recovery(Handle):
         finally:
             os.close(fd)  # also lets go of the shared lock
         return False
-
-    def _cannot_restore(self, last: Record, err: OSError) -> LedgerFailed:
-        return LedgerFailed(
-            f"the ledger's record files differ from its journal, which ends at {last.next_seq} "
-            f"entries (its owner stopped before writing them back), and cannot be restored here "
-            f"({err}); start the daemon on {self.state_dir} once (its open restores them), or "
-            "read a writable copy"
-        )
 
     def _anchor(self, latest: Checkpoint | None) -> None:
         """Vouch for the stored tree (module doc: derived files are checked, not trusted)."""
@@ -208,11 +211,19 @@ class Recovery(Handle):
             fixed, frontier = tree.recheck(0)
             tree.frontier = frontier
             if tree.root(signed).hex() != latest.root:
-                raise LedgerCorrupt(
+                self._judge_index()  # raises if the entries are what is wrong
+                fixed, tree.frontier = tree.recheck(0)
+            if tree.root(signed).hex() != latest.root:
+                err = LedgerCorrupt(
                     signed - 1,
                     "tree differs from the latest checkpoint even rebuilt from the leaf hashes "
                     "(`tally ledger verify` names the entry)",
                 )
+                if not self.readonly:
+                    raise err
+                # A reader opens anyway: `verify` walks the entries themselves and says whether
+                # they or the index are wrong; it serves no proof (see `Reader._checked`).
+                self._unanchored = err
         elif latest is not None:  # unsigned ledgers (bench fixtures) have nothing to anchor to
             fixed, tree.frontier = tree.recheck(max(signed, size - RECHECK_MAX))
         else:
@@ -229,31 +240,30 @@ class Recovery(Handle):
             )
         self._head = tree.frontier.snapshot()
 
-    def _take_lock(self, *, reader: bool = False) -> None:
-        """Take the ledger's lock and write our pid into its file ("reader <pid>" for a reader
-        restoring the record files, `_restore_for_reading`). Such a reader lets go within
-        moments, so an owner waits for it (up to `READER_WAIT_S`); any other holder, and any
-        holder a reader meets, is refused at once."""
+    def _take_lock(self) -> None:
+        """Take the ledger's lock and write our pid into its file; a holder is refused at once
+        (readers never take it: they write nothing)."""
         path = self.dir / "lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        deadline = time.monotonic() + READER_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            if reader or not holder.startswith(READER) or time.monotonic() > deadline:
-                os.close(fd)
-                pid = holder.removeprefix(READER)
-                raise LedgerLocked(str(self.state_dir), int(pid) if pid.isdigit() else None)
-            time.sleep(0.01)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise LedgerLocked(
+                str(self.state_dir), int(holder) if holder.isdigit() else None
+            ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{READER if reader else ''}{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
     def _file_size(self) -> int:
-        return os.fstat(self._entries_fd).st_size if self._entries_fd >= 0 else 0
+        """The entries file's size, or, for a reader, where the journal vouches for it up to
+        (an unacknowledged batch, or lines the owner would restore, lie past it)."""
+        if self._entries_fd < 0:
+            return 0
+        size = os.fstat(self._entries_fd).st_size
+        return size if self._entries_limit is None else min(size, self._entries_limit)
 
     def _recover(self) -> None:
         """Check the indexed tail, then extend the index over the unindexed entries.
@@ -264,19 +274,22 @@ class Recovery(Handle):
         n = tree.size
         file_size = self._file_size()
         if n and tree.end(n - 1) > file_size:
-            raise LedgerCorrupt(*self._first_broken(n))
+            self._judge_index()
+            n = tree.size
         first = max(0, n - self._tail_check)
         if n > first:
             start, end = tree.end(first - 1), tree.end(n - 1)
             lines = os.pread(self._entries_fd, end - start, start).split(b"\n")[:-1]
-            for i, line in enumerate(lines):
-                if leaf_hash(line) != tree.leaf(first + i):
-                    raise LedgerCorrupt(*self._first_broken(first + i + 1))
+            if len(lines) != n - first or any(
+                leaf_hash(line) != tree.leaf(first + i) for i, line in enumerate(lines)
+            ):
+                self._judge_index()
         offset = tree.end(n - 1)
         prev = tree.leaf(n - 1).hex() if n else GENESIS_PREV
         buf = b""
         while True:
-            chunk = os.pread(self._entries_fd, READ_CHUNK, offset + len(buf))
+            want = min(READ_CHUNK, file_size - offset - len(buf))  # a reader's limit, if any
+            chunk = os.pread(self._entries_fd, want, offset + len(buf)) if want > 0 else b""
             if not chunk:
                 break
             buf += chunk
@@ -293,7 +306,11 @@ class Recovery(Handle):
                             "its body is missing from bodies.pack, and entries of a later batch "
                             "follow it: it was acknowledged, and the pack lost its body",
                         )
-                    if missing_body or rest == 0 or _only_junk(self._entries_fd, line_end):
+                    if (
+                        missing_body
+                        or rest == 0
+                        or _only_junk(self._entries_fd, line_end, file_size)
+                    ):
                         self._truncate_entries(offset)
                         return
                     raise LedgerCorrupt(tree.size, problem)
@@ -306,39 +323,56 @@ class Recovery(Handle):
             self._truncate_entries(offset)
         tree.flush()
 
-    def _first_broken(self, n: int) -> tuple[int, str]:
-        """The first of the first `n` indexed entries whose line is not where the index puts
-        it (lines deleted, inserted or changed), and why: a bisection, O(log n) reads. The
-        entries before it are intact, so open and `verify` name the same seq."""
-        tree, fd, file_size = self.tree, self._entries_fd, self._file_size()
-
-        def intact(i: int) -> bool:
-            start, end = tree.span(i)
-            if end > file_size:
-                return False
-            data = os.pread(fd, end - start, start)
-            return data.endswith(b"\n") and leaf_hash(data[:-1]) == tree.leaf(i)
-
-        lo, hi = 0, n - 1  # the last one is known to be broken
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if intact(mid):
-                lo = mid + 1
-            else:
-                hi = mid
-        start = tree.end(lo - 1)
-        if start >= file_size:
-            return lo, f"entries from seq {lo} on are missing: the entries file ends there"
-        line = os.pread(fd, 1 << 16, start).split(b"\n")[0]
-        return lo, gap_reason(line, lo) or "entry bytes do not match the recorded leaf hash"
+    def _judge_index(self) -> None:
+        """The index disagrees with the entries file (an end past the file, a leaf hash in the
+        tail check, a root that does not add up to the checkpoint). It is a cache: the entries
+        file is walked on its own (`walk_chain`, O(entries): only on this path) to tell which
+        is wrong. If the indexed entries chain, add up to the latest signed checkpoint, and
+        each is vouched for by the next one's link or the checkpoint, the index is rebuilt from
+        them (in memory for a reader: `verify` lists it). Else the entries are damaged, and open
+        is refused naming the first seq: where the chain breaks, or the line before it if the
+        index does not hold its hash either (that line was changed, or one was put before)."""
+        tree, n = self.tree, self.tree.size
+        # One line more than the index holds, if the file has it: its link vouches for the last.
+        chain = walk_chain(self._entries_fd, n + 1, self._file_size())
+        k = len(chain.leaves)
+        if chain.bad is not None and chain.bad < n:
+            if k > 0 and chain.leaves[k - 1] != tree.leaf(k - 1):
+                # Neither the index nor the next line's link holds this line's hash: it changed.
+                raise LedgerCorrupt(k - 1, "entry bytes do not match the recorded leaf hash")
+            raise LedgerCorrupt(k, chain.reason)
+        latest = load_checkpoint(self.dir / "checkpoint")
+        signed = latest.size if latest is not None and latest.size <= n else 0
+        if latest is not None and signed:
+            frontier = Frontier()
+            frontier.push_many(chain.leaves[:signed])
+            if frontier.root().hex() != latest.root:
+                wrong = next(
+                    (i for i in range(signed) if chain.leaves[i] != tree.leaf(i)), signed - 1
+                )
+                raise LedgerCorrupt(
+                    wrong, "the entries do not add up to the latest signed checkpoint"
+                )
+        if n > signed and k == n and chain.leaves[n - 1] != tree.leaf(n - 1):
+            # The last entry has no successor and no checkpoint to vouch for it: only the
+            # index says what it was.
+            raise LedgerCorrupt(n - 1, "entry bytes do not match the recorded leaf hash")
+        first = next(i for i in range(n) if tree.index.read(i) != _index_record(chain, i))
+        tree.truncate(0)
+        tree.extend(chain.leaves[:n], chain.ends[:n])
+        note = f"index.bin: entry {first} and on did not match the entries; rebuilt from them" + (
+            " in memory (read-only)" if self.readonly else ""
+        )
+        log.warning("ledger: %s", note)
+        self._index_note = note
 
     def _one_batch(self, offset: int) -> bool:
         """True if the complete lines from `offset` on can be one batch (at most MAX_BATCH, all
         with the first one's `ts`): the only tail a crash can leave unacknowledged."""
         ts: bytes | None = None
-        count, buf, at = 0, b"", offset
+        count, buf, at, size = 0, b"", offset, self._file_size()
         while True:
-            chunk = os.pread(self._entries_fd, READ_CHUNK, at)
+            chunk = os.pread(self._entries_fd, min(READ_CHUNK, max(size - at, 0)), at)
             if not chunk:
                 return True
             at += len(chunk)
@@ -416,6 +450,10 @@ class Recovery(Handle):
             return None
 
 
+def _index_record(chain: Chain, i: int) -> bytes:
+    return chain.leaves[i] + struct.pack("<Q", chain.ends[i])  # as `store.Tree` writes it
+
+
 def _hex(data: bytes) -> bytes | None:
     try:
         return bytes.fromhex(data.decode("ascii"))
@@ -429,7 +467,7 @@ def _ts(line: bytes) -> bytes | None:
     return line[at + 6 :].split(b",")[0] if at >= 0 else None
 
 
-def _only_junk(fd: int, offset: int) -> bool:
-    """True if nothing after `offset` is a complete line (zero fill or a partial write)."""
-    rest = os.pread(fd, 1 << 20, offset)
+def _only_junk(fd: int, offset: int, end: int) -> bool:
+    """True if nothing in [offset, end) is a complete line (zero fill or a partial write)."""
+    rest = os.pread(fd, min(1 << 20, max(end - offset, 0)), offset)
     return b"\n" not in rest.rstrip(b"\x00")

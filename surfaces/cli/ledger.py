@@ -1,7 +1,9 @@
 """`tally ledger …`: offline inspection and verification of a state dir's ledger.
 
-These commands open the ledger read-only (no lock, no writes), so they work on a copy of the
-state dir or beside a running daemon. Exit codes: 0 ok, 1 check failed, 2 usage error.
+These commands open the ledger read-only (no lock, no writes: not a byte of the state dir
+changes, whatever they find), so they work on a copy of the state dir or beside a running
+daemon. Exit codes: 0 ok, 1 check failed, 2 usage error. Whatever breaks, the answer is one
+line naming the seq where there is one, never a traceback.
 One file (past 500 lines): the `ledger` command group, each subcommand a parser and a printer.
 """
 
@@ -165,8 +167,35 @@ def _runner(
             return _fail(args, err.code, err.message, 2 if err.status == 422 else 1)
         except OSError as err:
             return _fail(args, "os_error", str(err), 1)
+        except Exception as err:  # a damaged ledger we did not foresee: an answer, not a trace
+            return _unforeseen(args, state, err, reports)
 
     return run
+
+
+def _unforeseen(args: argparse.Namespace, state: Path, err: Exception, reports: bool) -> int:
+    """An error no check named: verify still names the first seq it can (the entries walked
+    on their own), every command says what broke; exit 1."""
+    what = f"{type(err).__name__}: {err}"
+    if not reports:
+        return _fail(
+            args, "unreadable", f"cannot read the ledger ({what}); see `tally ledger verify`", 1
+        )
+    from daemon.ledger import VerifyReport
+    from daemon.ledger.audit import scan_entries
+
+    try:
+        scan = scan_entries(state / "ledger" / "entries.jsonl")
+        seq, reason = scan.first_bad_seq, scan.reason
+        if seq is None:
+            seq, reason = scan.intact, "the entries up to it chain; the error is elsewhere"
+    except Exception:
+        seq, reason = 0, "the entries file cannot be walked either"
+    report = VerifyReport(
+        ok=False, size=seq, root="", first_bad_seq=seq, reason=f"{reason} (verify stopped: {what})"
+    )
+    _emit_report(args, report, None, {"entries": report.size, "deep": False})
+    return 1
 
 
 async def _with_ledger(
@@ -176,6 +205,9 @@ async def _with_ledger(
 
     extra = {} if tail_check is None else {"tail_check": tail_check}
     ledger = await Ledger.open(state, readonly=True, **extra)
+    note = ledger.record_note
+    if note is not None and command is not _verify:  # verify reports it in its verdict
+        print(f"tally ledger: warning: {note}", file=sys.stderr)
     try:
         return await command(ledger, args)
     finally:
@@ -258,6 +290,7 @@ def _report_lines(
             )
         else:
             lines.append("  bodies:     not re-hashed (add --deep)")
+    lines.extend(f"WARNING: {warning}" for warning in report.warnings)
     if report.derived:
         lines.append(
             "DERIVED files do not match the entries (caches: the entries are intact; the daemon "
@@ -313,6 +346,8 @@ def _note_text(name: str, text: str) -> str:
 
 
 async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
+    import asyncio
+
     from daemon.ledger import CheckpointError, parse_note
 
     since = None
@@ -331,6 +366,11 @@ async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
             "signature": signature,
         }
     report = _vouched(await ledger.verify(deep=args.deep))
+    from daemon.runs.snapshot import check as check_snapshot  # derived: a warning, not a fault
+
+    stale = await asyncio.to_thread(check_snapshot, ledger.state_dir, ledger)
+    if stale is not None:
+        report = report.model_copy(update={"warnings": [*report.warnings, stale]})
     if pinned is not None and since is not None:
         consistent = False
         if not _broken(report):
@@ -384,7 +424,9 @@ def _print_remote(report: dict[str, Any]) -> None:
 
 def _broken(report: VerifyReport) -> bool:
     """The chain or tree is broken (not merely some bodies tampered)."""
-    return report.first_bad_seq is not None and report.reason != "tampered bodies"
+    from daemon.ledger.audit import TAMPERED_BODIES
+
+    return report.first_bad_seq is not None and report.reason != TAMPERED_BODIES
 
 
 def _vouched(report: VerifyReport) -> VerifyReport:

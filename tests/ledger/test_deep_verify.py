@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.ledger import Ledger, audit, lineform, packjob
-from daemon.ledger.audit import VerifyReport
+from daemon.ledger.audit import DERIVED, VerifyReport
 from daemon.ledger.canonical import MAX_SAFE_INT
 from daemon.ledger.entry import Entry, encode_line
 from daemon.ledger.packjob import PackJob
@@ -191,10 +191,35 @@ async def test_a_wrong_leaf_hash(
     index = ledger.dir / "index.bin"
     byte = index.read_bytes()[seq * 40 + 5]
     patch(index, seq * 40 + 5, bytes([byte ^ 1]))
-    report = verify(ledger, monkeypatch)
-    assert (report.first_bad_seq, report.reason) == (
-        seq,
+    latest = ledger.latest_checkpoint()
+    assert latest is not None
+    assert latest.size == N
+    pinned = (N, bytes.fromhex(latest.root))
+    if seq == N - 1:  # no next entry: with no checkpoint, only the index says what it was
+        report = verify(ledger, monkeypatch)
+        assert (report.first_bad_seq, report.reason) == (
+            seq,
+            "entry bytes do not match the recorded leaf hash",
+        )
+    report = verify(ledger, monkeypatch, pinned=pinned)
+    # The index is a cache: the next entry's link (or, for the last, the checkpoint) vouches
+    # for the entry as it is, so the index is what is wrong.
+    assert (report.first_bad_seq, report.reason) == (None, DERIVED)
+    witness = "the checkpoint holds" if seq == N - 1 else f"entry {seq + 1} links to"
+    assert report.derived == [
+        f"index.bin: the leaf hash of entry {seq} does not match the entry "
+        f"({witness} the entry as it is)"
+    ]
+    # With the entry changed too (its successor's link no longer matches), the entry is named.
+    start, line = line_at(ledger, seq)
+    with entries_file(ledger).open("r+b") as f:
+        f.seek(start + line.index(b'"actor":"') + 9)
+        f.write(b"Z")
+    report = verify(ledger, monkeypatch, pinned=pinned)
+    assert report.first_bad_seq == seq
+    assert report.reason in (
         "entry bytes do not match the recorded leaf hash",
+        "root differs from the checkpoint at this size",
     )
     await ledger.close()
 

@@ -5,21 +5,18 @@ are named by the same seq at open and in `tally ledger verify`."""
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import os
-import threading
-import time
 import tracemalloc
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from daemon.ledger import Ledger, LedgerCorrupt, LedgerFailed, bulk
-from daemon.ledger.journal import HEADER, MAGIC, Journal, scan
+from daemon.ledger import Ledger, LedgerCorrupt, bulk
+from daemon.ledger.journal import HEADER, MAGIC, scan
 from daemon.ledger.store import MARKS, marks_before
 from surfaces.cli import main
+from tests.ledger.files import hashes
 
 
 def pack(state_dir: Path) -> Path:
@@ -147,63 +144,69 @@ async def test_without_the_journal_a_lost_body_in_the_last_batch_is_an_unacknowl
     await again.close()
 
 
-async def test_a_reader_after_a_power_loss_sees_every_acknowledged_entry(
+async def test_a_reader_after_a_power_loss_says_what_the_journal_holds_and_writes_nothing(
     state_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     await crash_after_two_cycles(state_dir)
     power_loss(state_dir)
-    # No owner is running: the reader restores the files from the journal, as its open would
-    # (before, it read a prefix: "ok, 6 entries" for a ledger that acknowledged 10).
-    code, out = await cli(capsys, "ledger", "verify", "--deep", "--json", "--state", str(state_dir))
-    assert code == 0, out
-    assert json.loads(out)["size"] == 10
+    before = hashes(state_dir)
+    # No owner is running. A reader does not restore the files (only the owner's open does):
+    # it reads the prefix they hold and verify says what is missing, not "ok".
+    code, out = await cli(capsys, "ledger", "verify", "--deep", "--state", str(state_dir))
+    assert code == 1, out
+    assert out.startswith("FAILED at seq 6: the record files end at seq 6; the journal holds ")
+    assert "entries to seq 9 that were never written back" in out
+    assert f"start the daemon on {state_dir} to restore them" in out
+    code, out = await cli(capsys, "ledger", "verify", "--json", "--state", str(state_dir))
+    assert code == 1
+    assert json.loads(out)["first_bad_seq"] == 6
     reader = await Ledger.open(state_dir, readonly=True)
-    assert reader.size == 10
-    assert [(await reader.body(e.body)).value for e in await reader.entries(0, 10)] == [
-        {"i": i} for i in range(10)
-    ]
+    assert reader.size == 6
+    assert reader.record_note is not None
+    assert "never written back" in reader.record_note
     await reader.close()
-    owner = await Ledger.open(state_dir)  # the lock was let go; the owner agrees
+    assert hashes(state_dir) == before  # not a byte changed, the lock file included
+    owner = await Ledger.open(state_dir)  # the owner's open restores them
     assert owner.size == 10
     await owner.close()
+    code, out = await cli(capsys, "ledger", "verify", "--deep", "--state", str(state_dir))
+    assert code == 0, out
+    assert out.startswith("ok: 10 entries")
 
 
-async def test_an_owner_opening_while_a_reader_restores_waits_for_it(
-    state_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_reader_takes_no_lock(state_dir: Path) -> None:
     await crash_after_two_cycles(state_dir)
     power_loss(state_dir)
-    replaying = threading.Event()
-    real_replay = Journal.replay
-
-    def slow_replay(journal: Journal, *args: Any) -> Any:
-        replaying.set()
-        time.sleep(0.3)  # the reader holds the owner's lock meanwhile
-        return real_replay(journal, *args)
-
-    monkeypatch.setattr(Journal, "replay", slow_replay)
-    reading = asyncio.create_task(Ledger.open(state_dir, readonly=True))
-    await asyncio.to_thread(replaying.wait, 5)
-    lock = (state_dir / "ledger" / "lock").read_text()
-    assert lock == f"reader {os.getpid()}\n"
-    owner = await Ledger.open(state_dir)  # before: ledger_locked, "locked by an unknown process"
-    reader = await reading
-    assert owner.size == reader.size == 10
+    reader = await Ledger.open(state_dir, readonly=True)
+    owner = await Ledger.open(state_dir)  # a reader open meanwhile holds nothing
+    assert (reader.size, owner.size) == (6, 10)
     assert (state_dir / "ledger" / "lock").read_text() == f"{os.getpid()}\n"
     await reader.close()
     await owner.close()
 
 
-async def test_a_reader_drops_a_torn_batch_as_its_owner_would(state_dir: Path) -> None:
+async def test_a_reader_leaves_an_unacknowledged_batch_to_its_owner(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     await crash_after_two_cycles(state_dir)
     last = scan(journal(state_dir).read_bytes())[-1]
     with journal(state_dir).open("r+b") as f:  # the last batch was never acknowledged
         f.seek(last.end - 5)
         f.write(bytes(5))
+    before = hashes(state_dir)
     reader = await Ledger.open(state_dir, readonly=True)
-    assert reader.size == 8
-    assert (await reader.verify(deep=True)).ok
+    assert reader.size == 8  # what the journal vouches for, not the batch past it
+    report = await reader.verify(deep=True)
+    assert report.ok
+    assert "an unacknowledged batch past seq 7" in report.warnings[0]
     await reader.close()
+    code, out = await cli(capsys, "ledger", "verify", "--state", str(state_dir))
+    assert code == 0, out
+    assert "WARNING: the record files hold an unacknowledged batch past seq 7" in out
+    assert hashes(state_dir) == before
+    owner = await Ledger.open(state_dir)  # the owner cuts it
+    assert owner.size == 8
+    await owner.close()
     assert b'{"i":8}' not in pack(state_dir).read_bytes()
 
 
@@ -218,29 +221,6 @@ async def test_a_reader_leaves_the_files_to_a_running_owner(state_dir: Path) -> 
     await reader.close()
     assert entries.read_bytes() == whole[: whole.index(b"\n") + 1]
     await owner.abandon()
-
-
-async def test_a_reader_that_cannot_restore_the_files_says_so_and_keeps_nothing_locked(
-    state_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    await crash_after_two_cycles(state_dir)
-    power_loss(state_dir)
-
-    def read_only_fs(*args: object) -> None:
-        raise OSError(errno.EROFS, "Read-only file system")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(Journal, "replay", read_only_fs)
-        with pytest.raises(LedgerFailed) as err:
-            await Ledger.open(state_dir, readonly=True)
-        assert "which ends at 10 entries" in err.value.message
-        assert "start the daemon on" in err.value.message
-        code, out = await cli(capsys, "ledger", "verify", "--json", "--state", str(state_dir))
-        assert code == 1
-        assert "Read-only file system" in out
-    owner = await Ledger.open(state_dir)
-    assert owner.size == 10
-    await owner.close()
 
 
 async def test_a_journal_header_claiming_gigabytes_ends_the_journal_unread(
@@ -294,3 +274,32 @@ async def test_open_and_verify_name_the_same_seq_for_missing_lines(
     report = json.loads(out)
     assert report["first_bad_seq"] == seq
     assert words in report["reason"]
+
+
+async def test_a_damaged_journal_record_under_later_ones_refuses_and_cuts_nothing(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A crash, then the journal's record of seq 6 damaged: the files still hold 6..9, which
+    the owner's replay would cut as past the journal's end. They are acknowledged entries of
+    several batches, no crash's shape: refused, named, nothing written."""
+    await crash_after_two_cycles(state_dir)
+    records = scan(journal(state_dir).read_bytes())
+    damaged = next(r for r in records if r.seq == 6)
+    with journal(state_dir).open("r+b") as f:
+        f.seek(damaged.end - 3)
+        f.write(b"\xff")
+    before = hashes(state_dir)
+    code, out = await cli(capsys, "ledger", "verify", "--state", str(state_dir))
+    assert code == 1
+    assert out.startswith(
+        "FAILED at seq 6: entries.jsonl holds, past the journal's last entry "
+        "(seq 5), lines of more than one batch"
+    ), out
+    assert hashes(state_dir) == before
+    with pytest.raises(LedgerCorrupt) as err:
+        await Ledger.open(state_dir)
+    assert err.value.seq == 6
+    after = hashes(state_dir)
+    del after["ledger/lock"], before["ledger/lock"]  # the owner's pid (this process's, again)
+    assert after == before
+    assert len((state_dir / "ledger" / "entries.jsonl").read_bytes().splitlines()) == 10

@@ -45,7 +45,7 @@ from daemon.planning import Plan, check_plan
 from daemon.runs import checks, lifecycle, planning, routing, synthesis, waves
 from daemon.runs import entries as k
 from daemon.runs.budget import Meter, limits
-from daemon.runs.context import EngineOptions, Run, Setting
+from daemon.runs.context import EngineOptions, Run, Setting, TaskFailed, describe
 from daemon.runs.dispatch import Capacity
 from daemon.runs.executors import Stub, echo_stub
 from daemon.runs.feed import Feed, Watcher
@@ -210,6 +210,8 @@ class Engine:
         max_parallel: int | None = None,
         barrier: bool = False,
         client: str = "owner",
+        tier: str | None = None,
+        member: str | None = None,
     ) -> RunView:
         """Create a run and start driving it; returns once the request is witnessed."""
         self._refuse_while_closing()
@@ -224,6 +226,7 @@ class Engine:
                 )
             return existing
         checked = self._checked(request, plan, lane, max_parallel)
+        self._check_target(tier, member)
         budget_limits = limits(budget, self.roster.policy.budget)
         run_id = "r" + uuid.uuid4().hex[:15]  # see table.RUN_ID
         body = {
@@ -236,6 +239,9 @@ class Engine:
             "idempotency_key": idempotency_key,
             "client": client,
         }
+        # Only when set, so a request without them keeps the bytes it always had.
+        body |= {"tier": tier} if tier is not None else {}
+        body |= {"member": member} if member is not None else {}
         self._admit()  # no await from here to the witness: the check and the counts agree
         self._requesting.add(run_id)
         claim: asyncio.Future[str] | None = None
@@ -301,6 +307,64 @@ class Engine:
                 retry_after=5.0,
                 details={"max_runs": policy.max_runs, "max_queued_runs": policy.max_queued_runs},
             )
+
+    def _check_target(self, tier: str | None, member: str | None) -> None:
+        """A client's choice of tier or member for one run: one of them, and in the roster."""
+        roster = self.roster
+        if tier is not None and member is not None:
+            raise InvalidInput("choose a tier or a member for the run, not both")
+        if tier is not None and tier not in roster.tiers.members:
+            known = ", ".join(roster.tiers.ladder) or "none"
+            raise NotFound(
+                f"no tier {tier!r} in the roster (its ladder: {known})", details={"tier": tier}
+            )
+        if member is not None and roster.member(member) is None:
+            known = ", ".join(m.name for m in roster.models)
+            raise NotFound(
+                f"no member {member!r} in the roster (its members: {known})",
+                details={"member": member},
+            )
+
+    async def retry(self, run_id: str, client: str = "owner") -> RunView:
+        """A new run for a failed, cancelled or budget-exhausted run: the same request, plan,
+        budget and choices, whose `run.request` names the original (`retry_of`); the tasks the
+        original had done are taken as done (`task.reuse`), the others run again."""
+        self._refuse_while_closing()
+        original = await self.find(run_id)
+        if original.state not in RETRYABLE:
+            hint = "; an interrupted run resumes instead" if original.state == "interrupted" else ""
+            raise Conflict(
+                f"run {run_id} is {original.state}; only a failed, cancelled or "
+                f"budget-exhausted run is retried{hint}",
+                details={"run": run_id, "state": original.state},
+            )
+        plan: Plan | None = None
+        if original.plan is not None:
+            plan = Plan.model_validate(k.unsafe(original.plan))
+        lane = original.lane if original.lane in self.setting.lanes else None
+        checked = self._checked(original.request, plan, lane, original.max_parallel)
+        tier, member = original.tier, original.member
+        tier = tier if tier in self.roster.tiers.members else None  # the roster may have changed
+        member = member if member is not None and self.roster.member(member) else None
+        reuse = [t.id for t in original.tasks if t.state == "done"] if checked else []
+        new_id = "r" + uuid.uuid4().hex[:15]  # see table.RUN_ID
+        body: dict[str, Any] = {
+            "request": original.request,
+            "lane": lane,
+            "plan": k.safe(checked.model_dump(mode="json", by_alias=True)) if checked else None,
+            "budget": original.budget.model_dump(),
+            "max_parallel": original.max_parallel,
+            "barrier": original.barrier,
+            "idempotency_key": None,
+            "client": client,
+            "retry_of": {"run": run_id, "state": original.state, "reuse": reuse},
+        }
+        body |= {"tier": tier} if tier is not None else {}
+        body |= {"member": member} if member is not None else {}
+        self._admit()
+        self._requesting.add(new_id)
+        await self._step(self._request(new_id, body, checked, None, None))
+        return self.get(new_id)
 
     async def cancel(self, run_id: str, reason: str = "cancelled by request") -> RunView:
         if run_id not in self.table.views:  # a summary or nothing: finished long ago
@@ -534,7 +598,13 @@ class Engine:
         assert view.plan is not None
         assert view.plan_seq is not None
         plan = Plan.model_validate(k.unsafe(view.plan))
-        await waves.run_plan(s, run, plan)
+        if view.retry_of is not None:
+            await self._reuse(run, view)
+        try:
+            await waves.run_plan(s, run, plan)
+        except TaskFailed as exc:  # the done tasks' work is still the run's answer
+            await synthesis.partial(s, run, describe(exc))
+            raise
         answer_seq = await synthesis.synthesize(s, run, plan)
         intent = checks.intent(view.request, view.answer or "")
         done = {"state": "done", "error": None}
@@ -542,6 +612,43 @@ class Engine:
         await self._witness_all(
             run.id, [(k.INTENT, intent, answer_seq), (k.STATE, done, answer_seq)]
         )
+
+
+    async def _reuse(self, run: Run, view: RunView) -> None:
+        """A retried run takes the original's done tasks as done (`task.reuse`, sharing one
+        group commit), once: a resumed retry already has them."""
+        assert view.retry_of is not None
+        request = await self.ledger.entries(start=view.request_seq, limit=1, run=run.id)
+        named = (await self.ledger.read_bodies([request[0].body]))[0][1] if request else None
+        retry_of = named.get("retry_of") if isinstance(named, dict) else None
+        reuse = retry_of.get("reuse") if isinstance(retry_of, dict) else None
+        pending = [
+            task_id
+            for task_id in (reuse if isinstance(reuse, list) else [])
+            if isinstance(task_id, str) and (t := view.task(task_id)) and t.state != "done"
+        ]
+        if not pending:
+            return
+        original = await self.find(view.retry_of)
+        entries: builtins.list[tuple[str, dict[str, Any], int | None]] = []
+        for task_id in pending:
+            done = original.task(task_id)
+            if done is None or done.state != "done":
+                continue
+            output = done.result or ""
+            body = {
+                "task": task_id,
+                "from_run": original.id,
+                "from_seq": done.verdict_seq,
+                "output": output,
+            }
+            entries.append((k.TASK_REUSE, body, view.plan_seq))
+            run.outputs[task_id] = output
+        await self._witness_all(run.id, entries)
+
+
+RETRYABLE: frozenset[str] = frozenset({"failed", "cancelled", "budget_exhausted"})
+"""States `retry` takes a run from."""
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 from daemon.errors import Busy, Conflict, InvalidInput, NotFound
 from daemon.planning import Plan, check_plan
-from daemon.runs import checks, lifecycle, planning, routing, synthesis, waves
+from daemon.runs import checks, lifecycle, planning, reuse, routing, synthesis, waves
 from daemon.runs import entries as k
 from daemon.runs.budget import Meter, limits
 from daemon.runs.context import EngineOptions, Run, Setting, TaskFailed, describe
@@ -326,41 +326,15 @@ class Engine:
             )
 
     async def retry(self, run_id: str, client: str = "owner") -> RunView:
-        """A new run for a failed, cancelled or budget-exhausted run: the same request, plan,
-        budget and choices, whose `run.request` names the original (`retry_of`); the tasks the
-        original had done are taken as done (`task.reuse`), the others run again."""
+        """A new run for a failed, cancelled or budget-exhausted run, linked to it and reusing
+        its done tasks (see `reuse`)."""
         self._refuse_while_closing()
         original = await self.find(run_id)
-        if original.state not in RETRYABLE:
-            hint = "; an interrupted run resumes instead" if original.state == "interrupted" else ""
-            raise Conflict(
-                f"run {run_id} is {original.state}; only a failed, cancelled or "
-                f"budget-exhausted run is retried{hint}",
-                details={"run": run_id, "state": original.state},
-            )
-        plan: Plan | None = None
-        if original.plan is not None:
-            plan = Plan.model_validate(k.unsafe(original.plan))
+        plan = reuse.retryable(original)
         lane = original.lane if original.lane in self.setting.lanes else None
         checked = self._checked(original.request, plan, lane, original.max_parallel)
-        tier, member = original.tier, original.member
-        tier = tier if tier in self.roster.tiers.members else None  # the roster may have changed
-        member = member if member is not None and self.roster.member(member) else None
-        reuse = [t.id for t in original.tasks if t.state == "done"] if checked else []
+        body = reuse.retry_request(original, checked, lane, self.roster, client)
         new_id = "r" + uuid.uuid4().hex[:15]  # see table.RUN_ID
-        body: dict[str, Any] = {
-            "request": original.request,
-            "lane": lane,
-            "plan": k.safe(checked.model_dump(mode="json", by_alias=True)) if checked else None,
-            "budget": original.budget.model_dump(),
-            "max_parallel": original.max_parallel,
-            "barrier": original.barrier,
-            "idempotency_key": None,
-            "client": client,
-            "retry_of": {"run": run_id, "state": original.state, "reuse": reuse},
-        }
-        body |= {"tier": tier} if tier is not None else {}
-        body |= {"member": member} if member is not None else {}
         self._admit()
         self._requesting.add(new_id)
         await self._step(self._request(new_id, body, checked, None, None))
@@ -599,7 +573,7 @@ class Engine:
         assert view.plan_seq is not None
         plan = Plan.model_validate(k.unsafe(view.plan))
         if view.retry_of is not None:
-            await self._reuse(run, view)
+            await reuse.reuse(s, run, self.find, self._witness_all)
         try:
             await waves.run_plan(s, run, plan)
         except TaskFailed as exc:  # the done tasks' work is still the run's answer
@@ -612,43 +586,6 @@ class Engine:
         await self._witness_all(
             run.id, [(k.INTENT, intent, answer_seq), (k.STATE, done, answer_seq)]
         )
-
-
-    async def _reuse(self, run: Run, view: RunView) -> None:
-        """A retried run takes the original's done tasks as done (`task.reuse`, sharing one
-        group commit), once: a resumed retry already has them."""
-        assert view.retry_of is not None
-        request = await self.ledger.entries(start=view.request_seq, limit=1, run=run.id)
-        named = (await self.ledger.read_bodies([request[0].body]))[0][1] if request else None
-        retry_of = named.get("retry_of") if isinstance(named, dict) else None
-        reuse = retry_of.get("reuse") if isinstance(retry_of, dict) else None
-        pending = [
-            task_id
-            for task_id in (reuse if isinstance(reuse, list) else [])
-            if isinstance(task_id, str) and (t := view.task(task_id)) and t.state != "done"
-        ]
-        if not pending:
-            return
-        original = await self.find(view.retry_of)
-        entries: builtins.list[tuple[str, dict[str, Any], int | None]] = []
-        for task_id in pending:
-            done = original.task(task_id)
-            if done is None or done.state != "done":
-                continue
-            output = done.result or ""
-            body = {
-                "task": task_id,
-                "from_run": original.id,
-                "from_seq": done.verdict_seq,
-                "output": output,
-            }
-            entries.append((k.TASK_REUSE, body, view.plan_seq))
-            run.outputs[task_id] = output
-        await self._witness_all(run.id, entries)
-
-
-RETRYABLE: frozenset[str] = frozenset({"failed", "cancelled", "budget_exhausted"})
-"""States `retry` takes a run from."""
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

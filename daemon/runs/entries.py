@@ -111,8 +111,8 @@ CANCEL: Final = "run.cancel"
 
 ANSWER: Final = "run.answer"
 """[synthesis model.reply | the single task's task.verdict | the last entry] {answer: str,
-source: "single"|"synthesis"|"results"|"partial", looped: bool (with "synthesis": the summary was cut
-where it began to repeat itself), error: str (only with source "results": why synthesis
+source: "single"|"synthesis"|"results"|"partial", looped: bool (with "synthesis": the summary
+was cut where it began to repeat itself), error: str (only with source "results": why synthesis
 failed)}. With several tasks the answer is the synthesis's short summary, then each done
 task's result verbatim under a `## <task id> (<lane>)` heading, so a poor summary never hides
 the work; "results" is the same without a summary. "partial" (parent: the last verdict): a

@@ -91,6 +91,11 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         "--ctx", type=int, help="context per slot (default: what the server says, else 4096)"
     )
     add.add_argument("--timeout", type=float, default=3.0, help="seconds to ask a --url server")
+    add.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="do not ask the --url server its slots and context (write --slots/--ctx or defaults)",
+    )
     add.add_argument("--api-key-env", help="environment variable holding the server's key")
     add.add_argument(
         "--llama-server", action="store_true", help="run --gguf with llama-server from PATH"
@@ -192,7 +197,8 @@ def _member(args: argparse.Namespace) -> Any:
         if not args.model or not args.model.strip() or not args.model.isprintable():
             raise ValueError("--url needs --model, the id the server lists (tally models scan)")
         fields = {"url": normalize_url(args.url), "model_id": args.model.strip()}
-        measured = _measure(fields["url"], args) if args.slots is None or args.ctx is None else {}
+        asks = not args.no_probe and (args.slots is None or args.ctx is None)
+        measured = _measure(fields["url"], args) if asks else {}
         fields["slots"] = args.slots if args.slots is not None else measured.get("slots", 1)
         if args.ctx is None and "ctx" in measured:
             fields["ctx"] = measured["ctx"]
@@ -273,7 +279,8 @@ def run_add(args: argparse.Namespace) -> int:
             tier=args.tier,
             mode="first" if args.keep else "only",
             replace=args.replace,
-            start=args.tier is None and not args.no_tier,
+            # A new member only: replacing one's definition does not move it between tiers.
+            start=args.tier is None and not args.no_tier and not args.replace,
         )
     except RosterError as err:
         print(f"tally models add: {path} is not a valid roster now:\n{err}", file=sys.stderr)

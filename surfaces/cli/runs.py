@@ -363,7 +363,9 @@ def run_lines(
     if run.get("retry_of"):
         lines.append(f"retries run {run['retry_of']}")
     if run.get("tier") or run.get("member"):
-        lines.append(f"chosen: {'tier ' + run['tier'] if run.get('tier') else 'member ' + run['member']}")
+        lines.append(
+            f"chosen: {'tier ' + run['tier'] if run.get('tier') else 'member ' + run['member']}"
+        )
     if run.get("error"):
         lines.append(f"error: {run['error']}")
     for task in run.get("tasks") or []:

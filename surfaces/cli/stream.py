@@ -62,7 +62,8 @@ class Tokens:
                 f"sending it again in {int(data.get('wait_ms') or 0) / 1000:g} s"
             )
         elif kind == "task.escalate" and task is not None:
-            note = f"{task}: {data.get('from_tier')} → {data.get('to_tier')}: {_cut(data.get('reason'))}"
+            climb = f"{data.get('from_tier')} → {data.get('to_tier')}"
+            note = f"{task}: {climb}: {_cut(data.get('reason'))}"
         if note is None:
             return
         name = task or "answer"
@@ -150,6 +151,8 @@ def _describe(kind: str, b: dict[str, Any]) -> str | None:
     if kind == "task.reuse":
         return f"reused, done in run {b.get('from_run')} (seq {b.get('from_seq')})"
     fields = ", ".join(
-        f"{key}={_cut(value, 120)}" for key, value in b.items() if key != "task" and value not in (None, "", [], {})
+        f"{key}={_cut(value, 120)}"
+        for key, value in b.items()
+        if key != "task" and value not in (None, "", [], {})
     )
     return f"  {kind}: {fields}"

@@ -1,7 +1,7 @@
 """A run whose member dies under a model call: the call moves to the tier's other member and
 the run succeeds, witnessed (`slot.failover` naming both, the reply naming where it ran) and
-visible (`tally slots`, /metrics); with no member left the run fails soon (after its bounded resends), naming them.
-The real daemon (ledger, pool, engine) on the scripted model server."""
+visible (`tally slots`, /metrics); with no member left the run fails soon (after its bounded
+resends), naming them. The real daemon (ledger, pool, engine) on the scripted model server."""
 
 from __future__ import annotations
 

@@ -256,9 +256,10 @@ async def test_a_client_chooses_the_tier_or_member_of_one_run(tmp_path: Path) ->
         assert request["tier"] == "capable"
         assert "member" not in request
         [request] = await bodies(daemon, kind=k.REQUEST, run=plain.id)
-        assert "tier" not in request and "member" not in request  # the bytes it always had
+        assert "tier" not in request  # the bytes a request always had
+        assert "member" not in request
         assert on_member.member == "big"
-        with pytest.raises(NotFound, match="no tier 'huge'.*cheap, capable"):
+        with pytest.raises(NotFound, match=r"no tier 'huge'.*cheap, capable"):
             await daemon.engine.submit("the backend", tier="huge")
         with pytest.raises(NotFound, match="no member 'nobody'"):
             await daemon.engine.submit("the backend", member="nobody")

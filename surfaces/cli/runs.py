@@ -174,7 +174,8 @@ async def retry(args: argparse.Namespace) -> int:
         if args.detach:
             print(json.dumps(run) if args.json else run["id"])
             return 0
-        reused = [t["id"] for t in run.get("tasks") or [] if t.get("reused_from")]
+        original = await client.call("run_get", {"run_id": args.run_id})
+        reused = [t["id"] for t in original.get("tasks") or [] if t.get("state") == "done"]
         print(
             f"tally: run {run['id']} retries {args.run_id}"
             + (f", reusing {', '.join(reused)}" if reused else ""),

@@ -31,13 +31,13 @@ class Tokens:
         self.out = out
         self.writer: str | None = None  # the task whose text the cursor follows
         self.mid_line = False
-        self.written: dict[str, str] = {}  # task (or "answer") -> its current attempt's text
+        self.written: dict[str, str] = {}  # task (or "synthesis") -> its last attempt's text
 
     def delta(self, data: Any) -> None:
         if not isinstance(data, dict) or not isinstance(data.get("text"), str):
             return
         task = data.get("task") if isinstance(data.get("task"), str) else None
-        name = task or "answer"
+        name = task or "synthesis"
         if name != self.writer:
             self._line(f"{RULE} {name} {RULE}")
             self.writer = name
@@ -58,7 +58,7 @@ class Tokens:
         elif kind == "model.retry":
             where = data.get("member") or data.get("target")
             note = (
-                f"{task or 'answer'}: the call to {where} was lost ({_cut(data.get('error'))}); "
+                f"{task or 'synthesis'}: the call to {where} was lost ({_cut(data.get('error'))}); "
                 f"sending it again in {int(data.get('wait_ms') or 0) / 1000:g} s"
             )
         elif kind == "task.escalate" and task is not None:
@@ -66,7 +66,7 @@ class Tokens:
             note = f"{task}: {climb}: {_cut(data.get('reason'))}"
         if note is None:
             return
-        name = task or "answer"
+        name = task or "synthesis"
         self.written.pop(name, None)
         self._line(f"{RULE} {note} {RULE}")
         self.writer = None

@@ -157,17 +157,28 @@ class Engine:
         """The run's ledger entries after `after` (plus answer `delta`s), to its stop state."""
         view = await self.find(run_id)
         with self.feed.listen(run_id) as queue:
+            # What calls streaming now wrote before this listener came: taken as it registers
+            # (no await between), so the queue holds exactly what follows it; it goes out
+            # between the entries published before (seq < mark) and those after.
+            writing = self.feed.writing(run_id)
+            mark = self.ledger.size
             last = -1 if after is None else after
             start = view.request_seq if after is None else after + 1
             while True:
                 batch = await self.ledger.entries(start=start, limit=500, run=run_id)
                 bodies = await self.ledger.read_bodies([entry.body for entry in batch])
                 for entry, (_, body) in zip(batch, bodies, strict=True):
+                    if writing and entry.seq >= mark:
+                        for event in writing:
+                            yield event
+                        writing = []
                     last = entry.seq
                     yield RunEvent(seq=entry.seq, kind=entry.kind, data=body)
                 if len(batch) < 500:
                     break
                 start = batch[-1].seq + 1
+            for event in writing:
+                yield event
             live = self.table.views.get(run_id)
             if (live is None or live.state in STOPPED) and run_id not in self._runs:
                 return

@@ -240,6 +240,8 @@ async def follow(
             run = await client.call("run_get", {"run_id": run["id"]})
             line = status_line(run)
             if line != last:
+                if tokens is not None and sys.stderr.isatty() and tokens.out.isatty():
+                    tokens.pause()  # one terminal: the status gets a line of its own
                 _progress(line, live)
                 last = line
     except asyncio.CancelledError:

@@ -71,6 +71,15 @@ class Tokens:
         self._line(f"{RULE} {note} {RULE}")
         self.writer = None
 
+    def pause(self) -> None:
+        """Something else is about to be written: end the text's line; the next token says
+        again whose it is."""
+        if self.mid_line:
+            self.out.write("\n")
+            self.mid_line = False
+            self.writer = None
+        self.out.flush()
+
     def end(self) -> None:
         if self.mid_line:
             self.out.write("\n")

@@ -88,8 +88,11 @@ async def test_on_a_terminal_submit_streams_the_writing_task_and_prints_it_once(
     answer = (run.answer or "").strip()
     assert answer
     text = seen.replace("\r\n", "\n")
-    assert text.count(answer) == 1  # watched being written: not printed a second time
-    assert f"{run.id} done" in text  # the status, as lines between the text
+    last = answer.split()[-1]
+    assert text.count(last + " ") + text.count(last + "\n") == 1  # not printed a second time
+    # from its first token, though the stream opened after the task began to write
+    assert "".join(text.split("── t1 ──\n", 1)[1].split()).startswith("t0t1t2")
+    assert f"{run.id} done" in text  # the status, as lines of their own
 
 
 async def test_a_failed_run_shows_its_work_its_attempts_and_how_to_retry(

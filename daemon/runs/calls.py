@@ -6,8 +6,8 @@ send before anything goes out, then `model.reply` (parent: the call) with the te
 timings — or with the error and empty text when the call fails, before the error propagates.
 Tokens are checked after the reply; crossing the limit raises `BudgetExhausted`.
 
-A call lost to its server (it died, hung or dropped the connection mid-stream: `SlotLost`; it
-failed in flight with a 5xx: `ModelError`; no member of the target can serve right now:
+A call lost to its server (it died, hung or dropped the connection mid-stream: `SlotLost`; no
+member of the target can serve right now:
 `NoHealthyMember`, once a try of the call was lost: a call whose first lease finds no member
 fails at once, as the pool explains it; none came back in time: `PoolTimeout`) is not the
 model's failure: `call`
@@ -33,7 +33,7 @@ from daemon.runs import entries as k
 from daemon.runs import guard
 from daemon.runs.context import Run, Setting, describe
 from daemon.runs.ports import ChatReply
-from daemon.slots.errors import ModelError, NoHealthyMember, PoolTimeout, SlotLost
+from daemon.slots.errors import NoHealthyMember, PoolTimeout, SlotLost
 from daemon.slots.records import ledger_timings
 
 LOST_WAIT_FIRST_S = 0.5
@@ -52,9 +52,9 @@ class _Lost(Exception):
 
 
 def _lost(exc: Exception) -> bool:
-    """A fault of the server or of the pool, not of the request: sending it again may work."""
-    if isinstance(exc, ModelError):
-        return exc.status_code >= 500
+    """The server went away under the call (or none is back yet): sending it again may work.
+    A server that answered with an error status (`ModelError`) did answer: that is a failed
+    attempt, whose error the next attempt is told (and a tier's lease moved it already)."""
     return isinstance(exc, SlotLost | NoHealthyMember | PoolTimeout)
 
 

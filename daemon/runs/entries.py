@@ -78,9 +78,10 @@ MODEL_RETRY: Final = "model.retry"
 """[the lost call's model.reply, or the call's parent when no lease was had] {purpose, task:
 str|null, target, member: str|null (where it was lost; null: no member could serve), error: str,
 lost: int (1-based: how many tries of this call were lost so far), retries: int (the bound),
-wait_ms: int}  A call lost to its server (died, hung, dropped mid-stream, 5xx, no member up) is
+wait_ms: int}  A call lost to its server (died, hung, dropped mid-stream, no member up) is
 sent again through a new lease of the same target after `wait_ms`: a new model.call (parent:
-this entry). It is not a failed attempt of the task."""
+this entry). It is not a failed attempt of the task. (A server that answers an error status
+did answer: that is a failed attempt, as before.)"""
 
 TASK_REUSE: Final = "task.reuse"
 """[run.plan] {task, from_run: str, from_seq: int|null (the original's done verdict), output: str}

@@ -237,6 +237,30 @@ async def test_a_failed_run_keeps_its_partial_work_and_retry_finishes_it(
         await server.stop()
 
 
+async def test_a_run_out_of_budget_answers_with_the_work_it_did(tmp_path: Path) -> None:
+    server = ScriptedServer([("write the docs page", "the docs are written", 0.0)], "x")
+    await server.start()
+    daemon = Daemon(settings_for(tmp_path, roster_toml(server.url)))
+    await daemon.start()
+    try:
+        view = await daemon.engine.submit("two things", plan=two_tasks(), budget={"model_calls": 1})
+        view = await daemon.engine.wait(view.id, timeout=30)
+        assert view.state == "budget_exhausted"
+        assert view.answer is not None
+        assert "## T1 (docs)" in view.answer
+        assert "the docs are written" in view.answer
+        [answer] = await bodies(daemon, kind=k.ANSWER, run=view.id)
+        assert (answer["source"], answer["error"]) == ("partial", "budget exhausted: model_calls")
+        again = await daemon.engine.retry(view.id)  # with the same budget: T2 gets its call
+        again = await daemon.engine.wait(again.id, timeout=30)
+        t1 = again.task("T1")
+        assert t1 is not None
+        assert t1.reused_from == view.id
+    finally:
+        await daemon.stop()
+        await server.stop()
+
+
 async def test_a_client_chooses_the_tier_or_member_of_one_run(tmp_path: Path) -> None:
     server = ScriptedServer([], default="ok")
     await server.start()

@@ -77,7 +77,7 @@ async def call(
 
     A try lost to its server is sent again (module doc), bounded."""
     lost: list[_Lost] = []
-    deadline: float | None = None  # the first lease waits as any lease does; retries do not
+    deadline: float | None = None  # the first lease waits as any does; a resend, bounded
     while True:
         try:
             return await _once(

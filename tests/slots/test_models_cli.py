@@ -205,6 +205,22 @@ async def test_add_without_a_tier_writes_what_the_server_says_and_every_call_goe
         await daemon.stop()
 
 
+def test_add_without_a_tier_leaves_a_users_own_climb_alone(tmp_path: Path, capsys: Capsys) -> None:
+    """Only the tiers lanes start on, and those that held only the embedded model, change:
+    a stronger member the user already put on a higher rung stays there."""
+    target = tmp_path / "roster.toml"
+    add = ["models", "add", "--roster", str(target), "--no-probe", "--url", "127.0.0.1:9"]
+    assert main([*add, "--model", "big", "--tier", "capable"]) == 0
+    assert main([*add, "--model", "small", "--keep"]) == 0
+    out = capsys.readouterr().out
+    assert "tier 'cheap' = [small] (was [tiny])" in out
+    roster = load_roster(target)
+    assert roster.tiers.members == {"cheap": ["small"], "capable": ["big"]}
+    assert "# Point capable at a stronger member" in target.read_text()  # comments kept
+    assert main([*add, "--model", "other", "--keep"]) == 0  # --keep: ahead, the rest stays
+    assert load_roster(target).tiers.members["cheap"] == ["other", "small"]
+
+
 def test_add_a_gguf_spawns_the_embedded_server(tmp_path: Path, capsys: Capsys) -> None:
     gguf = tmp_path / "Mistral-7B.Q4_K_M.gguf"
     gguf.write_bytes(b"GGUF")

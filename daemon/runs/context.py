@@ -51,6 +51,10 @@ class EngineOptions:
     """How long an Idempotency-Key keeps returning its run; after that it starts a new one."""
     max_keys: int = 100_000
     """Idempotency keys remembered at once; past this the oldest are forgotten first."""
+    lost_call_retries: int = 3
+    """How many times a model call lost to its server is sent again (see `calls`)."""
+    lost_call_wait_s: float = 60.0
+    """How long each resend may wait for a slot (a restarting server, a member coming back)."""
 
 
 class TaskFailed(Exception):

@@ -42,10 +42,10 @@ from typing import Any, TypeVar
 
 from daemon.errors import Busy, Conflict, InvalidInput, NotFound
 from daemon.planning import Plan, check_plan
-from daemon.runs import checks, lifecycle, planning, routing, synthesis, waves
+from daemon.runs import checks, lifecycle, planning, reuse, routing, synthesis, waves
 from daemon.runs import entries as k
 from daemon.runs.budget import Meter, limits
-from daemon.runs.context import EngineOptions, Run, Setting
+from daemon.runs.context import EngineOptions, Run, Setting, TaskFailed, describe
 from daemon.runs.dispatch import Capacity
 from daemon.runs.executors import Stub, echo_stub
 from daemon.runs.feed import OVERRUN, Feed, Watcher
@@ -157,17 +157,28 @@ class Engine:
         """The run's ledger entries after `after` (plus answer `delta`s), to its stop state."""
         view = await self.find(run_id)
         with self.feed.listen(run_id) as queue:
+            # What calls streaming now wrote before this listener came: taken as it registers
+            # (no await between), so the queue holds exactly what follows it; it goes out
+            # between the entries published before (seq < mark) and those after.
+            writing = self.feed.writing(run_id)
+            mark = self.ledger.size
             last = -1 if after is None else after
             start = view.request_seq if after is None else after + 1
             while True:
                 batch = await self.ledger.entries(start=start, limit=500, run=run_id)
                 bodies = await self.ledger.read_bodies([entry.body for entry in batch])
                 for entry, (_, body) in zip(batch, bodies, strict=True):
+                    if writing and entry.seq >= mark:
+                        for event in writing:
+                            yield event
+                        writing = []
                     last = entry.seq
                     yield RunEvent(seq=entry.seq, kind=entry.kind, data=body)
                 if len(batch) < 500:
                     break
                 start = batch[-1].seq + 1
+            for event in writing:
+                yield event
             live = self.table.views.get(run_id)
             if (live is None or live.state in STOPPED) and run_id not in self._runs:
                 return
@@ -213,6 +224,8 @@ class Engine:
         max_parallel: int | None = None,
         barrier: bool = False,
         client: str = "owner",
+        tier: str | None = None,
+        member: str | None = None,
     ) -> RunView:
         """Create a run and start driving it; returns once the request is witnessed."""
         self._refuse_while_closing()
@@ -227,6 +240,7 @@ class Engine:
                 )
             return existing
         checked = self._checked(request, plan, lane, max_parallel)
+        self._check_target(tier, member)
         budget_limits = limits(budget, self.roster.policy.budget)
         run_id = "r" + uuid.uuid4().hex[:15]  # see table.RUN_ID
         body = {
@@ -239,6 +253,9 @@ class Engine:
             "idempotency_key": idempotency_key,
             "client": client,
         }
+        # Only when set, so a request without them keeps the bytes it always had.
+        body |= {"tier": tier} if tier is not None else {}
+        body |= {"member": member} if member is not None else {}
         self._admit()  # no await from here to the witness: the check and the counts agree
         self._requesting.add(run_id)
         claim: asyncio.Future[str] | None = None
@@ -304,6 +321,38 @@ class Engine:
                 retry_after=5.0,
                 details={"max_runs": policy.max_runs, "max_queued_runs": policy.max_queued_runs},
             )
+
+    def _check_target(self, tier: str | None, member: str | None) -> None:
+        """A client's choice of tier or member for one run: one of them, and in the roster."""
+        roster = self.roster
+        if tier is not None and member is not None:
+            raise InvalidInput("choose a tier or a member for the run, not both")
+        if tier is not None and tier not in roster.tiers.members:
+            known = ", ".join(roster.tiers.ladder) or "none"
+            raise NotFound(
+                f"no tier {tier!r} in the roster (its ladder: {known})", details={"tier": tier}
+            )
+        if member is not None and roster.member(member) is None:
+            known = ", ".join(m.name for m in roster.models)
+            raise NotFound(
+                f"no member {member!r} in the roster (its members: {known})",
+                details={"member": member},
+            )
+
+    async def retry(self, run_id: str, client: str = "owner") -> RunView:
+        """A new run for a failed, cancelled or budget-exhausted run, linked to it and reusing
+        its done tasks (see `reuse`)."""
+        self._refuse_while_closing()
+        original = await self.find(run_id)
+        plan = reuse.retryable(original)
+        lane = original.lane if original.lane in self.setting.lanes else None
+        checked = self._checked(original.request, plan, lane, original.max_parallel)
+        body = reuse.retry_request(original, checked, lane, self.roster, client)
+        new_id = "r" + uuid.uuid4().hex[:15]  # see table.RUN_ID
+        self._admit()
+        self._requesting.add(new_id)
+        await self._step(self._request(new_id, body, checked, None, None))
+        return self.get(new_id)
 
     async def cancel(self, run_id: str, reason: str = "cancelled by request") -> RunView:
         if run_id not in self.table.views:  # a summary or nothing: finished long ago
@@ -537,7 +586,13 @@ class Engine:
         assert view.plan is not None
         assert view.plan_seq is not None
         plan = Plan.model_validate(k.unsafe(view.plan))
-        await waves.run_plan(s, run, plan)
+        if view.retry_of is not None:
+            await reuse.reuse(s, run, self.find, self._witness_all)
+        try:
+            await waves.run_plan(s, run, plan)
+        except TaskFailed as exc:  # the done tasks' work is still the run's answer
+            await synthesis.partial(s, run, describe(exc))
+            raise
         answer_seq = await synthesis.synthesize(s, run, plan)
         intent = checks.intent(view.request, view.answer or "")
         done = {"state": "done", "error": None}

@@ -20,7 +20,10 @@ ACTOR: Final = "engine"
 
 REQUEST: Final = "run.request"
 """[none] {request: str, lane: str|null, plan: Plan|null (`safe`), budget: {model_calls, tokens,
-wall_ms} (ints or null), max_parallel: int|null, barrier: bool, idempotency_key: str|null}"""
+wall_ms} (ints or null), max_parallel: int|null, barrier: bool, idempotency_key: str|null}
+and, only when set: tier: str (the client's choice of the tier its tasks start on), member: str
+(the member every task call goes to), retry_of: {run: str (a failed or cancelled run), state,
+reuse: [task id] (its done tasks, taken as done: see task.reuse)}"""
 
 ROUTE: Final = "run.route"
 """[run.request] {lane: str|null, confidence_ppm: int, escalate: bool, source: "router"|"client",
@@ -71,6 +74,20 @@ COMMAND_RUN: Final = "command.run"
 """[task.start] {task, argv: [str], exit_code: int|null, timed_out: bool, stdout: str, stderr: str,
 truncated: bool, duration_ms: int}"""
 
+MODEL_RETRY: Final = "model.retry"
+"""[the lost call's model.reply, or the call's parent when no lease was had] {purpose, task:
+str|null, target, member: str|null (where it was lost; null: no member could serve), error: str,
+lost: int (1-based: how many tries of this call were lost so far), retries: int (the bound),
+wait_ms: int}  A call lost to its server (died, hung, dropped mid-stream, no member up) is
+sent again through a new lease of the same target after `wait_ms`: a new model.call (parent:
+this entry). It is not a failed attempt of the task. (A server that answers an error status
+did answer: that is a failed attempt, as before.)"""
+
+TASK_REUSE: Final = "task.reuse"
+"""[run.plan] {task, from_run: str, from_seq: int|null (the original's done verdict), output: str}
+— a retried run (`run.request` with `retry_of`) takes a task the original run had done as
+done, with its output, and does not run it again."""
+
 TASK_RESULT: Final = "task.result"
 """[model.reply | command.run | task.start] {task, attempt, ok: bool (the executor finished),
 output: str (bounded), exit_code: int|null, error: str|null}"""
@@ -95,11 +112,13 @@ CANCEL: Final = "run.cancel"
 
 ANSWER: Final = "run.answer"
 """[synthesis model.reply | the single task's task.verdict | the last entry] {answer: str,
-source: "single"|"synthesis"|"results", looped: bool (with "synthesis": the summary was cut
-where it began to repeat itself), error: str (only with source "results": why synthesis
+source: "single"|"synthesis"|"results"|"partial", looped: bool (with "synthesis": the summary
+was cut where it began to repeat itself), error: str (only with source "results": why synthesis
 failed)}. With several tasks the answer is the synthesis's short summary, then each done
 task's result verbatim under a `## <task id> (<lane>)` heading, so a poor summary never hides
-the work; "results" is the same without a summary."""
+the work; "results" is the same without a summary. "partial" (parent: the last verdict): a
+task failed and the run fails, but its done tasks' results are its answer still, with `error`
+saying what failed; the run.state failed follows."""
 
 INTENT: Final = "run.intent"
 """[run.answer] {coverage_ppm: int, keys: [str], missing: [str]}  (witnessed; never blocks)"""
@@ -131,11 +150,13 @@ KINDS: Final = (
     TASK_START,
     MODEL_CALL,
     MODEL_REPLY,
+    MODEL_RETRY,
     COMMAND_RUN,
     TASK_RESULT,
     TASK_VERDICT,
     TASK_ESCALATE,
     TASK_SKIP,
+    TASK_REUSE,
     BUDGET,
     CANCEL,
     ANSWER,

@@ -4,7 +4,9 @@
 passes the daemon's run gate (`max_runs`), under its wall-clock budget (what earlier attempts
 spent counts against it), and witnesses how it ends when the work does not end it itself:
 - a budget exhausted (calls, tokens or wall): `run.budget` (parent: the request) with the
-  limit, the budget and what was spent, then `run.state` budget_exhausted (parent: that);
+  limit, the budget and what was spent, the done tasks' results as a `partial` answer (see
+  `synthesis.partial`; none if no task is done), then `run.state` budget_exhausted (parent:
+  the budget entry);
 - a cancellation by request: `run.state` cancelled (the `run.cancel` entry is the engine's);
 - the daemon stopping (`interrupting`, not cancelling): `run.interrupted` (parent: the
   request) with the wall time spent up to now — resumable;
@@ -22,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from daemon.runs import entries as k
+from daemon.runs import synthesis
 from daemon.runs.budget import BudgetExhausted
 from daemon.runs.context import Run, Setting, describe
 
@@ -53,6 +56,8 @@ async def drive(s: Setting, run: Run, work: Callable[[Run], Awaitable[None]]) ->
             {"limit": exc.limit, "budget": view.budget.model_dump(), "spent": spent},
             view.request_seq,
         )
+        if view.answer_seq is None:  # the work done within the budget is still its answer
+            await synthesis.partial(s, run, f"budget exhausted: {exc.limit}")
         await final(s, run, "budget_exhausted", f"budget exhausted: {exc.limit}", seq)
     except asyncio.CancelledError:
         task = asyncio.current_task()

@@ -40,7 +40,12 @@ def apply(
             idempotency_key=b.get("idempotency_key"),
             max_parallel=b.get("max_parallel"),
             barrier=bool(b.get("barrier", False)),
+            tier=b.get("tier") if isinstance(b.get("tier"), str) else None,
+            member=b.get("member") if isinstance(b.get("member"), str) else None,
         )
+        retry_of = b.get("retry_of")
+        if isinstance(retry_of, dict) and isinstance(retry_of.get("run"), str):
+            view.retry_of = retry_of["run"]
         views[run] = view
         return view
     found = views.get(run)
@@ -161,6 +166,17 @@ def _task_skip(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
         task.ended_at_us = ts
 
 
+def _task_reuse(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    task = _task(view, b)
+    if task is not None:
+        task.state = "done"
+        task.result = b.get("output")
+        task.error = None
+        task.verdict_seq = seq
+        task.started_at_us = task.ended_at_us = ts
+        task.reused_from = b.get("from_run")
+
+
 def _answer(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
     view.answer = b.get("answer")
     view.answer_seq = seq
@@ -203,6 +219,7 @@ _REDUCERS: dict[str, Callable[[RunView, int, int, dict[str, Any]], None]] = {
     k.TASK_RESULT: _task_result,
     k.TASK_VERDICT: _task_verdict,
     k.TASK_SKIP: _task_skip,
+    k.TASK_REUSE: _task_reuse,
     k.ANSWER: _answer,
     k.STATE: _state,
     k.INTERRUPTED: _interrupted,

@@ -68,6 +68,8 @@ class TaskView(BaseModel):
     """When its first attempt started (ledger ts)."""
     ended_at_us: int | None = None
     """When its last verdict (done or failed) or skip was witnessed."""
+    reused_from: str | None = None
+    """The run whose done task this one took (a retried run's `task.reuse`)."""
 
 
 class RunView(BaseModel):
@@ -92,6 +94,12 @@ class RunView(BaseModel):
     idempotency_key: str | None = None
     max_parallel: int | None = None
     barrier: bool = False
+    tier: str | None = None
+    """The tier the client chose for this run's tasks to start on (None: each lane's)."""
+    member: str | None = None
+    """The member the client chose for every task call of this run (None: the tiers')."""
+    retry_of: str | None = None
+    """The failed or cancelled run this one retries (`tally retry`)."""
     started_at_us: int = 0
     """When the current attempt began (request or latest resume)."""
     wall_base_ms: int = 0

@@ -9,6 +9,9 @@ Input: a run whose tasks have been dispatched (their outputs in `run.outputs`). 
   result verbatim under its id and lane, so a poor summary never hides the work;
 - a synthesis call that fails: `run.answer` (source "results", parent: the last verdict) with
   the results alone and the error.
+- a run whose task failed (`partial`): `run.answer` (source "partial", parent: the last done
+  verdict) with the done tasks' results and the failure, no model call, so a failed run still
+  shows the work it did; the run then ends failed.
 Returns the answer's seq. Budget exhaustion and cancellation propagate.
 """
 
@@ -56,7 +59,7 @@ async def synthesize(s: Setting, run: Run, plan: Plan) -> int:
             s,
             run,
             purpose="synthesize",
-            target=lane.tier,
+            target=view.member or view.tier or lane.tier,
             messages=messages,
             parent=last,
             affinity=lane.name,
@@ -77,6 +80,18 @@ async def synthesize(s: Setting, run: Run, plan: Plan) -> int:
         "looped": looped,
     }
     return await s.witness(run.id, k.ANSWER, answered, reply_seq)
+
+
+async def partial(s: Setting, run: Run, error: str) -> int | None:
+    """Witness a failing run's partial answer: its done tasks' results (None: none is done)."""
+    view = s.views[run.id]
+    done = [t for t in view.tasks if t.state == "done"]
+    if not done:
+        return None
+    last = max((t.verdict_seq or 0 for t in done), default=0) or view.plan_seq
+    results = {t.id: run.outputs.get(t.id, t.result or "") for t in done}
+    body = {"answer": _with_results("", done, results), "source": "partial", "error": error}
+    return await s.witness(run.id, k.ANSWER, body, last)
 
 
 def _with_results(summary: str, done: list[Any], results: Mapping[str, str]) -> str:

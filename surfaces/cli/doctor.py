@@ -2,7 +2,8 @@
 
 Reachable, model present, context size, slots, and a one-token completion with its latency.
 Spawned members are started for the check (in-process, then stopped) unless `--no-spawn`.
-Each problem is one line that says how to fix it; the exit code is 1 when any member fails.
+Each finding is one line that says how to fix it, labelled `problem:` (the member fails the
+check; the exit code is 1) or `warning:` (it works; the exit code stays 0).
 """
 
 from __future__ import annotations
@@ -60,13 +61,22 @@ def run(args: argparse.Namespace) -> int:
         return 0 if checkup.ok else 1
     print(f"roster: {path}")
     print(_table(checkup.members))
-    problems = [line for m in checkup.members for line in m.lines()]
+    problems = [(m.name, f) for m in checkup.members for f in m.findings if f.level == "error"]
+    warnings = [(m.name, f) for m in checkup.members for f in m.findings if f.level != "error"]
     if problems:
-        print("\nproblems, each with its fix:")
-        for line in problems:
-            print(f"  {line}")
+        print("\nproblems (each fails the check), with their fixes:")
+        for name, f in problems:
+            print(f"  problem: {name}: {f.problem} — {f.fix}")
+    if warnings:
+        print("\nwarnings (the members work, but), with their fixes:")
+        for name, f in warnings:
+            print(f"  warning: {name}: {f.problem} — {f.fix}")
     failed = [m.name for m in checkup.members if not m.ok]
-    print(f"\n{'FAILED: ' + ', '.join(failed) if failed else 'all members ok'}")
+    if failed:
+        print(f"\nFAILED: {', '.join(failed)}")
+    else:
+        counted = f" ({len(warnings)} warning{'s' if len(warnings) != 1 else ''})"
+        print(f"\nall members ok{counted if warnings else ''}")
     return 1 if failed else 0
 
 

@@ -1,9 +1,15 @@
 """`tally models scan | add`: find the model servers on this machine, and put one in a roster.
 
     tally models scan                      # Ollama, llama-server, LM Studio, vLLM on 127.0.0.1
-    tally models add --url http://127.0.0.1:11434/v1 --model qwen2.5:7b --tier capable \\
+    tally models add --url http://127.0.0.1:11434/v1 --model qwen2.5:7b \\
         --roster ~/.config/tally/roster.toml
     tally doctor --roster ~/.config/tally/roster.toml
+
+`add` without `--tier` makes the model the one every lane starts on: it goes into each tier a
+lane names, and into every tier that held only the embedded demo model, which then runs no
+more (`roster.edits.start_tiers`); `--tier NAME` puts it in that tier only, `--no-tier` in none.
+For a `--url` server, `add` asks it (as `scan` does) how many slots and how much context per
+slot it has, and writes those unless `--slots`/`--ctx` say otherwise.
 
 `scan` probes only loopback unless given `--url`. `add` keeps the roster's comments (it edits
 the text) unless it cannot, in which case it regenerates the file and says so; a roster file
@@ -64,14 +70,32 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     source.add_argument("--gguf", type=Path, help="a model file tally runs itself")
     add.add_argument("--model", help="the model id the server knows (with --url)")
     add.add_argument("--name", help="member name (default: from the model)")
-    add.add_argument("--tier", help="put it in this tier (a new tier tops the ladder)")
+    placing = add.add_mutually_exclusive_group()
+    placing.add_argument(
+        "--tier",
+        help="put it in this tier only (a new tier tops the ladder); default: every lane "
+        "starts on it",
+    )
+    placing.add_argument(
+        "--no-tier", action="store_true", help="add it to no tier (no lane uses it yet)"
+    )
     add.add_argument(
         "--keep",
         action="store_true",
         help="keep the tier's members after it (as failover) instead of replacing them",
     )
-    add.add_argument("--slots", type=int, help="concurrent requests (default 1 for a URL, 2)")
-    add.add_argument("--ctx", type=int, help="context per slot (default 4096)")
+    add.add_argument(
+        "--slots", type=int, help="concurrent requests (default: what the server says, else 1; 2)"
+    )
+    add.add_argument(
+        "--ctx", type=int, help="context per slot (default: what the server says, else 4096)"
+    )
+    add.add_argument("--timeout", type=float, default=3.0, help="seconds to ask a --url server")
+    add.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="do not ask the --url server its slots and context (write --slots/--ctx or defaults)",
+    )
     add.add_argument("--api-key-env", help="environment variable holding the server's key")
     add.add_argument(
         "--llama-server", action="store_true", help="run --gguf with llama-server from PATH"
@@ -117,9 +141,8 @@ def run_scan(args: argparse.Namespace) -> int:
         return 1
     first = live[0]
     model = first.models[0] if first.models else "MODEL"
-    print(
-        f"\nnext: tally models add --url {first.url} --model {model} --tier capable --roster FILE"
-    )
+    print(f"\nnext: tally models add --url {first.url} --model {model} --roster FILE")
+    print("      (every lane then starts on it; --tier NAME puts it in one tier only)")
     return 0
 
 
@@ -174,7 +197,11 @@ def _member(args: argparse.Namespace) -> Any:
         if not args.model or not args.model.strip() or not args.model.isprintable():
             raise ValueError("--url needs --model, the id the server lists (tally models scan)")
         fields = {"url": normalize_url(args.url), "model_id": args.model.strip()}
-        fields["slots"] = 1 if args.slots is None else args.slots
+        asks = not args.no_probe and (args.slots is None or args.ctx is None)
+        measured = _measure(fields["url"], args) if asks else {}
+        fields["slots"] = args.slots if args.slots is not None else measured.get("slots", 1)
+        if args.ctx is None and "ctx" in measured:
+            fields["ctx"] = measured["ctx"]
         name = args.name or _member_name(args.model)
     else:
         gguf = args.gguf.expanduser().absolute()
@@ -200,6 +227,29 @@ def _member(args: argparse.Namespace) -> Any:
             f"{'.'.join(str(p) for p in e['loc']) or 'member'}: {e['msg']}" for e in err.errors()
         )
         raise ValueError(problems) from None
+
+
+def _measure(url: str, args: argparse.Namespace) -> dict[str, int]:
+    """The slots and context per slot the server at `url` reports (llama.cpp's /props), as
+    `scan` shows them; {} when it says nothing (Ollama, vLLM) or does not answer."""
+    import asyncio
+
+    from daemon.slots.discovery import scan
+
+    if not 0 < args.timeout <= 60:
+        raise ValueError("--timeout must be between 0 and 60 seconds")
+    found = asyncio.run(scan([(url, None)], args.timeout))[0]
+    measured: dict[str, int] = {}
+    if found.total_slots is not None:
+        measured["slots"] = min(found.total_slots, 256)
+    if found.n_ctx is not None and found.n_ctx >= 256:
+        measured["ctx"] = min(found.n_ctx, 1 << 24)
+    if measured:
+        said = ", ".join(f"{k} {v}" for k, v in measured.items())
+        print(f"{url} says: {said} (from its /props)")
+    elif not found.found:
+        print(f"{url} did not answer ({found.problem}); writing the defaults")
+    return measured
 
 
 def run_add(args: argparse.Namespace) -> int:
@@ -229,6 +279,8 @@ def run_add(args: argparse.Namespace) -> int:
             tier=args.tier,
             mode="first" if args.keep else "only",
             replace=args.replace,
+            # A new member only: replacing one's definition does not move it between tiers.
+            start=args.tier is None and not args.no_tier and not args.replace,
         )
     except RosterError as err:
         print(f"tally models add: {path} is not a valid roster now:\n{err}", file=sys.stderr)
@@ -257,7 +309,22 @@ def _say_what(added: Any, member: Any, path: Path) -> None:
     where = f"url {member.url}, model {member.model_id}" if member.url else f"model {member.model}"
     print(f"{verb} member {member.name!r} ({where}) in {path}")
     tier = added.tier
-    if tier is None:
+    if added.started:
+        print(f"every lane now starts on {member.name!r}:")
+        for name, before in added.started.items():
+            now = ", ".join(added.roster.tiers.members[name])
+            print(f"  tier {name!r} = [{now}] (was [{', '.join(before)}])")
+        from roster.edits import embedded
+
+        demo = [m.name for m in added.roster.models if embedded(m)]
+        used = {n for names in added.roster.tiers.members.values() for n in names}
+        idle = [name for name in demo if name not in used]
+        if idle:
+            print(
+                f"  the embedded demo model ({', '.join(idle)}) is in no tier now: it runs "
+                "only if a tier names it again"
+            )
+    elif tier is None:
         print("it is in no tier yet: no lane uses it until a tier names it (--tier)")
     elif added.tier_before is None:
         ladder = " → ".join(added.roster.tiers.ladder)

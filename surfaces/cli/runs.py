@@ -1,4 +1,8 @@
-"""`tally submit | runs | run | cancel | resume`: run commands, answered by the daemon."""
+"""`tally submit | runs | run | cancel | resume | retry`: run commands, answered by the daemon.
+
+On a terminal, `submit`, `run --follow`, `resume` and `retry` stream the tokens each task
+writes, named by task (`surfaces.cli.stream`); `--stream`/`--no-stream` force it either way.
+"""
 
 from __future__ import annotations
 
@@ -37,6 +41,9 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--max-parallel", type=int)
     p.add_argument("--idempotency-key")
     p.add_argument("--detach", action="store_true", help="print the run id and return")
+    p.add_argument("--tier", help="start every task on this tier (one of the roster's)")
+    p.add_argument("--member", help="send every task's model call to this roster member")
+    _stream_flag(p)
     _common(p)
     p.set_defaults(run=_on_daemon(submit))
 
@@ -50,6 +57,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("run_id")
     p.add_argument("--full", action="store_true", help="task outputs unclipped")
     p.add_argument("--follow", action="store_true", help="follow it live, as submit does")
+    _stream_flag(p)
     _common(p)
     p.set_defaults(run=_on_daemon(show))
 
@@ -61,8 +69,38 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     p = commands.add_parser("resume", help="resume an interrupted run and follow it")
     p.add_argument("run_id")
     p.add_argument("--detach", action="store_true", help="print the run id and return")
+    _stream_flag(p)
     _common(p)
     p.set_defaults(run=_on_daemon(resume))
+
+    p = commands.add_parser(
+        "retry",
+        help="run a failed or cancelled run again, reusing its done tasks, and follow it",
+    )
+    p.add_argument("run_id")
+    p.add_argument("--detach", action="store_true", help="print the new run's id and return")
+    _stream_flag(p)
+    _common(p)
+    p.set_defaults(run=_on_daemon(retry))
+
+
+def _stream_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show the tokens tasks write as they come (default: when stdout is a terminal)",
+    )
+
+
+def _streaming(args: argparse.Namespace) -> Any:
+    """A `Tokens` writer on stdout when tokens are to be shown, else None."""
+    from surfaces.cli.stream import Tokens
+
+    wanted = getattr(args, "stream", None)
+    if wanted is None:
+        wanted = sys.stdout.isatty() and not args.json
+    return Tokens(sys.stdout) if wanted and not args.json else None
 
 
 def status_line(run: dict[str, Any]) -> str:
@@ -100,39 +138,85 @@ async def submit(args: argparse.Namespace) -> int:
         body["max_parallel"] = args.max_parallel
     if args.idempotency_key:
         body["idempotency_key"] = args.idempotency_key
+    if args.tier:
+        body["tier"] = args.tier
+    if args.member:
+        body["member"] = args.member
+    tokens = _streaming(args)
     async with DaemonClient(Endpoint.from_env(args.socket)) as client:
         run = await client.call("submit", body)
         if args.detach:
             print(json.dumps(run) if args.json else run["id"])
             return 0
-        run = await follow(client, run, args.json)
-    return _ending(run, args.json)
+        run = await follow(client, run, args.json, tokens)
+    return _ending(run, args.json, tokens)
 
 
 async def resume(args: argparse.Namespace) -> int:
     from surfaces.client import DaemonClient, Endpoint
 
+    tokens = _streaming(args)
     async with DaemonClient(Endpoint.from_env(args.socket)) as client:
         run = await client.call("run_resume", {"run_id": args.run_id})
         if args.detach:
             print(json.dumps(run) if args.json else run["id"])
             return 0
-        run = await follow(client, run, args.json)
-    return _ending(run, args.json)
+        run = await follow(client, run, args.json, tokens)
+    return _ending(run, args.json, tokens)
 
 
-def _ending(run: dict[str, Any], as_json: bool) -> int:
+async def retry(args: argparse.Namespace) -> int:
+    from surfaces.client import DaemonClient, Endpoint
+
+    tokens = _streaming(args)
+    async with DaemonClient(Endpoint.from_env(args.socket)) as client:
+        run = await client.call("run_retry", {"run_id": args.run_id})
+        if args.detach:
+            print(json.dumps(run) if args.json else run["id"])
+            return 0
+        original = await client.call("run_get", {"run_id": args.run_id})
+        reused = [t["id"] for t in original.get("tasks") or [] if t.get("state") == "done"]
+        print(
+            f"tally: run {run['id']} retries {args.run_id}"
+            + (f", reusing {', '.join(reused)}" if reused else ""),
+            file=sys.stderr,
+        )
+        run = await follow(client, run, args.json, tokens)
+    return _ending(run, args.json, tokens)
+
+
+def _ending(run: dict[str, Any], as_json: bool, tokens: Any = None) -> int:
     if as_json:
         print(json.dumps(run, ensure_ascii=False))
     elif run["state"] == "done":
-        print(run.get("answer") or "")
+        answer = run.get("answer") or ""
+        if tokens is not None and tokens.showed(answer):
+            pass  # the user just watched it being written
+        elif tokens is not None and tokens.written:
+            print(f"── answer ──\n{answer}")
+        else:
+            print(answer)
     else:
+        if run.get("answer"):  # a failed run's partial answer: the work its done tasks did
+            print(run["answer"])
         print(f"run {run['id']} ended {run['state']}: {run.get('error') or ''}", file=sys.stderr)
+        if run["state"] in ("failed", "cancelled", "budget_exhausted"):
+            print(
+                f"tally: `tally run {run['id']}` shows each attempt; "
+                f"`tally retry {run['id']}` runs what is not done again",
+                file=sys.stderr,
+            )
+        elif run["state"] == "interrupted":
+            print(f"tally: `tally resume {run['id']}` goes on", file=sys.stderr)
     return 0 if run["state"] == "done" else 1
 
 
-async def follow(client: Any, run: dict[str, Any], as_json: bool) -> dict[str, Any]:
+async def follow(
+    client: Any, run: dict[str, Any], as_json: bool, tokens: Any = None
+) -> dict[str, Any]:
     """Follow a run to its end on stderr: one live line on a TTY, else one line per change.
+    With `tokens` (a `stream.Tokens`), the tokens tasks write go to it as they come, and the
+    status goes to stderr as lines (a redrawn line would cut through the text).
 
     Ctrl-C cancels the run (it must not go on unattended) and says so.
     """
@@ -142,16 +226,22 @@ async def follow(client: Any, run: dict[str, Any], as_json: bool) -> dict[str, A
         # A script reading our stdout learns the id only at the end; say it now so it can
         # `tally cancel` a run that takes too long.
         print(f"tally: run {run['id']}", file=sys.stderr, flush=True)
-    live = sys.stderr.isatty() and not as_json
+    live = sys.stderr.isatty() and not as_json and tokens is None
     last = status_line(run)
     _progress(last, live)
     try:
         async for event in client.events(run["id"]):
             if event.event == "delta":
+                if tokens is not None:
+                    tokens.delta(event.data)
                 continue
+            if tokens is not None:
+                tokens.entry(event.event, event.data)
             run = await client.call("run_get", {"run_id": run["id"]})
             line = status_line(run)
             if line != last:
+                if tokens is not None and sys.stderr.isatty() and tokens.out.isatty():
+                    tokens.pause()  # one terminal: the status gets a line of its own
                 _progress(line, live)
                 last = line
     except asyncio.CancelledError:
@@ -159,6 +249,8 @@ async def follow(client: Any, run: dict[str, Any], as_json: bool) -> dict[str, A
         print(f"\ncancelled run {run['id']}", file=sys.stderr)
         raise
     run = dict(await client.call("run_get", {"run_id": run["id"]}))
+    if tokens is not None:
+        tokens.end()
     if live:
         _draw(status_line(run), final=True)
     return run
@@ -236,25 +328,54 @@ async def show(args: argparse.Namespace) -> int:
     async with DaemonClient(Endpoint.from_env(args.socket)) as client:
         run = await client.call("run_get", {"run_id": args.run_id})
         if args.follow:
-            run = await follow(client, run, args.json)
+            run = await follow(client, run, args.json, _streaming(args))
+        attempts = {} if args.json else await _attempts(client, run)
     if args.json:
         print(json.dumps(run, ensure_ascii=False))
         return 0
-    for line in run_lines(run, full=args.full):
+    for line in run_lines(run, full=args.full, attempts=attempts):
         print(line)
     return 0
+
+
+async def _attempts(client: Any, run: dict[str, Any]) -> dict[str, list[str]]:
+    """Each task's attempts, read from the run's entries (see `stream.attempt_lines`)."""
+    from surfaces.cli.stream import attempt_lines
+
+    found: list[dict[str, Any]] = []
+    start = run.get("request_seq") or 0
+    for _ in range(200):  # pages of 1000: a run's entries are bounded by its budget
+        page = await client.call(
+            "ledger_entries", {"run": run["id"], "start": start, "limit": 1000, "bodies": True}
+        )
+        batch = page.get("entries") or []
+        found += batch
+        if len(batch) < 1000:
+            break
+        start = batch[-1]["seq"] + 1
+    return attempt_lines(found)
 
 
 CLIP = 600
 
 
-def run_lines(run: dict[str, Any], full: bool = False) -> list[str]:
+def run_lines(
+    run: dict[str, Any], full: bool = False, attempts: dict[str, list[str]] | None = None
+) -> list[str]:
     lines = [status_line(run)]
+    if run.get("retry_of"):
+        lines.append(f"retries run {run['retry_of']}")
+    if run.get("tier") or run.get("member"):
+        lines.append(
+            f"chosen: {'tier ' + run['tier'] if run.get('tier') else 'member ' + run['member']}"
+        )
     if run.get("error"):
         lines.append(f"error: {run['error']}")
     for task in run.get("tasks") or []:
         lines.append("")
         lines.append(_task_head(task))
+        for line in (attempts or {}).get(task["id"], []):
+            lines += ["    " + part for part in line.splitlines()]
         text = task.get("result") or ""
         if task.get("error"):
             lines.append(f"    error: {task['error']}")

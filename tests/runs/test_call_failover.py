@@ -1,10 +1,11 @@
 """A run whose member dies under a model call: the call moves to the tier's other member and
 the run succeeds, witnessed (`slot.failover` naming both, the reply naming where it ran) and
-visible (`tally slots`, /metrics); with no member left the run fails at once, naming them.
-The real daemon (ledger, pool, engine) on the scripted model server."""
+visible (`tally slots`, /metrics); with no member left the run fails soon (after its bounded
+resends), naming them. The real daemon (ledger, pool, engine) on the scripted model server."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -105,6 +106,10 @@ async def test_a_run_with_no_member_left_fails_at_once_naming_them(
     a.dying, b.dying = "cut", "502"
     daemon = Daemon(settings_for(tmp_path, roster(a.url, b.url)))
     await daemon.start()
+    # A lost call is sent again a bounded number of times (tests/runs/test_survive.py): once
+    # here, so the run fails soon, naming both members, why, and what to do.
+    options = daemon.engine.setting.options
+    daemon.engine.setting.options = dataclasses.replace(options, lost_call_retries=1)
     try:
         started = time.monotonic()
         view = await daemon.engine.submit("fix the backend")
@@ -115,6 +120,8 @@ async def test_a_run_with_no_member_left_fails_at_once_naming_them(
         assert "a failed in flight: " in view.error
         assert "b failed in flight: " in view.error
         assert "502" in view.error
+        assert "lost 2 times on a, b: " in view.error
+        assert f"tally retry {view.id}" in view.error
         assert (len(a.requests), len(b.requests)) == (1, 1)
     finally:
         await daemon.stop()

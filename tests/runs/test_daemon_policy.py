@@ -57,7 +57,10 @@ async def test_token_budget_ends_the_run_with_what_it_spent(fleet: Factory) -> N
     assert stop["budget"]["tokens"] == 20
     assert stop["spent"]["tokens"] == 30
     assert stop["spent"]["model_calls"] == 2
-    assert (await kinds(daemon, view.id))[-2:] == [k.BUDGET, k.STATE]
+    # the task done within the budget is the run's (partial) answer still
+    assert (await kinds(daemon, view.id))[-3:] == [k.BUDGET, k.ANSWER, k.STATE]
+    (answer,) = await bodies(daemon, k.ANSWER, view.id)
+    assert answer["source"] == "partial"
 
 
 async def test_executor_error_escalates_with_the_error_in_the_retry_prompt(

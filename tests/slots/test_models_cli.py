@@ -101,7 +101,7 @@ def test_add_to_a_new_file_copies_the_default_keeps_comments_and_checks(
     tmp_path: Path, capsys: Capsys
 ) -> None:
     target = tmp_path / "conf" / "roster.toml"
-    argv = ["models", "add", "--url", "127.0.0.1:11434", "--model", "qwen2.5:7b"]
+    argv = ["models", "add", "--url", "127.0.0.1:11434", "--model", "qwen2.5:7b", "--no-probe"]
     assert main([*argv, "--name", "qwen", "--tier", "capable", "--roster", str(target)]) == 0
     out = capsys.readouterr().out
     assert "tier 'capable' = [qwen] (was [tiny])" in out
@@ -127,6 +127,7 @@ def test_add_refuses_to_clobber_and_replace_and_keep_do_what_they_say(
     target.write_text(default_roster_path().read_text())
     target.chmod(0o600)
     add = ["models", "add", "--roster", str(target), "--url", "http://127.0.0.1:11434/v1"]
+    add.append("--no-probe")
     assert main([*add, "--model", "a:1", "--name", "m", "--tier", "cheap", "--keep"]) == 0
     before = target.read_bytes()
     assert main([*add, "--model", "b:2", "--name", "m"]) == 1
@@ -148,7 +149,7 @@ def test_add_refuses_to_clobber_and_replace_and_keep_do_what_they_say(
 
 def test_add_a_new_tier_tops_the_ladder(tmp_path: Path, capsys: Capsys) -> None:
     target = tmp_path / "roster.toml"
-    argv = ["models", "add", "--roster", str(target), "--url", "127.0.0.1:8080"]
+    argv = ["models", "add", "--roster", str(target), "--url", "127.0.0.1:8080", "--no-probe"]
     assert main([*argv, "--model", "big", "--tier", "best"]) == 0
     assert "on top of the ladder: cheap → capable → best" in capsys.readouterr().out
     roster = load_roster(target)
@@ -156,11 +157,85 @@ def test_add_a_new_tier_tops_the_ladder(tmp_path: Path, capsys: Capsys) -> None:
     assert roster.tiers.members["best"] == ["big"]
 
 
+async def test_add_without_a_tier_writes_what_the_server_says_and_every_call_goes_to_it(
+    tmp_path: Path, fake: FakeServer, capsys: Capsys
+) -> None:
+    """`models scan → add → serve`, then ordinary requests: each model call goes to the
+    model added, none to the embedded demo model, which is in no tier any more."""
+    from daemon.runs import entries as k
+    from daemon.service import Daemon
+    from tests.runs.model_server import settings_for
+
+    target = tmp_path / "roster.toml"
+    argv = ["models", "add", "--url", fake.url, "--model", "fake", "--name", "mine"]
+    assert await cli(*argv, "--roster", str(target)) == 0
+    out = capsys.readouterr().out
+    assert f"{fake.url}/v1 says: slots {fake.slots}, ctx {fake.n_ctx} (from its /props)" in out
+    assert "every lane now starts on 'mine'" in out
+    roster = load_roster(target)
+    mine = roster.member("mine")
+    assert mine is not None
+    assert (mine.slots, mine.ctx) == (fake.slots, fake.n_ctx)  # what scan measured: 4 x 2048
+    assert roster.tiers.members == {"cheap": ["mine"], "capable": ["mine"]}
+    served = tmp_path / "served"
+    served.mkdir()
+    daemon = Daemon(settings_for(served, target.read_text()))
+    await daemon.start()
+    try:
+        runs = [
+            await daemon.engine.submit(request)
+            for request in (
+                "add an index to the users table",
+                "fix the flaky login test",
+                "what should I cook tonight",  # no lane's words: general
+            )
+        ]
+        for run in runs:
+            view = await daemon.engine.wait(run.id, timeout=30)
+            assert view.state == "done", view.error
+            calls = await daemon.ledger.entries(limit=1000, kind=k.MODEL_CALL, run=run.id)
+            assert calls
+            members = {(await daemon.ledger.body(c.body)).value["member"] for c in calls}
+            assert members == {"mine"}
+        assert len(fake.requests) >= len(runs)
+        tiny = daemon.pool.status().member("tiny")
+        assert tiny is not None
+        assert all(i.pid is None for i in tiny.instances)  # the demo model never started
+    finally:
+        await daemon.stop()
+
+
+def test_add_without_a_tier_leaves_a_users_own_climb_alone(tmp_path: Path, capsys: Capsys) -> None:
+    """Only the tiers lanes start on, and those that held only the embedded model, change:
+    a stronger member the user already put on a higher rung stays there."""
+    target = tmp_path / "roster.toml"
+    add = ["models", "add", "--roster", str(target), "--no-probe", "--url", "127.0.0.1:9"]
+    assert main([*add, "--model", "big", "--tier", "capable"]) == 0
+    assert main([*add, "--model", "small", "--keep"]) == 0
+    out = capsys.readouterr().out
+    assert "tier 'cheap' = [small] (was [tiny])" in out
+    roster = load_roster(target)
+    assert roster.tiers.members == {"cheap": ["small"], "capable": ["big"]}
+    assert "# Point capable at a stronger member" in target.read_text()  # comments kept
+    assert main([*add, "--model", "other", "--keep"]) == 0  # --keep: ahead, the rest stays
+    assert load_roster(target).tiers.members["cheap"] == ["other", "small"]
+
+
 def test_add_a_gguf_spawns_the_embedded_server(tmp_path: Path, capsys: Capsys) -> None:
     gguf = tmp_path / "Mistral-7B.Q4_K_M.gguf"
     gguf.write_bytes(b"GGUF")
     target = tmp_path / "roster.toml"
     assert main(["models", "add", "--gguf", str(gguf), "--roster", str(target)]) == 0
+    out = capsys.readouterr().out
+    assert "every lane now starts on 'mistral-7b.q4_k_m'" in out
+    assert "the embedded demo model (tiny) is in no tier now" in out
+    roster = load_roster(target)
+    assert roster.tiers.members == {
+        "cheap": ["mistral-7b.q4_k_m"],
+        "capable": ["mistral-7b.q4_k_m"],
+    }
+    other = tmp_path / "other.toml"
+    assert main(["models", "add", "--gguf", str(gguf), "--no-tier", "--roster", str(other)]) == 0
     assert "in no tier yet" in capsys.readouterr().out
     member = load_roster(target).member("mistral-7b.q4_k_m")
     assert member is not None
@@ -180,6 +255,7 @@ def test_add_regenerates_a_file_it_cannot_edit_in_place_and_says_so(
         '[[lanes]]\nname = "x"\nkeywords = ["x"]\ntier = "cheap"\nsystem = "s"\n'
     )
     argv = ["models", "add", "--roster", str(target), "--url", "127.0.0.1:2", "--model", "b"]
+    argv.append("--no-probe")
     assert main([*argv, "--tier", "cheap", "--keep"]) == 0  # a list inside it: edited in place
     assert "comments are kept" in capsys.readouterr().out
     assert load_roster(target).tiers.members["cheap"] == ["b", "a"]
@@ -268,7 +344,11 @@ async def test_doctor_names_each_problem_with_its_fix_and_exits_1(
     assert await cli("doctor", "--roster", str(roster)) == 1
     out = capsys.readouterr().out
     lines = [line.strip() for line in out.splitlines()]
-    problem = {line.split(":", 1)[0]: line for line in lines if " — " in line}
+    problem = {
+        line.removeprefix("problem: ").split(":", 1)[0]: line
+        for line in lines
+        if line.startswith("problem: ")
+    }
     assert set(problem) == {"down", "wrong", "nofile"}
     assert "connection refused" in problem["down"]
     assert "start the server" in problem["down"]
@@ -305,9 +385,10 @@ async def test_doctor_all_good_exits_0_and_warns_about_capacity(
     roster.write_text(roster_text(members + "\n" + spawned_member("local"), ["ext", "local"]))
     assert await cli("doctor", "--roster", str(roster)) == 0
     out = capsys.readouterr().out
-    assert "all members ok" in out
-    # warnings, not failures: the fake has 4 slots of 2048 tokens
-    assert f"the server has {fake.slots} slots; the roster says slots = 8" in out
+    assert "all members ok (" in out
+    assert "problem:" not in out
+    # warnings, not failures, and said to be warnings: the fake has 4 slots of 2048 tokens
+    assert f"warning: ext: the server has {fake.slots} slots; the roster says slots = 8" in out
     assert await cli("doctor", "--roster", str(roster), "--no-spawn", "--json") == 0
     local = next(m for m in json.loads(capsys.readouterr().out)["members"] if m["name"] == "local")
     assert local["latency_ms"] is None  # --no-spawn: not started

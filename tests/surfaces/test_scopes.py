@@ -31,6 +31,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "runs_list": {},
     "run_cancel": {"run_id": "nope"},
     "run_resume": {"run_id": "nope"},
+    "run_retry": {"run_id": "nope"},
     "run_replay": {"run_id": "nope"},
     "run_compare": {"a": "nope", "b": "nope"},
     "ledger_verify": {},

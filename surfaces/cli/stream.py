@@ -1,0 +1,167 @@
+"""What a run looks like on a terminal: its tokens as tasks write them, and its attempts.
+
+`Tokens` writes the `delta` events of a followed run as they come (as `ollama run` and `llm`
+do), each task's text under its name: a line `── T1 ──` whenever the writing task changes,
+and a note when an attempt starts again (a new attempt, a climb, a lost call sent again), so
+text that was thrown away is never mistaken for the answer. It keeps what the last attempt of
+each task wrote, so the caller need not print an answer the user has just watched being
+written.
+
+`attempt_lines` reads a run's entries (`ledger_entries` with their bodies) into one line per
+attempt and one per thing that happened to it: where it ran, what failed and why, the output
+of its checks, the call lost and sent again, the climb to the next rung, the task reused from
+the run a retry came from. An entry kind this module does not know, naming a task, is shown
+by its kind and fields, so new kinds are visible before they get their own words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, TextIO
+
+RULE = "──"
+SHOWN = 400
+"""Characters of a failure, a check's output or an error shown per line in `tally run`."""
+
+
+class Tokens:
+    """Writes a run's streamed tokens to `out`, named by task (see the module doc)."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.writer: str | None = None  # the task whose text the cursor follows
+        self.mid_line = False
+        self.written: dict[str, str] = {}  # task (or "synthesis") -> its last attempt's text
+
+    def delta(self, data: Any) -> None:
+        if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+            return
+        task = data.get("task") if isinstance(data.get("task"), str) else None
+        name = task or "synthesis"
+        if name != self.writer:
+            self._line(f"{RULE} {name} {RULE}")
+            self.writer = name
+        text = data["text"]
+        self.written[name] = self.written.get(name, "") + text
+        self.out.write(text)
+        self.mid_line = not text.endswith("\n")
+        self.out.flush()
+
+    def entry(self, kind: str, data: Any) -> None:
+        """An entry of the run: a new attempt, a lost call or a climb starts a task's text over."""
+        if not isinstance(data, dict):
+            return
+        task = data.get("task") if isinstance(data.get("task"), str) else None
+        note: str | None = None
+        if kind == "task.start" and int(data.get("attempt") or 1) > 1 and task is not None:
+            note = f"{task}: attempt {data.get('attempt')} on {data.get('tier') or '-'}"
+        elif kind == "model.retry":
+            where = data.get("member") or data.get("target")
+            note = (
+                f"{task or 'synthesis'}: the call to {where} was lost ({_cut(data.get('error'))}); "
+                f"sending it again in {int(data.get('wait_ms') or 0) / 1000:g} s"
+            )
+        elif kind == "task.escalate" and task is not None:
+            climb = f"{data.get('from_tier')} → {data.get('to_tier')}"
+            note = f"{task}: {climb}: {_cut(data.get('reason'))}"
+        if note is None:
+            return
+        name = task or "synthesis"
+        self.written.pop(name, None)
+        self._line(f"{RULE} {note} {RULE}")
+        self.writer = None
+
+    def pause(self) -> None:
+        """Something else is about to be written: end the text's line; the next token says
+        again whose it is."""
+        if self.mid_line:
+            self.out.write("\n")
+            self.mid_line = False
+            self.writer = None
+        self.out.flush()
+
+    def end(self) -> None:
+        if self.mid_line:
+            self.out.write("\n")
+            self.mid_line = False
+        self.out.flush()
+
+    def showed(self, answer: str | None) -> bool:
+        """Whether `answer` is exactly what one task's last attempt was seen writing."""
+        if not answer or not answer.strip():
+            return False
+        return any(text.strip() == answer.strip() for text in self.written.values())
+
+    def _line(self, text: str) -> None:
+        if self.mid_line:
+            self.out.write("\n")
+        self.out.write(text + "\n")
+        self.mid_line = False
+        self.out.flush()
+
+
+def _cut(value: Any, limit: int = SHOWN) -> str:
+    text = " ".join(str(value if value is not None else "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def attempt_lines(entries: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per task id, its attempts and what happened to each, from the run's entries in order
+    (each `{"kind", "seq", "content"}` as `ledger_entries` returns them with bodies)."""
+    out: dict[str, list[str]] = {}
+    for entry in entries:
+        kind = str(entry.get("kind"))
+        body = entry.get("content")
+        if not isinstance(body, dict) or not isinstance(body.get("task"), str):
+            continue
+        lines = out.setdefault(body["task"], [])
+        line = _describe(kind, body)
+        if line:
+            lines.append(f"{line}  [seq {entry.get('seq')}]")
+    return out
+
+
+def _describe(kind: str, b: dict[str, Any]) -> str | None:
+    if kind == "task.start":
+        feedback = b.get("feedback") or []
+        told = f", told: {_cut('; '.join(map(str, feedback)), 200)}" if feedback else ""
+        return f"attempt {b.get('attempt')} on {b.get('tier') or b.get('executor')}{told}"
+    if kind == "model.call":
+        return f"  call to {b.get('member')} (slot {b.get('slot')}) for {b.get('purpose')}"
+    if kind == "model.reply":
+        usage = b.get("usage") or {}
+        if b.get("error"):
+            return f"  reply from {b.get('member')} failed: {_cut(b.get('error'))}"
+        tokens = int(usage.get("completion_tokens") or 0) if isinstance(usage, dict) else 0
+        return f"  reply from {b.get('member')}: {tokens} tokens, {b.get('finish_reason')}"
+    if kind == "model.retry":
+        return (
+            f"  call lost on {b.get('member') or b.get('target')} "
+            f"({b.get('lost')}/{b.get('retries')}): {_cut(b.get('error'))}; sent again"
+        )
+    if kind == "command.run":
+        tail = _cut(b.get("stderr") or b.get("stdout") or "", 200)
+        return f"  command exit {b.get('exit_code')}" + (f": {tail}" if tail else "")
+    if kind == "task.result":
+        return f"  executor failed: {_cut(b.get('error'))}" if b.get("error") else None
+    if kind == "task.verdict":
+        failures = [str(f) for f in b.get("failures") or []]
+        judge = b.get("judge")
+        said = f" (judge: {_cut(judge.get('reason'), 200)})" if isinstance(judge, dict) else ""
+        if b.get("ok"):
+            return f"  passed{said} → {b.get('next')}"
+        lines = [f"  failed → {b.get('next')}{said}"]
+        lines += [f"    - {_cut(f)}" for f in failures]
+        return "\n".join(lines)
+    if kind == "task.escalate":
+        return f"  climbs {b.get('from_tier')} → {b.get('to_tier')}: {_cut(b.get('reason'))}"
+    if kind == "task.skip":
+        return f"skipped: {_cut(b.get('reason'))}"
+    if kind == "task.reuse":
+        return f"reused, done in run {b.get('from_run')} (seq {b.get('from_seq')})"
+    fields = ", ".join(
+        f"{key}={_cut(value, 120)}"
+        for key, value in b.items()
+        if key != "task" and value not in (None, "", [], {})
+    )
+    return f"  {kind}: {fields}"

@@ -1,7 +1,8 @@
 """Connection limits of `tally serve --tcp` as a real process, with its descriptor limit pinned
 low (soft = hard = 1024, as the usual default soft limit): 1,100 idle TCP connections with no
-token take no descriptors the owner's unix socket needs; the soft limit is raised to the hard
-one at start; SSE streams are capped per client; every limit is in /metrics."""
+token take no descriptors the owner's unix socket needs, and are closed when they do not
+authenticate in time; the soft limit is raised to the hard one at start; a 401 closes its
+connection; SSE streams are capped per client; every limit is in /metrics."""
 
 from __future__ import annotations
 
@@ -181,6 +182,9 @@ async def test_the_soft_descriptor_limit_is_raised_to_the_hard_one(served: Serve
     text = await served.metrics()
     assert 'tally_limit{limit="nofile"} 2048' in text
     assert "descriptor limit raised from 512 to 2048" in served.log.read_text()
+    async with aiohttp.ClientSession() as http, http.get(f"{served.url}/v1/tools") as resp:
+        assert resp.status == 401
+        assert resp.headers["Connection"] == "close"  # no keep-alive without a token
 
 
 async def test_event_streams_are_capped_per_client(served: Served) -> None:

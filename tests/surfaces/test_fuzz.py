@@ -108,7 +108,7 @@ def test_schemathesis_every_check_zero_failures(base_url: str, tmp_path: Path) -
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TALLY_")}
     proc = subprocess.run(
-        argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path, check=False
+        argv, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False
     )
     assert proc.returncode == 0, proc.stdout[-20000:] + proc.stderr[-5000:]
     result = json.loads(report.read_text())

@@ -86,6 +86,7 @@ async def test_a_400_mib_reply_fails_the_call_and_the_daemon_lives(
     assert status == 502, body
     assert body["error"]["code"] == "reply_too_large"
     assert "over its limit of" in body["error"]["message"]
+    print(f"RSS high-water grew {grew_mb:.1f} MB")
     assert grew_mb < 100, f"RSS grew {grew_mb:.0f} MB"
     # both attempts (the gateway retries once) are witnessed as failed calls of the member
     failed = await _failed_replies(daemon)

@@ -186,7 +186,7 @@ class FakeServer:
                 return i
         return 0
 
-    async def embeddings(self, request: web.Request) -> web.Response:
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
         """One short vector per input, derived from its text (no model: a fixed shape)."""
         body = await request.json()
         self.requests.append(body)

@@ -14,7 +14,8 @@ then on every request gets 502, as from a proxy whose backend is gone. Hostile r
 the next `count` chat requests: "huge" answers `bytes` of valid JSON (made as it is sent, never
 held) with an honest Content-Length, or chunked with `chunked`; "flood" streams `bytes` of
 text in 64 KiB deltas; "deep" answers JSON nested `depth` levels; "drip" streams one token
-every `interval` seconds and never ends; with `stream_only` only streamed requests count.
+every `interval` seconds and never ends; with `stream_only` only streamed requests count,
+with `embeddings` embeddings requests (instead of chat requests).
 `--ready-file PATH`
 keeps it "loading" until PATH exists (a spawned server a test can fix from outside).
 `--models a,b` sets what /v1/models lists; `--ollama` answers as Ollama does (/api/version;
@@ -187,7 +188,7 @@ class FakeServer:
                 return i
         return 0
 
-    async def embeddings(self, request: web.Request) -> web.Response:
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
         """One short vector per input, derived from its text (no model: a fixed shape)."""
         body = await request.json()
         self.requests.append(body)
@@ -198,6 +199,9 @@ class FakeServer:
                 "type": "not_supported_error",
             }
             return web.json_response({"error": error}, status=501)
+        if self.hostile is not None and self.hostile_left > 0 and self.hostile.get("embeddings"):
+            self.hostile_left -= 1
+            return await self._hostile(request, self.hostile)
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
         data = [
             {"object": "embedding", "index": i, "embedding": [len(str(x)) / 10, 0.5, -0.25]}
@@ -225,8 +229,14 @@ class FakeServer:
             return web.json_response(
                 {"error": {"code": status, "message": "injected"}}, status=status
             )
-        streams = bool(body.get("stream")) or not (self.hostile or {}).get("stream_only")
-        if self.hostile is not None and self.hostile_left > 0 and streams:
+        hostile = self.hostile or {}
+        streams = bool(body.get("stream")) or not hostile.get("stream_only")
+        if (
+            self.hostile is not None
+            and self.hostile_left > 0
+            and streams
+            and not hostile.get("embeddings")
+        ):
             self.hostile_left -= 1
             return await self._hostile(request, self.hostile)
         id_slot = body.get("id_slot")

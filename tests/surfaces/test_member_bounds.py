@@ -86,6 +86,7 @@ async def test_a_400_mib_reply_fails_the_call_and_the_daemon_lives(
     assert status == 502, body
     assert body["error"]["code"] == "reply_too_large"
     assert "over its limit of" in body["error"]["message"]
+    print(f"RSS high-water grew {grew_mb:.1f} MB")
     assert grew_mb < 100, f"RSS grew {grew_mb:.0f} MB"
     # both attempts (the gateway retries once) are witnessed as failed calls of the member
     failed = await _failed_replies(daemon)
@@ -199,3 +200,22 @@ async def test_a_run_whose_member_floods_fails_witnessed(daemon: Daemon, model: 
     model.hostile_left = 0
     again = await daemon.engine.wait((await daemon.engine.submit("build the api")).id, 30)
     assert again.state == "done", again.error
+
+
+async def test_a_400_mib_embeddings_answer_fails_at_the_members_ceiling(
+    daemon: Daemon, model: FakeServer, client: TestClient[Any, Any]
+) -> None:
+    await _fault(model, mode="huge", bytes=400 * MIB, chunked=True, embeddings=True, count=1)
+    before = _rss_kb("VmRSS")
+    _reset_peak()
+    resp = await client.post("/v1/embeddings", json={"model": "tiny", "input": "hello"})
+    body = await resp.json()
+    grew_mb = (_rss_kb("VmHWM") - before) / 1024
+    assert resp.status == 502, body
+    assert body["error"]["code"] == "reply_too_large"
+    assert str(16 * MIB) in body["error"]["message"]  # max_reply_mb's default
+    assert grew_mb < 100, f"RSS grew {grew_mb:.0f} MB"
+    [failed] = await _failed_replies(daemon)
+    assert "over its limit" in failed["error"]
+    resp = await client.post("/v1/embeddings", json={"model": "tiny", "input": "hello"})
+    assert resp.status == 200, await resp.text()

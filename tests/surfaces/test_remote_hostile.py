@@ -2,7 +2,8 @@
 
 Two tally members serve the second daemon: `first`, the first daemon's gateway as it is, and
 `evil`, the same gateway behind a proxy that, once the calls are made, answers the ledger tools
-with something hostile — 100k-deep JSON, a 5 MiB body, wrong types, a forged proof, silence.
+with something hostile — 100k-deep JSON, a 5 MiB body, wrong types, a forged proof, silence,
+an answer that drips a byte at a time.
 `ledger_verify_remote` over HTTP answers 200 every time: evil's call is `failed` with its
 reason, and first's call is still proven `ok`.
 """
@@ -87,6 +88,14 @@ class Proxy:
             return web.Response(body=b'{"x":"' + b"a" * (5 << 20) + b'"}')
         if mode == "silent":
             await asyncio.sleep(30)
+        if mode == "drip":  # a byte every 50 ms: each read is quick, the answer never ends
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            await resp.prepare(request)
+            await resp.write(b'{"x":"')
+            for _ in range(600):
+                await resp.write(b"a")
+                await asyncio.sleep(0.05)
+            return resp
         if mode == "types" and tool == "ledger_checkpoint":
             return web.json_response({"checkpoint": [1, 2, 3]})
         if mode == "nan" and tool == "ledger_checkpoint":
@@ -164,6 +173,7 @@ HOSTILE = [
     ("forged", "inclusion proof fails"),
     ("entry", "not a valid ledger entry"),
     ("silent", "did not answer within"),
+    ("drip", "did not answer within"),
 ]
 
 

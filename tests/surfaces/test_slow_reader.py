@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from daemon.runs.feed import Listener
 from daemon.service import Daemon
+from surfaces.client import DaemonClient, Endpoint
 from tests.slots.fake_server import FakeServer
 from tests.surfaces.conftest import two_tasks
 
@@ -67,3 +69,21 @@ async def test_a_reader_that_does_not_read_is_dropped_and_resumes(
     datas = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
     assert datas[-1] == {"run_id": view.id}
     assert done.state in ("done", "failed")
+
+
+async def test_the_cli_client_reading_slowly_resumes_after_an_overrun(
+    daemon: Daemon, model: FakeServer, unix_server: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`DaemonClient.events` (the CLI's and the MCP adapter's follower) takes an `overrun` as
+    a cue to resume from its last seq: it still sees the run to its end."""
+    daemon.engine.feed.limit = 4
+    await _fault(model, mode="flood", bytes=3 << 20, stream_only=True, count=10)
+    view = await daemon.engine.submit("build the api", plan=two_tasks())
+    kinds: list[str] = []
+    async with asyncio.timeout(60), DaemonClient(Endpoint(socket_path=unix_server)) as client:
+        async for event in client.events(view.id):
+            kinds.append(event.event)
+            await asyncio.sleep(0.05)  # a slow reader: the daemon's writes block meanwhile
+    assert "dropped a listener" in caplog.text
+    assert "overrun" not in kinds  # the client resumed instead of passing it on
+    assert kinds[-1] == "run.state", kinds[-5:]

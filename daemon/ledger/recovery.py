@@ -153,7 +153,10 @@ class Recovery(Handle):
         self._journal = Journal(self.dir, JOURNAL_SPACE)
         os.close(open_append(self.dir / "bodies.pack", append=False))  # created if new
         last = self._journal.replay(self.dir / "entries.jsonl", self.dir / "bodies.pack")
-        if last is not None and self._agreement is not None and self._agreement.state != "same":
+        if self._agreement is not None and self._agreement.state == "none":
+            if self._agreement.reason:
+                log.warning("ledger: %s", self._agreement.reason)
+        elif last is not None and self._agreement is not None and self._agreement.state != "same":
             log.warning(
                 "ledger: restored the record files from the journal up to seq %d (%s)",
                 last.next_seq,

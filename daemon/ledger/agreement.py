@@ -144,9 +144,9 @@ class _Compare:
                 last,
                 seq,
                 end,
-                reason=f"the record files end at seq {seq}; the journal holds entries to seq "
-                f"{last.next_seq - 1} that were never written back (the daemon stopped before "
-                "its write-back: a crash or a power loss)",
+                reason=f"the record files end before seq {seq}; the journal holds entries up "
+                f"to seq {last.next_seq - 1} that were never written back to them (the daemon "
+                "stopped before its write-back: a crash or a power loss)",
             )
         if ahead:
             return Agreement(

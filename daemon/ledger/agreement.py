@@ -280,7 +280,6 @@ def _gap(got: bytes, want: bytes, offset: int) -> tuple[int, bool]:
     and whether every difference is a crash's: pages (aligned as in the file) that are zeros,
     or hold only their first bytes, and a file that ends early."""
     first = len(got) if len(got) < len(want) else -1
-    crash = True
     page = PAGE - offset % PAGE
     start = 0
     while start < len(got):
@@ -293,7 +292,7 @@ def _gap(got: bytes, want: bytes, offset: int) -> tuple[int, bool]:
             if not theirs.startswith(mine.rstrip(b"\0")):
                 return first, False
         start, page = stop, PAGE
-    return first, crash
+    return first, True
 
 
 def _body_entry(record: Record, bodies: bytes, lines: bytes, gap: int) -> tuple[int, int]:

@@ -173,7 +173,11 @@ class _Compare:
                     )
                 self._lacks(seq, record.entries_off + start)
         if record.entries_len:
-            got = os.pread(self.entries, record.entries_len, record.entries_off)
+            got = (
+                os.pread(self.entries, record.entries_len, record.entries_off)
+                if self.entries >= 0
+                else b""
+            )
             if got != lines:
                 gap, crash = _gap(got, lines, record.entries_off)
                 seq = record.seq + lines.count(b"\n", 0, gap)

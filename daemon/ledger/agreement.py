@@ -144,9 +144,9 @@ class _Compare:
                 last,
                 seq,
                 end,
-                reason=f"the record files end at seq {seq}; the journal holds entries to seq "
-                f"{last.next_seq - 1} that were never written back (the daemon stopped before "
-                "its write-back: a crash or a power loss)",
+                reason=f"the record files end before seq {seq}; the journal holds entries up "
+                f"to seq {last.next_seq - 1} that were never written back to them (the daemon "
+                "stopped before its write-back: a crash or a power loss)",
             )
         if ahead:
             return Agreement(
@@ -173,7 +173,11 @@ class _Compare:
                     )
                 self._lacks(seq, record.entries_off + start)
         if record.entries_len:
-            got = os.pread(self.entries, record.entries_len, record.entries_off)
+            got = (
+                os.pread(self.entries, record.entries_len, record.entries_off)
+                if self.entries >= 0
+                else b""
+            )
             if got != lines:
                 gap, crash = _gap(got, lines, record.entries_off)
                 seq = record.seq + lines.count(b"\n", 0, gap)
@@ -280,7 +284,6 @@ def _gap(got: bytes, want: bytes, offset: int) -> tuple[int, bool]:
     and whether every difference is a crash's: pages (aligned as in the file) that are zeros,
     or hold only their first bytes, and a file that ends early."""
     first = len(got) if len(got) < len(want) else -1
-    crash = True
     page = PAGE - offset % PAGE
     start = 0
     while start < len(got):
@@ -293,7 +296,7 @@ def _gap(got: bytes, want: bytes, offset: int) -> tuple[int, bool]:
             if not theirs.startswith(mine.rstrip(b"\0")):
                 return first, False
         start, page = stop, PAGE
-    return first, crash
+    return first, True
 
 
 def _body_entry(record: Record, bodies: bytes, lines: bytes, gap: int) -> tuple[int, int]:

@@ -613,7 +613,8 @@ def walk_chain(fd: int, count: int, size: int) -> Chain:
     chain = Chain([], [])
     prev, offset, seq, rest = GENESIS_PREV.encode(), 0, 0, b""
     while seq < count:
-        block = os.pread(fd, min(READ_BYTES, size - offset - len(rest)), offset + len(rest))
+        want = min(READ_BYTES, size - offset - len(rest))
+        block = os.pread(fd, want, offset + len(rest)) if fd >= 0 and want > 0 else b""
         if not block:
             chain.bad = seq
             chain.reason = (

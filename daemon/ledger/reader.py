@@ -26,7 +26,13 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from daemon.errors import NotFound
-from daemon.ledger.audit import DERIVED, TAMPERED_BODIES, VerifyReport, verify_files
+from daemon.ledger.audit import (
+    DERIVED,
+    TAMPERED_BODIES,
+    VerifyReport,
+    verify_files,
+    walk_chain,
+)
 from daemon.ledger.canonical import canonical_bytes
 from daemon.ledger.entry import (
     NO_BODY,
@@ -44,7 +50,7 @@ from daemon.ledger.merkle import (
     root_from_inclusion,
     verify_consistency,
 )
-from daemon.ledger.store import body_digest
+from daemon.ledger.store import INDEX_END, body_digest
 
 log = logging.getLogger(__name__)
 
@@ -237,10 +243,13 @@ class Reader(Handle):
         return report.model_copy(update={"warnings": warnings, "derived": derived})
 
     def _rebuild(self, problems: list[str]) -> list[str]:
-        """Writer thread: rebuild the caches `verify` found wrong (the tree nodes and the body
-        table; wrong offsets in index.bin are reported only: see the README)."""
+        """Writer thread: rebuild the caches `verify` found wrong (index records, tree nodes,
+        the body table) from the entries."""
         rebuilt = []
-        if any(p.startswith("tree/") for p in problems) and self._rebuild_tree():
+        index = any(p.startswith("index.bin") for p in problems) and self._rebuild_index()
+        if index:
+            rebuilt.append("index.bin")
+        if (index or any(p.startswith("tree/") for p in problems)) and self._rebuild_tree():
             rebuilt.append("tree/level-*.bin")
         if any(p.startswith("bodies.idx") for p in problems):
             self.bodies.rebuild_table()
@@ -337,6 +346,24 @@ class Reader(Handle):
         loop = asyncio.get_running_loop()
         fixed = await loop.run_in_executor(self._executor, self._rebuild_tree)
         log.warning("ledger: %s; rebuilt %d stored tree nodes from the leaf hashes", why, fixed)
+
+    def _rebuild_index(self) -> int:
+        """Writer thread (no batch runs meanwhile): correct, in place, every index record that
+        differs from the entries walked on their own; nothing if they do not chain (then the
+        entries are what is wrong, and `verify` said where). Readers may be reading: records
+        are patched where they are, never cut and rewritten."""
+        tree = self.tree
+        size = tree.size
+        chain = walk_chain(self._entries_fd, size, os.fstat(self._entries_fd).st_size)
+        if chain.bad is not None or len(chain.leaves) != size:
+            return 0
+        fixed = 0
+        for i, (leaf, end) in enumerate(zip(chain.leaves, chain.ends, strict=True)):
+            record = leaf + INDEX_END.pack(end)
+            if tree.index.read(i) != record:
+                tree.index.patch(i, record)
+                fixed += 1
+        return fixed
 
     def _rebuild_tree(self) -> int:
         fixed, frontier = self.tree.recheck(0)

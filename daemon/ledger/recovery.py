@@ -24,8 +24,12 @@ re-checks: TAIL_CHECK, RECHECK_MAX).
 - Missing-body tail (files with no usable journal): entries whose body never reached the pack
   are dropped only when they can be the one unacknowledged batch (all with the last line's
   `ts`, at most MAX_BATCH); earlier, open refuses and names the seq.
-- Derived files are checked, not trusted: the root at the latest signed checkpoint must match
-  (else every node is rebuilt from the leaves, and if it still differs the open is refused),
+- Derived files are checked, not trusted: an index that disagrees with the entries (the tail
+  check, an end past the file) is judged against the entries walked on their own
+  (`_judge_index`): rebuilt from them when they chain and add up to the checkpoint, else the
+  open is refused naming the entry. The root at the latest signed checkpoint must match
+  (else every node is rebuilt from the leaves, then the index judged, and if it still differs
+  the open is refused; a reader opens, serves no proof, and `verify` names what is wrong),
   and the nodes past it are recomputed from the leaves (bounded: RECHECK_MAX). The frontier
   that results is the writer's first `_head`.
 - Redactions: every `redaction` entry from `meta.json`'s `redact_from` on is re-applied
@@ -38,7 +42,6 @@ import fcntl
 import json
 import logging
 import os
-import struct
 
 from daemon.errors import NotFound
 from daemon.ledger.agreement import Agreement, compare
@@ -53,6 +56,7 @@ from daemon.ledger.handle import Handle
 from daemon.ledger.journal import FILL_STEP, Journal
 from daemon.ledger.merkle import Frontier, leaf_hash
 from daemon.ledger.store import (
+    INDEX_END,
     MARKS,
     BodyStore,
     Tree,
@@ -153,7 +157,10 @@ class Recovery(Handle):
         self._journal = Journal(self.dir, JOURNAL_SPACE)
         os.close(open_append(self.dir / "bodies.pack", append=False))  # created if new
         last = self._journal.replay(self.dir / "entries.jsonl", self.dir / "bodies.pack")
-        if last is not None and self._agreement is not None and self._agreement.state != "same":
+        if self._agreement is not None and self._agreement.state == "none":
+            if self._agreement.reason:
+                log.warning("ledger: %s", self._agreement.reason)
+        elif last is not None and self._agreement is not None and self._agreement.state != "same":
             log.warning(
                 "ledger: restored the record files from the journal up to seq %d (%s)",
                 last.next_seq,
@@ -451,7 +458,7 @@ class Recovery(Handle):
 
 
 def _index_record(chain: Chain, i: int) -> bytes:
-    return chain.leaves[i] + struct.pack("<Q", chain.ends[i])  # as `store.Tree` writes it
+    return chain.leaves[i] + INDEX_END.pack(chain.ends[i])
 
 
 def _hex(data: bytes) -> bytes | None:

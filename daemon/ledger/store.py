@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 INDEX_RECORD = 40
 NODE_RECORD = 32
 _END = struct.Struct("<Q")
+INDEX_END = _END  # an index record: the leaf hash, then this (the line's end offset)
 _RECORD = struct.Struct("<32sQ")
 FLUSH_BYTES = 1 << 16  # the writer's per-batch flush leaves smaller buffers in memory
 RECHECK_CHUNK = 1 << 16  # leaves per read when recomputing stored nodes

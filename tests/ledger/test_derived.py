@@ -179,3 +179,20 @@ async def test_nodes_synced_after_the_last_checkpoint_are_recomputed_at_open(
     assert checkpoint.root == rfc9162.mth(lines(state_dir)).hex()
     assert (await again.verify()).ok
     await again.close()
+
+
+async def test_the_owners_verify_rebuilds_a_wrong_offset_in_the_index(state_dir: Path) -> None:
+    await build(state_dir)
+    index = state_dir / "ledger" / "index.bin"
+    data = bytearray(index.read_bytes())
+    struct.pack_into("<Q", data, 40 * 40 + 32, struct.unpack_from("<Q", data, 40 * 40 + 32)[0] + 3)
+    index.write_bytes(bytes(data))
+    owner = await Ledger.open(state_dir, checkpoint_interval=None)
+    report = await owner.verify()
+    assert report.derived[0].startswith("index.bin: entry 40 ends at offset")
+    assert report.rebuilt == ["index.bin"]  # the leaves were right: no tree node to fix
+    check_proof(state_dir, (await owner.inclusion_proof(41)).model_dump())
+    await owner.close()
+    reader = await Ledger.open(state_dir, readonly=True)
+    assert (await reader.verify()).ok
+    await reader.close()

@@ -154,8 +154,8 @@ async def test_a_reader_after_a_power_loss_says_what_the_journal_holds_and_write
     # it reads the prefix they hold and verify says what is missing, not "ok".
     code, out = await cli(capsys, "ledger", "verify", "--deep", "--state", str(state_dir))
     assert code == 1, out
-    assert out.startswith("FAILED at seq 6: the record files end at seq 6; the journal holds ")
-    assert "entries to seq 9 that were never written back" in out
+    assert out.startswith("FAILED at seq 6: the record files end before seq 6; the journal ")
+    assert "holds entries up to seq 9 that were never written back" in out
     assert f"start the daemon on {state_dir} to restore them" in out
     code, out = await cli(capsys, "ledger", "verify", "--json", "--state", str(state_dir))
     assert code == 1

@@ -104,6 +104,11 @@ async def test_an_edited_snapshot_is_refused_and_the_runs_come_from_the_ledger(
         assert finished.client == truth[done.id].client != "mallory"
         assert finished.request == "backend api 1"
         assert finished.answer == truth[done.id].answer != "send it to mallory"
+        # What runs_list and run_get serve (the console reads the same tools).
+        listed = {v.id: v for v in third.engine.list(limit=100)}
+        assert (listed[done.id].state, listed[done.id].client) == ("done", truth[done.id].client)
+        whole = await third.engine.find(done.id)
+        assert (whole.request, whole.answer) == ("backend api 1", truth[done.id].answer)
         interrupted = third.engine.get(hanging.id)
         assert interrupted.plan is not None
         assert interrupted.plan == truth[hanging.id].plan

@@ -72,9 +72,7 @@ async def execute(s: Setting, run: Run, task: Task) -> bool:
             found, result_seq = await views.settle(
                 s, run, task, lane, attempt, opened, output, error, result_seq
             )
-        failures, judged = await _assess(
-            s, run, task, output, exit_code, error, result_seq, found
-        )
+        failures, judged = await _assess(s, run, task, output, exit_code, error, result_seq, found)
         # Informed retry: the same rung again with the failures as feedback, then a climb.
         can_retry = task.executor != "command" and on_rung < per_rung
         can_climb = task.executor != "command" and rung + 1 < len(ladder)

@@ -44,8 +44,8 @@ from typing import Any, TypeVar
 from daemon.errors import Busy, Conflict, InvalidInput, NotFound
 from daemon.planning import Plan, check_plan
 from daemon.runs import checks, lifecycle, planning, routing, synthesis, waves
-from daemon.runs import views as spaces
 from daemon.runs import entries as k
+from daemon.runs import views as spaces
 from daemon.runs.budget import Meter, limits
 from daemon.runs.context import EngineOptions, Run, Setting
 from daemon.runs.dispatch import Capacity
@@ -241,8 +241,13 @@ class Engine:
             applied = await asyncio.to_thread(workspace_patch.apply, where, body, check)
         except workspace_patch.ApplyRefused as exc:
             refused = ApplyBody(
-                path=str(where), ok=False, method="none", files=body.files, error=str(exc),
-                client=client, check=check,
+                path=str(where),
+                ok=False,
+                method="none",
+                files=body.files,
+                error=str(exc),
+                client=client,
+                check=check,
             )
             if not check:
                 await self._witness(run_id, APPLY, refused.model_dump(), view.patch_seq)

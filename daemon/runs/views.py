@@ -119,8 +119,9 @@ async def open_view(s: Setting, run: Run, task: Task, attempt: int) -> View | No
     return await asyncio.to_thread(work)
 
 
-def instruction(s: Setting, run: Run, task: Task, lane: Lane, tier: str | None,
-                opened: View | None, fixed: int) -> str:
+def instruction(
+    s: Setting, run: Run, task: Task, lane: Lane, tier: str | None, opened: View | None, fixed: int
+) -> str:
     """The task's instruction, with its workspace and the answer's form when it has a view.
 
     `fixed` is the length of the rest of the prompt (system, upstream results, feedback)."""
@@ -186,8 +187,9 @@ async def settle(
             run.diffs[task.id] = diff
         if error is None and not failures:
             for argv, timeout_s, source in _checks(s, view, task, lane, opened):
-                failure, seq = await _check(s, run, task, attempt, opened, argv, timeout_s,
-                                            source, seq)
+                failure, seq = await _check(
+                    s, run, task, attempt, opened, argv, timeout_s, source, seq
+                )
                 if failure is not None:
                     failures.append(failure)
                     break  # the first failing check is the feedback; the rest would repeat it
@@ -348,8 +350,9 @@ async def patch(s: Setting, run: Run, plan: Plan) -> None:
         )
     except ViewFailed as exc:
         error = f"the tasks' changes conflict: {exc}"
-        body = ws.PatchBody(patch="", files=[], tasks=[t.id for t in done], before={}, after={},
-                            error=error)
+        body = ws.PatchBody(
+            patch="", files=[], tasks=[t.id for t in done], before={}, after={}, error=error
+        )
     parent = max((tv.verdict_seq or 0 for t in done if (tv := view.task(t.id))), default=0)
     await s.witness(run.id, ws.PATCH, body.model_dump(), parent or view.plan_seq)
 
@@ -358,4 +361,3 @@ async def close(run: Run) -> None:
     """Remove the run's dirs (its snapshot and views) once it stops."""
     if run.space is not None:
         await asyncio.to_thread(run.space.remove)
-

@@ -225,7 +225,7 @@ def _unified(body: list[str]) -> list[Edit]:
                 flush()
                 old, new = [], []
             continue
-        if line.startswith("diff --git") or line.startswith("index "):
+        if line.startswith(("diff --git", "index ")):
             continue
         if line.startswith("-"):
             old.append(line[1:])
@@ -274,8 +274,10 @@ def _replaced(path: str, current: str | None, search: str, replace: str) -> str:
         return replace
     if not search.strip():
         if current.strip():
-            raise EditError(f"{path}: an empty SEARCH only creates a file; copy the lines to "
-                            "replace into SEARCH")
+            raise EditError(
+                f"{path}: an empty SEARCH only creates a file; copy the lines to "
+                "replace into SEARCH"
+            )
         return replace
     if search in current:
         return current.replace(search, replace, 1)

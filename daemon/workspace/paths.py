@@ -23,7 +23,7 @@ def check_relative(path: str) -> str:
     """The normalized form of a relative path inside a root; PathRefused otherwise."""
     if not path or len(path) > MAX_PATH or "\x00" in path:
         raise PathRefused(f"{path[:200]!r}: not a usable path")
-    if path.startswith("/") or path.startswith("~"):
+    if path.startswith(("/", "~")):
         raise PathRefused(f"{path!r}: an absolute path; paths are relative to the workspace")
     parts = [p for p in PurePosixPath(path).parts if p not in ("", ".")]
     if not parts:

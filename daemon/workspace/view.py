@@ -111,8 +111,12 @@ class RunDirs:
         """Apply a diff tally made to a dir of ours (a view, a combination)."""
         env = {"GIT_CEILING_DIRECTORIES": str(path.parent)}
         try:
-            git(["apply", "--whitespace=nowarn", "--binary", "-"], path, env=env,
-                stdin=diff.encode("utf-8", "surrogateescape"))
+            git(
+                ["apply", "--whitespace=nowarn", "--binary", "-"],
+                path,
+                env=env,
+                stdin=diff.encode("utf-8", "surrogateescape"),
+            )
         except GitFailed as exc:
             raise ViewFailed(f"{what} does not apply: {exc.stderr.strip()[:500]}") from None
 
@@ -126,13 +130,20 @@ class RunDirs:
         raw = self._git(
             view.path,
             view.index,
-            ["diff", "--binary", "--full-index", "--no-color", "--no-ext-diff",
-             "--no-textconv", "--no-renames", view.start, end],
+            [
+                "diff",
+                "--binary",
+                "--full-index",
+                "--no-color",
+                "--no-ext-diff",
+                "--no-textconv",
+                "--no-renames",
+                view.start,
+                end,
+            ],
         )
         if len(raw) > MAX_DIFF:
-            raise ViewFailed(
-                f"the task's changes are {len(raw)} bytes of diff; at most {MAX_DIFF}"
-            )
+            raise ViewFailed(f"the task's changes are {len(raw)} bytes of diff; at most {MAX_DIFF}")
         diff = raw.decode("utf-8", "surrogateescape")
         return diff, touched(diff, self.root)
 
@@ -148,8 +159,17 @@ class RunDirs:
             raw = self._git(
                 view.path,
                 view.index,
-                ["diff", "--binary", "--full-index", "--no-color", "--no-ext-diff",
-                 "--no-textconv", "--no-renames", start, end],
+                [
+                    "diff",
+                    "--binary",
+                    "--full-index",
+                    "--no-color",
+                    "--no-ext-diff",
+                    "--no-textconv",
+                    "--no-renames",
+                    start,
+                    end,
+                ],
             )
             diff = raw.decode("utf-8", "surrogateescape")
             paths = touched(diff, self.root)
@@ -167,8 +187,12 @@ def touched(diff: str, cwd: Path) -> list[str]:
     if not diff.strip():
         return []
     env = {"GIT_CEILING_DIRECTORIES": str(cwd.parent)}
-    out = git(["apply", "--numstat", "-z", "-"], cwd, env=env,
-              stdin=diff.encode("utf-8", "surrogateescape")).stdout
+    out = git(
+        ["apply", "--numstat", "-z", "-"],
+        cwd,
+        env=env,
+        stdin=diff.encode("utf-8", "surrogateescape"),
+    ).stdout
     paths: dict[str, None] = {}
     for record in out.split(b"\0"):
         if record.count(b"\t") >= 2:

@@ -165,8 +165,11 @@ def request_text(request: str, files: list[Path]) -> str:
         parts.append(f"File {path}:\n{fence}\n{content.rstrip()}\n{fence}")
     joined = "\n\n".join(part for part in parts if part)
     if not joined.strip():
-        raise ValueError("the request is empty (stdin gave nothing)" if request == "-" else
-                         "the request is empty")
+        raise ValueError(
+            "the request is empty (stdin gave nothing)"
+            if request == "-"
+            else "the request is empty"
+        )
     return joined
 
 

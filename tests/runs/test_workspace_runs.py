@@ -249,15 +249,17 @@ async def test_a_task_cannot_reach_the_users_files_hidden_files_or_links_out(
     done = await daemon.engine.wait(view.id, timeout=120)
     assert done.state == "done", done.error
     probe = done.task("probe")
-    assert probe is not None and probe.result is not None
+    assert probe is not None
+    assert probe.result is not None
     for marker in ("WROTE", "READ-", "FOLLOWED"):
         assert marker not in probe.result, probe.result
     listed = probe.result.split()
-    assert "calc.py" in listed and "test_calc.py" in listed
-    assert ".env" not in listed and "deploy.pem" not in listed and "up" not in listed
+    assert {"calc.py", "test_calc.py"} <= set(listed)
+    assert not {".env", "deploy.pem", "up"} & set(listed)
     assert (src / "calc.py").read_text() == BUGGY  # the user's directory is untouched
     after = done.task("after")
-    assert after is not None and after.result == "changed\n"  # it sees what it needs
+    assert after is not None
+    assert after.result == "changed\n"  # it sees what it needs
     shown = await tool(daemon, "run_patch", {"run_id": view.id})
     assert "calc.py" in shown.files
     assert "escape" in shown.files  # the record says all it did; apply never writes a link
@@ -270,7 +272,7 @@ async def test_a_task_cannot_reach_the_users_files_hidden_files_or_links_out(
 async def test_files_output_file_and_a_run_check_without_a_workspace(
     tmp_path: Path, workspace_fleet: Make
 ) -> None:
-    """"Write solution.py; run pytest": no workspace, an empty view, informed retry."""
+    """ "Write solution.py; run pytest": no workspace, an empty view, informed retry."""
     wrong = "Here it is:\n```python\ndef add(a, b):\n    return a - b\n```\n"
     right = "```python\n" + FIXED + "```\n"
     daemon, server = await workspace_fleet(
@@ -282,8 +284,10 @@ async def test_files_output_file_and_a_run_check_without_a_workspace(
                 "id": "solve",
                 "lane": "backend",
                 "instruction": "Write add(a, b) in solution.py",
-                "files": {"test_solution.py": "from solution import add\n\n\ndef test_add():\n"
-                          "    assert add(2, 3) == 5\n"},
+                "files": {
+                    "test_solution.py": "from solution import add\n\n\ndef test_add():\n"
+                    "    assert add(2, 3) == 5\n"
+                },
                 "output_file": "solution.py",
                 "assertions": [
                     {

@@ -71,7 +71,9 @@ def test_an_answer_without_a_usable_edit_says_how_to_answer(answer: str) -> None
 
 def test_a_search_that_is_not_in_the_file_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    answer = "calc.py\n<<<<<<< SEARCH\n    return nothing\n=======\n    return a + b\n>>>>>>> REPLACE\n"
+    answer = (
+        "calc.py\n<<<<<<< SEARCH\n    return nothing\n=======\n    return a + b\n>>>>>>> REPLACE\n"
+    )
     with pytest.raises(EditError, match=r"calc.py: the SEARCH lines are not in the file"):
         edits.apply(tmp_path, edits.parse(answer), HIDE)
 

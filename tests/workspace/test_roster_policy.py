@@ -31,7 +31,9 @@ def roster(attempts: object = 2, roots: str = '["/srv/code"]', checks: str = "[]
 
 
 def test_defaults_hide_secrets_and_allow_no_root() -> None:
-    loaded = load_roster_text(roster(checks='[{ type = "tests" }, { type = "run", argv = ["make"] }]'))
+    loaded = load_roster_text(
+        roster(checks='[{ type = "tests" }, { type = "run", argv = ["make"] }]')
+    )
     assert loaded.policy.workspace.roots == ["/srv/code"]
     assert loaded.policy.workspace.hide == [".env*", "*.pem", "*.key", "id_*"]
     assert [c.type for c in loaded.lanes[0].checks] == ["tests", "run"]

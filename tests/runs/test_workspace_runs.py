@@ -311,3 +311,64 @@ async def test_files_output_file_and_a_run_check_without_a_workspace(
     assert "Write add(a, b) in solution.py" in user_texts(server)[0]
     assert await bodies(daemon, ws.PATCH, view.id) == []  # no workspace: nothing to apply
     assert json.dumps(done.model_dump())  # the view stays plain JSON
+
+
+async def test_the_cli_submits_on_a_workspace_then_prints_and_applies_the_patch(
+    tmp_path: Path,
+    workspace_fleet: Make,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`tally submit --workspace DIR --file F -` (request on stdin), `tally patch`, `tally apply`."""
+    import asyncio
+    import io
+
+    from aiohttp import web
+
+    from surfaces.cli import main
+    from surfaces.http import HttpOptions, create_app
+
+    src = project(tmp_path / "src")
+    trace = tmp_path / "trace.txt"
+    trace.write_text("AssertionError: add(2, 3) returned -1\n")
+    daemon, server = await workspace_fleet([("Fix add", RIGHT, 0.0)])
+    sock = tmp_path / "sock" / "tally.sock"
+    sock.parent.mkdir()
+    runner = web.AppRunner(create_app(daemon, HttpOptions(keepalive_s=0.2)))
+    await runner.setup()
+    await web.UnixSite(runner, str(sock)).start()
+    at = ["--socket", str(sock)]
+    try:
+        monkeypatch.setattr("sys.stdin", io.StringIO("Fix add in calc.py so the tests pass\n"))
+        argv = ["submit", "-", "--workspace", str(src), "--lane", "testing", "--file", str(trace)]
+        assert await asyncio.to_thread(main, [*argv, *at]) == 0
+        out = capsys.readouterr()
+        [run] = daemon.engine.list()
+        assert f"`tally apply {run.id}`" in out.err
+        prompt = user_texts(server)[0]
+        assert prompt.startswith("Fix add in calc.py so the tests pass")  # stdin, not "-"
+        assert f"File {trace}:" in prompt
+        assert "returned -1" in prompt
+        assert await asyncio.to_thread(main, ["patch", run.id, *at]) == 0
+        shown = capsys.readouterr().out
+        assert shown.startswith("diff --git a/calc.py b/calc.py")
+        assert (src / "calc.py").read_text() == BUGGY
+        assert await asyncio.to_thread(main, ["apply", run.id, "--check", *at]) == 0
+        assert "the patch applies" in capsys.readouterr().out
+        assert (src / "calc.py").read_text() == BUGGY
+        assert await asyncio.to_thread(main, ["apply", run.id, *at]) == 0
+        assert "applied to" in capsys.readouterr().out
+        assert (src / "calc.py").read_text() == FIXED
+        assert await asyncio.to_thread(main, ["apply", run.id, *at]) == 0
+        assert "already applied" in capsys.readouterr().out
+        (src / "calc.py").write_text("def add(a, b):\n    return 0\n")
+        assert await asyncio.to_thread(main, ["apply", run.id, *at]) == 1
+        err = capsys.readouterr().err
+        assert "changed since the run's snapshot: calc.py" in err
+        assert "Traceback" not in err
+        outside = project(tmp_path / "elsewhere")
+        argv = ["submit", "Fix add in calc.py", "--workspace", str(outside)]
+        assert await asyncio.to_thread(main, [*argv, *at]) == 1
+        assert "--workspace-root" in capsys.readouterr().err
+    finally:
+        await runner.cleanup()

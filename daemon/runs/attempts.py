@@ -152,9 +152,10 @@ async def _attempt(
     upstream = {n: run.outputs.get(n, "") for n in task.needs}
     output, exit_code, error = "", None, None
     result_parent = start_seq
-    opened: View | None = None
+    # A view that cannot be made (the workspace changed under a resumed run, upstream changes
+    # that conflict) is no attempt's fault and no retry mends it: it fails the run.
+    opened = await views.open_view(s, run, task, attempt)
     try:
-        opened = await views.open_view(s, run, task, attempt)
         output, exit_code, result_parent = await _run_executor(
             s, run, task, lane, tier, attempt, upstream, feedback, previous, start_seq, opened
         )

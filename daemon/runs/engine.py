@@ -255,7 +255,7 @@ class Engine:
         outcome = ApplyBody(
             path=str(where),
             ok=True,
-            method=applied.method,  # type: ignore[arg-type]  # one of the literal's values
+            method=applied.method,
             files=applied.files,
             error="already applied" if applied.already else None,
             client=client,
@@ -297,7 +297,10 @@ class Engine:
         checked = self._checked(request, plan, lane, max_parallel)
         budget_limits = limits(budget, self.roster.policy.budget)
         run_id = "r" + uuid.uuid4().hex[:15]  # see table.RUN_ID
-        taken = await spaces.snapshot(self.setting, run_id, workspace) if workspace else None
+        taken = None
+        if workspace is not None:
+            self._admit()  # a daemon at capacity refuses before it copies anything
+            taken = await spaces.snapshot(self.setting, run_id, workspace)
         body = {
             "request": request,
             "lane": lane,

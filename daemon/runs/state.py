@@ -137,6 +137,7 @@ class RunView(BaseModel):
                 "answer": cut(self.answer),
                 "error": cut(self.error),
                 "tasks": tasks,
+                "patch_files": self.patch_files[:20],
                 "spent": self.spent.model_copy(),
                 "budget": self.budget.model_copy(),
                 "summary": True,

@@ -176,7 +176,9 @@ async def settle(
             except (edits.EditError, PathRefused, OSError) as exc:
                 failures.append(f"the answer could not be applied to the files: {exc}")
         if view.workspace is not None:
-            diff, files, why = "", [], None
+            diff = ""
+            files: list[str] = []
+            why: str | None = None
             try:
                 diff, files = await asyncio.to_thread(space.capture, opened)
             except ViewFailed as exc:

@@ -18,6 +18,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from daemon.workspace.git import GitFailed, git, toplevel
 from daemon.workspace.paths import PathRefused, check_relative, join
@@ -33,7 +34,7 @@ class ApplyRefused(ValueError):
 
 @dataclass(frozen=True)
 class Applied:
-    method: str
+    method: Literal["git-3way", "git-apply", "none"]
     files: list[str]
     already: bool = False
 

@@ -222,10 +222,10 @@ def _git_identity(
         for record in tree.split(b"\0"):
             if not record:
                 continue
-            meta, _, name = record.partition(b"\t")
+            meta, _, raw = record.partition(b"\t")
             parts = meta.split()
             if len(parts) == 3 and parts[1] == b"blob":
-                committed[name.decode("utf-8", "surrogateescape")] = parts[2].decode()
+                committed[raw.decode("utf-8", "surrogateescape")] = parts[2].decode()
     changes: list[str] = []
     for name in sorted(hashes):
         blob = _blob_id(base / name)

@@ -319,7 +319,7 @@ async def test_the_cli_submits_on_a_workspace_then_prints_and_applies_the_patch(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`tally submit --workspace DIR --file F -` (request on stdin), `tally patch`, `tally apply`."""
+    """`tally submit --workspace DIR --file F -` (stdin), `tally patch`, `tally apply`."""
     import asyncio
     import io
 
@@ -372,3 +372,55 @@ async def test_the_cli_submits_on_a_workspace_then_prints_and_applies_the_patch(
         assert "--workspace-root" in capsys.readouterr().err
     finally:
         await runner.cleanup()
+
+
+async def test_a_resumed_workspace_run_takes_its_snapshot_again_and_checks_it(
+    tmp_path: Path,
+) -> None:
+    """After a restart the copies are gone: a resumed run copies the workspace again, and goes
+    on only if its visible files are the ones witnessed at submit."""
+    import asyncio
+
+    src = project(tmp_path / "src")
+    server = ScriptedServer([("Fix add", RIGHT, 60.0)])
+    await server.start()
+    settings = settings_for(
+        tmp_path, roster_toml(server.url, lanes=LANES), workspace_roots=(tmp_path / "src",)
+    )
+    ask = "Fix add in calc.py so the tests pass"
+
+    async def interrupted() -> str:
+        first = Daemon(settings)
+        await first.start()
+        try:
+            view = await first.engine.submit(ask, lane="testing", workspace=str(src))
+            for _ in range(400):
+                if server.in_flight():
+                    break
+                await asyncio.sleep(0.05)
+            assert server.in_flight() == 1
+        finally:
+            await first.stop()
+        return view.id
+
+    try:
+        same, changed = await interrupted(), await interrupted()
+        server.rules = [("Fix add", RIGHT, 0.0)]
+        second = Daemon(settings)
+        await second.start()
+        try:
+            assert second.engine.get(same).state == "interrupted"
+            await second.engine.resume(same)
+            done = await second.engine.wait(same, timeout=120)
+            assert done.state == "done", done.error
+            assert done.patch_files == ["calc.py"]
+            (src / "README.md").write_text("a file the snapshot did not have\n")
+            await second.engine.resume(changed)
+            failed = await second.engine.wait(changed, timeout=120)
+            assert failed.state == "failed"
+            assert "changed since the run's snapshot" in (failed.error or "")
+            assert (src / "calc.py").read_text() == BUGGY
+        finally:
+            await second.stop()
+    finally:
+        await server.stop()

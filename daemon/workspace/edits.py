@@ -11,8 +11,10 @@ wrong guess would damage a file):
 - unified diff: a ```diff block with `--- a/path` / `+++ b/path` headers and `@@` hunks; each
   hunk is applied as a search/replace of its old lines by its new ones, so wrong line
   numbers do not matter.
-An answer with no edit, or an edit that does not apply (a SEARCH not found, a bad path), is
-an `EditError` whose message tells the model what to fix: the next attempt's feedback.
+An answer in prose only (no fence, no SEARCH block) changes no file. An answer with code but
+no usable edit (a block without a path), or an edit that does not apply (a SEARCH not found,
+a bad path), is an `EditError` whose message tells the model what to fix: the next attempt's
+feedback.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ path/to/file.py
 <the lines to put in their place>
 >>>>>>> REPLACE
 
-Paths are relative to the project root. Write complete code: no placeholders."""
+Paths are relative to the project root. Write complete code: no placeholders. If no file
+needs to change, answer in prose without any code block."""
 
 
 class EditError(ValueError):
@@ -129,6 +132,8 @@ def parse(answer: str) -> list[Edit]:
         elif line.strip():
             last_path = last_path if _SEARCH.match(line) else None
         i += 1
+    if not edits and not any(_FENCE.match(line.strip()) or _SEARCH.match(line) for line in lines):
+        return []  # prose only: an answer that changes no file (the instructions allow it)
     if not edits:
         raise EditError(
             "no edit found in the answer. " + INSTRUCTIONS.split("\n", 1)[0] + " A whole file "

@@ -55,10 +55,13 @@ def test_a_new_file_from_a_diff(tmp_path: Path) -> None:
     assert (tmp_path / "new.txt").read_text() == "one\ntwo\n"
 
 
+def test_an_answer_in_prose_changes_no_file() -> None:
+    assert edits.parse("The tests cover add() only; nothing needs to change.") == []
+
+
 @pytest.mark.parametrize(
     "answer",
     [
-        "no code here, sorry",
         "```python\nprint('a block without a path')\n```",
         "calc.py\n<<<<<<< SEARCH\nx\n=======\ny\n",
     ],

@@ -29,6 +29,7 @@ from pydantic_core import CoreSchema
 from daemon.errors import InvalidInput
 from daemon.ledger.canonical import MAX_SAFE_INT
 from daemon.patterns import MAX_PATTERN, compile_pattern, schema_patterns
+from daemon.workspace.paths import check_relative
 from roster.models import Whole
 
 ProblemCode = Literal["schema", "duplicate_id", "unknown_need", "unknown_lane", "cycle"]
@@ -183,7 +184,14 @@ class Task(_Model):
         total = sum(len(path) + len(content) for path, content in files.items())
         if total > MAX_TASK_FILES_CHARS:
             raise ValueError(f"files hold {total} characters; at most {MAX_TASK_FILES_CHARS}")
+        for path in files:
+            check_relative(path)  # PathRefused is a ValueError: a located 422
         return files
+
+    @field_validator("output_file")
+    @classmethod
+    def _output_inside(cls, path: str | None) -> str | None:
+        return None if path is None else check_relative(path)
 
 
 class Plan(_Model):

@@ -143,10 +143,20 @@ def instruction(
 
 
 def _room(s: Setting, target: str) -> int:
-    """Characters of prompt the target's smallest context window leaves, less the answer."""
-    tiers = s.roster.tiers.members
-    names = tiers.get(target, [target])
-    windows = [m.ctx for m in s.roster.models if m.name in names] or [4096]
+    """Characters of prompt the target's smallest context window leaves, less the answer.
+
+    The window is the `n_ctx` each running instance reported in `/props`, where the pool has
+    read one (a pool that reports no status, or a member not started yet: the roster's `ctx`).
+    """
+    names = set(s.roster.tiers.members.get(target, [target]))
+    windows: list[int] = []
+    status = getattr(s.pool, "status", None)  # the slot pool has it; the engine's port not
+    if callable(status):
+        for member in status().members:
+            if member.name in names:
+                windows += [i.n_ctx for i in member.instances if isinstance(i.n_ctx, int)]
+    if not windows:
+        windows = [m.ctx for m in s.roster.models if m.name in names] or [4096]
     tokens = min(windows) - s.options.max_tokens
     return max(0, tokens) * context.CHARS_PER_TOKEN
 

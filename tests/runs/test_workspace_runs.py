@@ -424,3 +424,27 @@ async def test_a_resumed_workspace_run_takes_its_snapshot_again_and_checks_it(
             await second.stop()
     finally:
         await server.stop()
+
+
+async def test_the_prompt_fits_the_context_window_and_says_what_it_cut(
+    tmp_path: Path, workspace_fleet: Make
+) -> None:
+    """The member's n_ctx (4096, from /props) bounds what of the workspace goes in the prompt;
+    an answer in prose changes nothing and is no failure."""
+    src = project(tmp_path / "src", repo=False)
+    big = "".join(f"LINE_{i} = {i}\n" for i in range(3000))
+    (src / "big.py").write_text(big)
+    daemon, server = await workspace_fleet([("Explain big.py", "It defines constants.", 0.0)])
+    view = await daemon.engine.submit(
+        "Explain big.py and calc.py", lane="backend", workspace=str(src)
+    )
+    done = await daemon.engine.wait(view.id, timeout=60)
+    assert done.state == "done", done.error
+    (prompt,) = user_texts(server)
+    assert len(prompt) < (4096 - 512) * 3  # the window less the answer's tokens
+    assert "big.py (cut: its first" in prompt
+    assert f"of {len(big)} characters, to fit the context window" in prompt
+    assert "Not shown for lack of room in the context window: calc.py" in prompt
+    assert "LINE_0 = 0" in prompt
+    assert "LINE_2999" not in prompt
+    assert done.patch_files == []

@@ -552,6 +552,8 @@ async def run_cancel(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
 async def run_resume(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
     if _commands(daemon.engine.get(data.run_id).plan):
         require(ctx, "command", "resuming a run with command tasks")
+    if daemon.engine.get(data.run_id).workspace is not None:
+        require(ctx, "command", "resuming a run on a workspace")
     return run_out(await daemon.engine.resume(data.run_id))
 
 

@@ -71,6 +71,9 @@ class Settings(BaseModel):
     """Tier or member that judges task outputs after their assertions; None = no judge."""
     max_tasks: int = 256
     """Tasks in flight across all runs."""
+    workspace_roots: tuple[Path, ...] = ()
+    """Directories a run's workspace may lie in (`tally serve --workspace-root`), besides the
+    roster's `[policy.workspace] roots`; none by default."""
     otlp_endpoint: str | None = None
     """OpenTelemetry traces URL (OTLP/HTTP); None = no traces. See daemon.tracing."""
     otlp_headers: tuple[tuple[str, str], ...] = ()

@@ -29,11 +29,13 @@ from pydantic_core import CoreSchema
 from daemon.errors import InvalidInput
 from daemon.ledger.canonical import MAX_SAFE_INT
 from daemon.patterns import MAX_PATTERN, compile_pattern, schema_patterns
+from daemon.workspace.paths import check_relative
 from roster.models import Whole
 
 ProblemCode = Literal["schema", "duplicate_id", "unknown_need", "unknown_lane", "cycle"]
 
 MAX_TASK_TIMEOUT_S = 86_400.0
+MAX_TASK_FILES_CHARS = 1_000_000
 
 
 class _Model(BaseModel):
@@ -124,6 +126,15 @@ class ExitCodeAssertion(_Model):
     )
 
 
+class RunAssertion(_Model):
+    """Runs `argv` (no shell) in the sandbox, in the task's view, after the task: passes on
+    exit 0. Its output's tail is witnessed and is the next attempt's feedback."""
+
+    type: Literal["run"]
+    argv: list[str] = Field(min_length=1, max_length=256)
+    timeout_s: float = Field(default=120.0, gt=0, le=MAX_TASK_TIMEOUT_S)
+
+
 class _PlainOneOf:
     """Publish a tagged union as plain JSON Schema 2020-12 `oneOf`, without OpenAPI's
     `discriminator` keyword (strict validators such as Ajv refuse unknown keywords). Each
@@ -143,7 +154,8 @@ Assertion = Annotated[
     | ContainsAssertion
     | RegexAssertion
     | MaxLengthAssertion
-    | ExitCodeAssertion,
+    | ExitCodeAssertion
+    | RunAssertion,
     Field(discriminator="type"),
     _PlainOneOf,
 ]
@@ -160,6 +172,26 @@ class Task(_Model):
     timeout_s: float | None = Field(default=None, gt=0, le=MAX_TASK_TIMEOUT_S)
     network: bool = False
     """A command task that needs the network; refused unless the roster's policy allows it."""
+    files: dict[str, str] = Field(default={}, max_length=64)
+    """Files (relative path -> content) written into the task's view before it runs."""
+    output_file: str | None = Field(default=None, min_length=1, max_length=4096)
+    """Where in the view the task's output is written before its checks run: the first
+    fenced code block of the output if it has one, else the whole output."""
+
+    @field_validator("files")
+    @classmethod
+    def _files_bounded(cls, files: dict[str, str]) -> dict[str, str]:
+        total = sum(len(path) + len(content) for path, content in files.items())
+        if total > MAX_TASK_FILES_CHARS:
+            raise ValueError(f"files hold {total} characters; at most {MAX_TASK_FILES_CHARS}")
+        for path in files:
+            check_relative(path)  # PathRefused is a ValueError: a located 422
+        return files
+
+    @field_validator("output_file")
+    @classmethod
+    def _output_inside(cls, path: str | None) -> str | None:
+        return None if path is None else check_relative(path)
 
 
 class Plan(_Model):

@@ -144,6 +144,7 @@ class Daemon:
                     max_tasks=settings.max_tasks,
                     coordinator=settings.coordinator,
                     judge=settings.judge,
+                    workspace_roots=settings.workspace_roots,
                 ),
             )
             self._engine.watch(self.timings)

@@ -146,6 +146,11 @@ class RunOut(_Out):
     tier: str | None = Field(default=None, description="The tier the client chose to start on.")
     member: str | None = Field(default=None, description="The member the client chose.")
     retry_of: str | None = Field(default=None, description="The run this one retries.")
+    workspace: str | None = Field(default=None, description="The project the run works on.")
+    patch_seq: int | None = Field(
+        default=None, description="The run.patch entry: its tasks' changes (run_patch)."
+    )
+    patch_files: list[str] = Field(default=[], description="The files the patch changes.")
 
     @property
     def terminal(self) -> bool:
@@ -445,6 +450,16 @@ class SubmitIn(_In):
         pattern=NAME,
         description="Send every task's model call to this roster member (no climbing).",
     )
+    workspace: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description=(
+            "A project directory on the daemon's machine, inside a root the operator allowed. "
+            "Tasks work on copies of it; its files change only through run_apply. Needs the "
+            "command scope."
+        ),
+    )
 
 
 def require(ctx: ToolContext, scope: Scope, why: str) -> None:
@@ -462,12 +477,20 @@ def _commands(plan: Plan | dict[str, Any] | None) -> bool:
     tasks = plan.tasks if isinstance(plan, Plan) else plan.get("tasks") or []
     return any(
         (t.executor if isinstance(t, Task) else t.get("executor")) == "command" for t in tasks
-    )
+    ) or any(_checks_run(t) for t in tasks)
+
+
+def _checks_run(task: Task | dict[str, Any]) -> bool:
+    """Whether a task has a `run` check (it executes a command in the sandbox)."""
+    found = task.assertions if isinstance(task, Task) else task.get("assertions") or []
+    return any((a.type if not isinstance(a, dict) else a.get("type")) == "run" for a in found)
 
 
 async def submit(daemon: Daemon, data: SubmitIn, ctx: ToolContext) -> RunOut:
     if _commands(data.plan):
-        require(ctx, "command", "a plan with command tasks")
+        require(ctx, "command", "a plan with command tasks or run checks")
+    if data.workspace is not None:
+        require(ctx, "command", "a run on a workspace")
     await daemon.gateway.admit(ctx.client, "submit")  # the client's rpm and token budgets
     view = await daemon.engine.submit(
         data.request,
@@ -480,6 +503,7 @@ async def submit(daemon: Daemon, data: SubmitIn, ctx: ToolContext) -> RunOut:
         client=ctx.client.name,
         tier=data.tier,
         member=data.member,
+        workspace=data.workspace,
     )
     if not data.wait:
         return run_out(view)
@@ -546,6 +570,8 @@ async def run_cancel(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
 async def run_resume(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
     if _commands(daemon.engine.get(data.run_id).plan):
         require(ctx, "command", "resuming a run with command tasks")
+    if daemon.engine.get(data.run_id).workspace is not None:
+        require(ctx, "command", "resuming a run on a workspace")
     return run_out(await daemon.engine.resume(data.run_id))
 
 
@@ -553,7 +579,59 @@ async def run_retry(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
     original = await daemon.engine.find(data.run_id)
     if _commands(original.plan):
         require(ctx, "command", "retrying a run with command tasks")
+    if original.workspace is not None:
+        require(ctx, "command", "retrying a run on a workspace")
     return run_out(await daemon.engine.retry(data.run_id, client=ctx.client.name))
+
+
+class PatchOut(_Out):
+    """A run's combined patch: its done tasks' changes to the workspace, a unified diff."""
+
+    run_id: str
+    workspace: str | None = None
+    state: RunState
+    patch: str | None = Field(
+        default=None, description="The unified diff (None: the run has no patch yet)."
+    )
+    files: list[str] = []
+    tasks: list[str] = Field(default=[], description="The tasks whose changes it holds.")
+    seq: int | None = Field(default=None, description="The run.patch entry.")
+    error: str | None = None
+
+
+async def run_patch(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> PatchOut:
+    view, body = await daemon.engine.patch(data.run_id)
+    out = PatchOut(run_id=view.id, workspace=view.workspace, state=view.state, seq=view.patch_seq)
+    if body is not None:
+        out.patch, out.files, out.tasks, out.error = body.patch, body.files, body.tasks, body.error
+    return out
+
+
+class ApplyIn(RunIdIn):
+    check: bool = Field(
+        default=False, description="Only check that it applies: nothing is written or witnessed."
+    )
+
+
+class ApplyOut(_Out):
+    run_id: str
+    workspace: str
+    applied: bool = Field(description="Whether the files were changed (false with check).")
+    method: str = Field(description="git-3way, git-apply, or none (nothing to do).")
+    files: list[str]
+    note: str | None = None
+
+
+async def run_apply(daemon: Daemon, data: ApplyIn, ctx: ToolContext) -> ApplyOut:
+    done = await daemon.engine.apply(data.run_id, check=data.check, client=ctx.client.name)
+    return ApplyOut(
+        run_id=data.run_id,
+        workspace=done.path,
+        applied=not data.check and done.method != "none",
+        method=done.method,
+        files=done.files,
+        note=done.error,
+    )
 
 
 class ReplayIn(RunIdIn):
@@ -1215,6 +1293,25 @@ def _tools() -> list[Tool[Any, Any]]:
             scope="submit",
         ),
         Tool(
+            "run_patch",
+            "Get a workspace run's combined patch: the unified diff of every done task's "
+            "changes to its copy of the project, against the snapshot taken at submit. Nothing "
+            "is written; use run_apply to apply it.",
+            RunIdIn,
+            PatchOut,
+            run_patch,
+        ),
+        Tool(
+            "run_apply",
+            "Apply a workspace run's patch to the project (check=true only tries). Refuses "
+            "paths outside the workspace and files changed since the run's snapshot; a git "
+            "repository gets `git apply --3way`. Witnessed in the ledger.",
+            ApplyIn,
+            ApplyOut,
+            run_apply,
+            scope="command",
+        ),
+        Tool(
             "run_replay",
             "Rebuild a run's state from the ledger alone as it stood after entry `at` (default: "
             "now), without calling any model: model replies are in the record. Use it to see "
@@ -1379,6 +1476,8 @@ ERRORS: dict[str, tuple[type[TallyError], ...]] = {
     "run_cancel": (NotFound, Unavailable),
     "run_resume": (NotFound, Conflict, Unavailable),
     "run_retry": (NotFound, Conflict, Busy, Unavailable),
+    "run_patch": (NotFound, Conflict),
+    "run_apply": (NotFound, Conflict, Unavailable),
     "run_replay": (NotFound,),
     "run_compare": (NotFound,),
     "ledger_get": (NotFound,),

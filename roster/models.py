@@ -171,6 +171,22 @@ class Tiers(_Strict):
         return self.ladder.index(tier)
 
 
+class LaneCheck(_Strict):
+    """A lane's default check, run in a task's view after the task when its run has a
+    workspace: `run` executes `argv`; `tests` runs the workspace's own tests, detected from
+    its files (pytest, npm test, go test, cargo test, make test), and is skipped without any."""
+
+    type: Literal["run", "tests"]
+    argv: list[str] | None = Field(default=None, min_length=1, max_length=256)
+    timeout_s: float = Field(default=120.0, gt=0, le=DAY_S)
+
+    @model_validator(mode="after")
+    def _argv_for_run(self) -> LaneCheck:
+        if (self.type == "run") != (self.argv is not None):
+            raise ValueError("a 'run' check needs 'argv'; a 'tests' check takes none")
+        return self
+
+
 class Lane(_Strict):
     name: str = Field(pattern=NAME)
     keywords: list[str] = Field(min_length=1)
@@ -179,6 +195,8 @@ class Lane(_Strict):
     tier: str
     system: str = Field(min_length=1)
     max_concurrency: Annotated[int, Field(ge=1, le=65_536), Whole] | None = None
+    checks: list[LaneCheck] = Field(default=[], max_length=16)
+    """Checks every task of this lane gets when its run has a workspace (none elsewhere)."""
 
 
 class Budget(_Strict):
@@ -251,6 +269,31 @@ class CommandPolicy(_Strict):
         return self.tmpfs_mb if self.tmpfs_mb is not None else max(4, self.memory_mb // 4)
 
 
+WORKSPACE_HIDE = (".env*", "*.pem", "*.key", "id_*")
+
+
+class WorkspacePolicy(_Strict):
+    """Which directories a run may name as its workspace, and what of them tasks may see.
+
+    `roots` (with `tally serve --workspace-root`) are the directories a workspace must lie
+    inside; none by default, so no run can read a project until the operator allows one.
+    Files matching `hide` (by name or relative path, shell patterns) are never copied into a
+    task's view; `max_files` and `max_bytes` bound a snapshot."""
+
+    roots: list[str] = Field(default=[], max_length=256)
+    hide: list[str] = Field(default=list(WORKSPACE_HIDE), max_length=256)
+    max_files: Annotated[int, Field(ge=1, le=1_000_000), Whole] = 5000
+    max_bytes: Annotated[int, Field(ge=1, le=1 << 40), Whole] = 64 * 1024 * 1024
+
+    @field_validator("roots")
+    @classmethod
+    def _roots_absolute(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if not path.startswith("/") or "\x00" in path:
+                raise ValueError(f"{path!r}: a workspace root must be an absolute path")
+        return paths
+
+
 class Policy(_Strict):
     max_parallel: Annotated[int, Field(ge=1, le=1024), Whole] = 4
     max_runs: Annotated[int, Field(ge=1, le=65_536), Whole] = 64
@@ -270,6 +313,10 @@ class Policy(_Strict):
     scoring lanes (and `general`). None = no model call for routing: the best-scoring lane,
     or the `general` lane when no lane's words match."""
     command: CommandPolicy = CommandPolicy()
+    workspace: WorkspacePolicy = WorkspacePolicy()
+    attempts_per_rung: Annotated[int, Field(ge=1, le=16), Whole] = 2
+    """Attempts on one rung of the ladder, each with the last one's failures as feedback,
+    before the task climbs to the next rung."""
     keep_runs: Annotated[int, Field(ge=1, le=10_000), Whole] = 256
     """Finished runs kept in full in memory; older ones keep a summary."""
     keep_summaries: Annotated[int, Field(ge=0, le=200_000), Whole] = 20_000

@@ -52,7 +52,9 @@ def _ok(body: dict[str, Any]) -> types.CallToolResult:
     )
 
 
-DESTRUCTIVE = frozenset({"run_cancel", "ledger_redact", "roster_reload", "client_revoke"})
+DESTRUCTIVE = frozenset(
+    {"run_cancel", "run_apply", "ledger_redact", "roster_reload", "client_revoke"}
+)
 """Tools whose effect cannot be taken back (MCP's destructiveHint)."""
 
 

@@ -6,8 +6,11 @@ Input: a planned run and one of its tasks whose needs are done (their outputs in
 own entries (`model.call`/`model.reply` for chat, `command.run` for a command, none for a
 stub) → `task.result` (parent: the executor's last entry; output cut to RESULT_CAP, or the
 executor's error) → `task.verdict` (parent: the result) with the failed assertions and the
-judge's verdict, and `next`. A failed verdict with a rung left is followed by
-`task.escalate` (parent: the verdict) and the next attempt carries the failures as feedback.
+judge's verdict, and `next`. An attempt with a view (see `views`) witnesses its diff and its
+`run` checks between the result and the verdict. A failed verdict is retried on the same rung
+(`next` "retry", up to `[policy] attempts_per_rung` attempts there), then followed by
+`task.escalate` (parent: the verdict); the next attempt carries the failures (a failed check's
+own output included) as feedback.
 Command tasks never climb (a tier does not change a command).
 Guarantees: no attempt starts once the run is cancelling; an executor's error is a failed
 attempt, never a crash of the run, while budget exhaustion and cancellation propagate; the
@@ -23,7 +26,7 @@ from typing import Any
 
 from daemon.errors import InvalidInput
 from daemon.planning import Plan, Task
-from daemon.runs import checks, guard
+from daemon.runs import checks, guard, views
 from daemon.runs import entries as k
 from daemon.runs.budget import BudgetExhausted
 from daemon.runs.calls import call, structured
@@ -31,6 +34,7 @@ from daemon.runs.context import Run, Setting, TaskFailed, describe
 from daemon.runs.executors import chat_messages, clip, run_command
 from daemon.runs.limits import LimitExceeded
 from daemon.runs.sandbox import admit_commands
+from daemon.workspace.view import View
 from roster.models import Lane
 
 RESULT_CAP = 64 * 1024
@@ -52,17 +56,33 @@ async def execute(s: Setting, run: Run, task: Task) -> bool:
     attempt = state.attempts if state is not None else 0
     feedback: list[str] = []
     previous: str | None = None
+    per_rung = s.roster.policy.attempts_per_rung
+    on_rung = 0
     while True:
         if run.cancelling:
             raise asyncio.CancelledError
         attempt += 1
+        on_rung += 1
         tier = ladder[rung] if task.executor != "command" else None
-        output, exit_code, error, result_seq = await _attempt(
+        output, exit_code, error, result_seq, opened = await _attempt(
             s, run, task, lane, tier, attempt, feedback, previous, parent
         )
-        failures, judged = await _assess(s, run, task, output, exit_code, error, result_seq)
+        found: list[str] = []
+        if opened is not None:  # its output into the view, its changes, its `run` checks
+            found, result_seq = await views.settle(
+                s, run, task, lane, attempt, opened, output, error, result_seq
+            )
+        failures, judged = await _assess(s, run, task, output, exit_code, error, result_seq, found)
+        # Informed retry: the same rung again with the failures as feedback, then a climb.
+        can_retry = task.executor != "command" and on_rung < per_rung
         can_climb = task.executor != "command" and rung + 1 < len(ladder)
-        nxt = "done" if not failures else ("escalate" if can_climb else "failed")
+        nxt = (
+            "done"
+            if not failures
+            else "retry"
+            if can_retry
+            else ("escalate" if can_climb else "failed")
+        )
         verdict_seq = await s.witness(
             run.id,
             k.TASK_VERDICT,
@@ -81,6 +101,10 @@ async def execute(s: Setting, run: Run, task: Task) -> bool:
             return True
         if nxt == "failed":
             return False
+        if nxt == "retry":
+            parent = verdict_seq
+            feedback, previous = failures, output
+            continue
         parent = await s.witness(
             run.id,
             k.TASK_ESCALATE,
@@ -94,6 +118,7 @@ async def execute(s: Setting, run: Run, task: Task) -> bool:
             verdict_seq,
         )
         rung += 1
+        on_rung = 0
         feedback, previous = failures, output
 
 
@@ -107,8 +132,9 @@ async def _attempt(
     feedback: list[str],
     previous: str | None,
     parent: int,
-) -> tuple[str, int | None, str | None, int]:
-    """One try on one rung, witnessed start and result: (output, exit code, error, seq)."""
+) -> tuple[str, int | None, str | None, int, View | None]:
+    """One try on one rung, witnessed start and result: (output, exit code, error, seq, the
+    attempt's view if it has one)."""
     start_seq = await s.witness(
         run.id,
         k.TASK_START,
@@ -126,9 +152,12 @@ async def _attempt(
     upstream = {n: run.outputs.get(n, "") for n in task.needs}
     output, exit_code, error = "", None, None
     result_parent = start_seq
+    # A view that cannot be made (the workspace changed under a resumed run, upstream changes
+    # that conflict) is no attempt's fault and no retry mends it: it fails the run.
+    opened = await views.open_view(s, run, task, attempt)
     try:
         output, exit_code, result_parent = await _run_executor(
-            s, run, task, lane, tier, attempt, upstream, feedback, previous, start_seq
+            s, run, task, lane, tier, attempt, upstream, feedback, previous, start_seq, opened
         )
     except (BudgetExhausted, asyncio.CancelledError):
         raise
@@ -148,7 +177,7 @@ async def _attempt(
         },
         result_parent,
     )
-    return output, exit_code, error, result_seq
+    return output, exit_code, error, result_seq, opened
 
 
 async def _assess(
@@ -159,11 +188,13 @@ async def _assess(
     exit_code: int | None,
     error: str | None,
     result_seq: int,
+    found: list[str],
 ) -> tuple[list[str], dict[str, Any] | None]:
-    """Why the attempt fails (empty: it passes), and the judge's verdict if one was asked."""
+    """Why the attempt fails (empty: it passes), and the judge's verdict if one was asked.
+    `found`: what its view found (edits that do not apply, failed `run` checks)."""
     if error is not None:
         return [f"the executor failed: {error}"], None
-    failures = checks.check(task.assertions, output, exit_code)
+    failures = [*found, *checks.check(task.assertions, output, exit_code)]
     # The judge costs a model call, so only output that already passes its assertions gets one.
     if failures or not s.judge or task.executor != "chat":
         return failures, None
@@ -184,13 +215,17 @@ async def _run_executor(
     feedback: list[str],
     previous: str | None,
     start_seq: int,
+    opened: View | None = None,
 ) -> tuple[str, int | None, int]:
     """(output, exit code, the seq the result hangs off) of the task's executor."""
     if task.executor == "command":
-        return await _run_command(s, run, task, start_seq)
+        return await _run_command(s, run, task, start_seq, opened)
     if task.executor == "stub":
         return await s.stub(task.id, task.instruction, attempt, upstream), None, start_seq
-    messages = chat_messages(lane.system, task.instruction, upstream, feedback, previous)
+    rest = len(lane.system) + sum(min(len(v), 4000) for v in upstream.values())
+    rest += sum(len(f) for f in feedback) + 1600
+    text = views.instruction(s, run, task, lane, tier, opened, rest)
+    messages = chat_messages(lane.system, text, upstream, feedback, previous)
     result, reply_seq = await call(
         s,
         run,
@@ -207,7 +242,7 @@ async def _run_executor(
 
 
 async def _run_command(
-    s: Setting, run: Run, task: Task, start_seq: int
+    s: Setting, run: Run, task: Task, start_seq: int, opened: View | None = None
 ) -> tuple[str, int | None, int]:
     if not task.argv:
         raise InvalidInput(f"task {task.id}: a command task needs argv")
@@ -221,6 +256,7 @@ async def _run_command(
         confinement=s.options.confinement,
         network=task.network,
         timeout_s=min(task.timeout_s or s.options.command_timeout_s, policy.max_timeout_s),
+        workdir=opened.path if opened is not None else None,
     )
     seq = await s.witness(run.id, k.COMMAND_RUN, outcome.body(task.id), start_seq)
     if outcome.timed_out:

@@ -188,6 +188,8 @@ def check(assertions: Sequence[Any], output: str, exit_code: int | None = None) 
                 failures.append(f"the command must exit with {a['code']} (it exited {exit_code})")
         elif kind == "json_schema":
             failures.extend(_check_schema(a.get("schema") or a.get("schema_") or {}, output))
+        elif kind == "run":
+            continue  # runs in the task's view, after the task (daemon.runs.views)
         else:
             failures.append(f"unknown assertion type {kind!r}")
     return failures

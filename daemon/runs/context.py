@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from daemon.planning import Plan
@@ -26,6 +27,7 @@ from daemon.runs.executors import Stub
 from daemon.runs.ports import LedgerReader, PoolPort, RouterPort
 from daemon.runs.sandbox import Confinement
 from daemon.runs.state import RunView
+from daemon.workspace.view import RunDirs
 from roster.models import Lane, Roster
 
 Witness = Callable[[str, str, dict[str, Any], int | None], Awaitable[int]]
@@ -55,6 +57,8 @@ class EngineOptions:
     """How many times a model call lost to its server is sent again (see `calls`)."""
     lost_call_wait_s: float = 60.0
     """How long each resend may wait for a slot (a restarting server, a member coming back)."""
+    workspace_roots: tuple[Path, ...] = ()
+    """Where a run's workspace may be, besides the roster's `[policy.workspace] roots`."""
 
 
 class TaskFailed(Exception):
@@ -132,6 +136,10 @@ class Run:
     outputs: dict[str, str] = field(default_factory=dict)
     client_plan: Plan | None = None
     fresh: bool = True
+    space: RunDirs | None = None
+    """The run's workspace dirs on disk (snapshot, views), if it has a workspace."""
+    diffs: dict[str, str] = field(default_factory=dict)
+    """Each done task's changes to its view (a unified diff), for the tasks that need it."""
 
 
 def describe(exc: BaseException) -> str:

@@ -38,12 +38,14 @@ import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from daemon.errors import Busy, Conflict, InvalidInput, NotFound
 from daemon.planning import Plan, check_plan
 from daemon.runs import checks, lifecycle, planning, reuse, routing, synthesis, waves
 from daemon.runs import entries as k
+from daemon.runs import views as spaces
 from daemon.runs.budget import Meter, limits
 from daemon.runs.context import EngineOptions, Run, Setting, TaskFailed, describe
 from daemon.runs.dispatch import Capacity
@@ -55,6 +57,9 @@ from daemon.runs.sandbox import admit_commands
 from daemon.runs.snapshot import Snapshot
 from daemon.runs.state import FINAL, STOPPED, Census, Limits, RunEvent, RunView
 from daemon.runs.table import RunTable
+from daemon.workspace import patch as workspace_patch
+from daemon.workspace.record import APPLY, SNAPSHOT, ApplyBody, PatchBody, SnapshotBody
+from daemon.workspace.view import RunDirs
 from roster.models import Budget, Roster
 
 __all__ = ["Engine", "EngineOptions", "Watcher"]
@@ -95,6 +100,8 @@ class Engine:
         """Control steps in flight (`_step`): shutdown lets them end before it stops runs."""
         self._requesting: set[str] = set()
         """Runs admitted whose request entry is not applied yet (not in the census)."""
+        self._spaces: dict[str, RunDirs] = {}
+        """Workspace snapshots taken at submit, until their run starts (`Run.space`)."""
         self.restored_from: int | None = None
         """The ledger size of the snapshot the last restore() continued from (None: full)."""
 
@@ -212,6 +219,66 @@ class Engine:
         """Runs being driven right now (what a stop drains)."""
         return sum(1 for run in self._runs.values() if run.task is not None and not run.task.done())
 
+    # ---------------------------------------------------------------- workspace patches
+
+    async def patch(self, run_id: str) -> tuple[RunView, PatchBody | None]:
+        """The run and its combined patch as witnessed (None: it has none yet)."""
+        view = await self.find(run_id)
+        if view.patch_seq is None:
+            return view, None
+        found = await self.ledger.entries(start=view.patch_seq, limit=1)
+        if not found or found[0].seq != view.patch_seq:
+            raise NotFound(f"run {run_id}: its patch entry {view.patch_seq} is not in the ledger")
+        body = await self.ledger.body(found[0].body)
+        if body.state != "present":
+            raise Conflict(
+                f"run {run_id}: its patch (seq {view.patch_seq}) is {body.state}",
+                details={"seq": view.patch_seq, "state": body.state},
+            )
+        return view, PatchBody.model_validate(body.value)
+
+    async def apply(self, run_id: str, check: bool = False, client: str = "owner") -> ApplyBody:
+        """Apply the run's patch to its workspace (`check`: only try). Witnessed as
+        `workspace.apply` (parent: the patch) unless `check`; a refusal is a Conflict."""
+        view, body = await self.patch(run_id)
+        if view.workspace is None:
+            raise Conflict(f"run {run_id} has no workspace: there is nothing to apply it to")
+        if body is None or view.patch_seq is None:
+            raise Conflict(
+                f"run {run_id} is {view.state} and has no patch (a run has one once its tasks "
+                "are done)"
+            )
+        if body.error is not None:
+            raise Conflict(f"run {run_id}: its patch was not made: {body.error}")
+        where = Path(view.workspace)
+        try:
+            applied = await asyncio.to_thread(workspace_patch.apply, where, body, check)
+        except workspace_patch.ApplyRefused as exc:
+            refused = ApplyBody(
+                path=str(where),
+                ok=False,
+                method="none",
+                files=body.files,
+                error=str(exc),
+                client=client,
+                check=check,
+            )
+            if not check:
+                await self._witness(run_id, APPLY, refused.model_dump(), view.patch_seq)
+            raise Conflict(f"run {run_id}: {exc}", details={"run": run_id}) from None
+        outcome = ApplyBody(
+            path=str(where),
+            ok=True,
+            method=applied.method,
+            files=applied.files,
+            error="already applied" if applied.already else None,
+            client=client,
+            check=check,
+        )
+        if not check and not applied.already:
+            await self._witness(run_id, APPLY, outcome.model_dump(), view.patch_seq)
+        return outcome
+
     # ---------------------------------------------------------------- control
 
     async def submit(
@@ -226,8 +293,12 @@ class Engine:
         client: str = "owner",
         tier: str | None = None,
         member: str | None = None,
+        workspace: str | None = None,
     ) -> RunView:
-        """Create a run and start driving it; returns once the request is witnessed."""
+        """Create a run and start driving it; returns once the request is witnessed.
+
+        With a `workspace` its snapshot is taken first (copied, off the loop) and witnessed
+        right after the request (`workspace.snapshot`); see `daemon.runs.views`."""
         self._refuse_while_closing()
         known = self._keys.get(idempotency_key)
         if known is not None:
@@ -243,6 +314,10 @@ class Engine:
         self._check_target(tier, member)
         budget_limits = limits(budget, self.roster.policy.budget)
         run_id = "r" + uuid.uuid4().hex[:15]  # see table.RUN_ID
+        taken = None
+        if workspace is not None:
+            self._admit()  # a daemon at capacity refuses before it copies anything
+            taken = await spaces.snapshot(self.setting, run_id, workspace)
         body = {
             "request": request,
             "lane": lane,
@@ -256,13 +331,18 @@ class Engine:
         # Only when set, so a request without them keeps the bytes it always had.
         body |= {"tier": tier} if tier is not None else {}
         body |= {"member": member} if member is not None else {}
-        self._admit()  # no await from here to the witness: the check and the counts agree
+        try:
+            self._admit()  # no await from here to the witness: the check and the counts agree
+        except Busy:
+            if taken is not None:
+                await asyncio.to_thread(taken[0].remove)
+            raise
         self._requesting.add(run_id)
         claim: asyncio.Future[str] | None = None
         if idempotency_key is not None:
             claim = asyncio.get_running_loop().create_future()
             self._keys.remember(idempotency_key, claim, time.time())
-        await self._step(self._request(run_id, body, checked, idempotency_key, claim))
+        await self._step(self._request(run_id, body, checked, idempotency_key, claim, taken))
         return self.get(run_id)
 
     async def _request(
@@ -272,11 +352,18 @@ class Engine:
         checked: Plan | None,
         key: str | None,
         claim: asyncio.Future[str] | None,
+        taken: tuple[RunDirs, SnapshotBody] | None = None,
     ) -> None:
         """`submit`'s durable part: witness the request, then settle its key and start it."""
         try:
-            await self._witness(run_id, k.REQUEST, body, None)
+            request_seq = await self._witness(run_id, k.REQUEST, body, None)
+            if taken is not None:
+                self._spaces[run_id] = taken[0]
+                await self._witness(run_id, SNAPSHOT, taken[1].model_dump(), request_seq)
         except BaseException as exc:
+            if taken is not None:
+                self._spaces.pop(run_id, None)
+                await asyncio.to_thread(taken[0].remove)
             if claim is not None and key is not None:
                 self._keys.forget(key)
                 claim.set_exception(exc)
@@ -308,6 +395,7 @@ class Engine:
         checked = plan if isinstance(plan, Plan) else Plan.model_validate(plan)
         check_plan(checked, lanes)
         admit_commands(checked, self.roster.policy.command, self.options.confinement.hidden)
+        spaces.admit(checked, self.roster.policy.command)
         return checked
 
     def _admit(self) -> None:
@@ -344,6 +432,14 @@ class Engine:
         its done tasks (see `reuse`)."""
         self._refuse_while_closing()
         original = await self.find(run_id)
+        if original.workspace is not None:
+            # Its reused tasks' changes would have to be carried onto a fresh snapshot of the
+            # project; until they are, say so rather than run the rest on an empty dir.
+            raise Conflict(
+                f"run {run_id} worked on a workspace: retry does not carry its tasks' changes "
+                f"yet; submit again with --workspace {original.workspace}",
+                details={"run": run_id},
+            )
         plan = reuse.retryable(original)
         lane = original.lane if original.lane in self.setting.lanes else None
         checked = self._checked(original.request, plan, lane, original.max_parallel)
@@ -555,6 +651,7 @@ class Engine:
             meter=Meter(view.budget, view.spent),
             client_plan=fresh,
             fresh=view.state == "queued" and view.plan is None,
+            space=self._spaces.pop(run_id, None),
         )
         for task in view.tasks:
             if task.state == "done" and task.result is not None:
@@ -567,6 +664,7 @@ class Engine:
         try:
             await lifecycle.drive(self.setting, run, self._work)
         finally:
+            await spaces.close(run)  # its snapshot and views: the patch is in the record
             self._runs.pop(run.id, None)
             run.finished.set()
             if view.state in FINAL:
@@ -593,6 +691,7 @@ class Engine:
         except TaskFailed as exc:  # the done tasks' work is still the run's answer
             await synthesis.partial(s, run, describe(exc))
             raise
+        await spaces.patch(s, run, plan)
         answer_seq = await synthesis.synthesize(s, run, plan)
         intent = checks.intent(view.request, view.answer or "")
         done = {"state": "done", "error": None}

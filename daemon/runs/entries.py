@@ -93,8 +93,9 @@ TASK_RESULT: Final = "task.result"
 output: str (bounded), exit_code: int|null, error: str|null}"""
 
 TASK_VERDICT: Final = "task.verdict"
-"""[task.result] {task, attempt, ok: bool, failures: [str], judge: {ok, reason}|null,
-next: "done"|"escalate"|"failed"}"""
+"""[task.result | the attempt's last task.diff or check.run] {task, attempt, ok: bool,
+failures: [str], judge: {ok, reason}|null, next: "done"|"retry"|"escalate"|"failed"}  "retry":
+the same rung again with the failures as feedback (`[policy] attempts_per_rung`)."""
 
 TASK_ESCALATE: Final = "task.escalate"
 """[task.verdict] {task, from_tier: str|null, to_tier: str, reason: str, failures: [str]}"""

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.runs import limits, sandbox
-from daemon.runs.limits import DiskQuota, TmpfsProbe
+from daemon.runs.limits import DiskQuota, DiskUsage, TmpfsProbe, disk_usage
 from daemon.runs.sandbox import Confinement
 from roster.models import CommandPolicy
 
@@ -126,15 +126,19 @@ async def run_command(
     output_cap: int = OUTPUT_CAP,
     env_allow: Sequence[str] = ENV_ALLOW,
     stdin: str | None = None,
+    workdir: Path | None = None,
 ) -> CommandOutcome:
-    """Run `argv` (no shell: metacharacters are literal arguments) in a fresh temporary dir.
+    """Run `argv` (no shell: metacharacters are literal arguments) in a fresh temporary dir,
+    or in `workdir` (a task's view: bound into the sandbox as its only writable dir, and left
+    in place afterwards).
 
     The child runs confined as `daemon.runs.sandbox` says (bubblewrap unless the roster opted
     out), gets only the allow-listed environment and its own process group (so a timeout or a
     cancellation kills everything it started), and at most `output_cap` bytes of each stream
     are kept. While it runs, its dir's disk quota and its tmpfs inodes are watched
     (`daemon.runs.limits`): past one, it is killed; past one or with a tmpfs full at its end,
-    the outcome's `limit` names it. The temporary dir is removed afterwards, off the event loop.
+    the outcome's `limit` names it (a view's quota is what the task may add to what it held).
+    The temporary dir is removed afterwards, off the event loop; a view is left in place.
     """
     if not argv:
         raise ValueError("a command task needs a non-empty argv")
@@ -143,7 +147,12 @@ async def run_command(
     env = {key: os.environ[key] for key in env_allow if key in os.environ}
     # The dir and the sandbox's arguments (realpaths, existence checks) cost file-system calls:
     # made in a worker thread, in one hop, as the dir is removed.
-    workdir = await asyncio.to_thread(_make_workdir, confinement)
+    own = workdir is None
+    if workdir is None:
+        workdir = await asyncio.to_thread(_make_workdir, confinement)
+        base = DiskUsage(0, 0, complete=True)
+    else:  # a view: what it held before the task is the project's, not the task's
+        base = await asyncio.to_thread(disk_usage, workdir)
     sandboxed = policy.sandbox == "bwrap"
     info = _InfoPipe() if sandboxed else None
     removed = False
@@ -162,7 +171,10 @@ async def run_command(
             memory_cgroup=cgroup,
         )
         watch = _Watch(
-            quota=DiskQuota(workdir, policy.disk_mb * MB, policy.disk_files),
+            # A view's quota is what the task may add to what the view held before it.
+            quota=DiskQuota(
+                workdir, base.bytes + policy.disk_mb * MB, base.entries + policy.disk_files
+            ),
             probe=TmpfsProbe(sandbox.tmpfs_sizes(policy), policy.disk_files) if sandboxed else None,
             info=info,
             memory_max_mb=policy.memory_mb if cgroup is not None else None,
@@ -172,14 +184,17 @@ async def run_command(
             list(argv), wrapped, workdir, launch_env, timeout_s, output_cap, stdin, watch
         )
         # The dir's last measure (a task that filled it and ended between two ticks) and its
-        # removal share one hop to a worker thread.
-        last = await asyncio.to_thread(_measure_and_remove, watch.quota)
-        removed = True
+        # removal share one hop to a worker thread; a view stays (its changes are the task's).
+        if own:
+            last = await asyncio.to_thread(_measure_and_remove, watch.quota)
+            removed = True
+        else:
+            last = await asyncio.to_thread(watch.quota.check)
         return outcome if outcome.limit or not last else replace(outcome, limit=last)
     finally:
         if info is not None:
             info.close()
-        if not removed:
+        if own and not removed:
             await asyncio.to_thread(sandbox.remove_task_dir, workdir)
 
 

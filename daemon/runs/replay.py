@@ -13,6 +13,7 @@ from typing import Any
 from daemon.runs import entries as k
 from daemon.runs.ports import LedgerReader
 from daemon.runs.state import FINAL, Limits, RunView, TaskView
+from daemon.workspace import record as ws
 
 
 def _task(view: RunView, body: dict[str, Any]) -> TaskView | None:
@@ -209,7 +210,19 @@ def _resume(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
     view.wall_base_ms = view.spent.wall_ms
 
 
+def _snapshot(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    view.workspace = b.get("path")
+    view.workspace_content = b.get("content")
+
+
+def _patch(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    view.patch_seq = seq
+    view.patch_files = list(b.get("files") or [])
+
+
 _REDUCERS: dict[str, Callable[[RunView, int, int, dict[str, Any]], None]] = {
+    ws.SNAPSHOT: _snapshot,
+    ws.PATCH: _patch,
     k.ROUTE: _route,
     k.CLASSIFY: _classify,
     k.PLAN: _plan,

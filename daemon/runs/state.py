@@ -105,6 +105,13 @@ class RunView(BaseModel):
     wall_base_ms: int = 0
     """Wall time spent by earlier attempts (before the latest resume): the wall budget carries
     it over, so a resumed run has only what is left of its wall budget."""
+    workspace: str | None = None
+    """The workspace the run works on (its real path), from `workspace.snapshot`."""
+    workspace_content: str | None = None
+    """The snapshot's content hash: a resumed run checks its new copy against it."""
+    patch_seq: int | None = None
+    """The `run.patch` entry with the done tasks' changes combined (`run_patch` reads it)."""
+    patch_files: list[str] = []
     summary: bool = False
     """A finished run's summary kept in memory (see `compacted`): `Engine.find` reads the
     whole run back from the ledger."""
@@ -138,6 +145,7 @@ class RunView(BaseModel):
                 "answer": cut(self.answer),
                 "error": cut(self.error),
                 "tasks": tasks,
+                "patch_files": self.patch_files[:20],
                 "spent": self.spent.model_copy(),
                 "budget": self.budget.model_copy(),
                 "summary": True,

@@ -35,7 +35,21 @@ def _on_daemon(
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
     p = commands.add_parser("submit", help="run a request and print the answer")
-    p.add_argument("request", help="what you want done")
+    p.add_argument("request", help="what you want done ('-': read it from stdin)")
+    p.add_argument(
+        "--workspace",
+        metavar="DIR",
+        type=Path,
+        help="the project the tasks work on (copies of it; `tally apply` changes it)",
+    )
+    p.add_argument(
+        "--file",
+        metavar="PATH",
+        type=Path,
+        action="append",
+        default=[],
+        help="attach a file's content to the request (repeatable)",
+    )
     p.add_argument("--lane", help="force a lane instead of routing")
     p.add_argument("--plan", type=Path, help="an explicit plan (JSON file)")
     p.add_argument("--max-parallel", type=int)
@@ -46,6 +60,17 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     _stream_flag(p)
     _common(p)
     p.set_defaults(run=_on_daemon(submit))
+
+    p = commands.add_parser("patch", help="print a workspace run's combined patch (a diff)")
+    p.add_argument("run_id")
+    _common(p)
+    p.set_defaults(run=_on_daemon(patch))
+
+    p = commands.add_parser("apply", help="apply a workspace run's patch to the workspace")
+    p.add_argument("run_id")
+    p.add_argument("--check", action="store_true", help="only check that it applies")
+    _common(p)
+    p.set_defaults(run=_on_daemon(apply))
 
     p = commands.add_parser("runs", help="list recent runs")
     p.add_argument("--state", help="only runs in this state")
@@ -125,7 +150,14 @@ async def submit(args: argparse.Namespace) -> int:
 
     from surfaces.client import DaemonClient, Endpoint
 
-    body: dict[str, Any] = {"request": args.request}
+    try:
+        request = request_text(args.request, args.file)
+    except ValueError as exc:
+        print(f"tally: {exc}", file=sys.stderr)
+        return 2
+    body: dict[str, Any] = {"request": request}
+    if args.workspace is not None:
+        body["workspace"] = str(args.workspace.resolve())
     if args.lane:
         body["lane"] = args.lane
     if args.plan:
@@ -150,6 +182,79 @@ async def submit(args: argparse.Namespace) -> int:
             return 0
         run = await follow(client, run, args.json, tokens)
     return _ending(run, args.json, tokens)
+
+
+ATTACH_MAX = 90_000
+"""Characters of attached files a request may carry (the request's own cap is 100,000)."""
+
+
+def request_text(request: str, files: list[Path]) -> str:
+    """The request as typed ('-': stdin), with each `--file` attached under its path."""
+    text = sys.stdin.read() if request == "-" else request
+    parts = [text.strip()]
+    room = ATTACH_MAX
+    for path in files:
+        try:
+            content = path.read_text(errors="replace")
+        except OSError as exc:
+            raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+        if len(content) > room:
+            raise ValueError(
+                f"{path} has {len(content)} characters; attached files may hold {ATTACH_MAX} "
+                "in all (use --workspace for a project)"
+            )
+        room -= len(content)
+        fence = "````" if "```" in content else "```"
+        parts.append(f"File {path}:\n{fence}\n{content.rstrip()}\n{fence}")
+    joined = "\n\n".join(part for part in parts if part)
+    if not joined.strip():
+        raise ValueError(
+            "the request is empty (stdin gave nothing)"
+            if request == "-"
+            else "the request is empty"
+        )
+    return joined
+
+
+async def patch(args: argparse.Namespace) -> int:
+    """`tally patch RUN`: the combined diff on stdout (pipe it to `git apply` or a pager)."""
+    from surfaces.client import DaemonClient, Endpoint
+
+    async with DaemonClient(Endpoint.from_env(args.socket)) as client:
+        found = await client.call("run_patch", {"run_id": args.run_id})
+    if args.json:
+        print(json.dumps(found, ensure_ascii=False))
+        return 0
+    if found.get("error"):
+        print(f"tally: run {args.run_id}: {found['error']}", file=sys.stderr)
+        return 1
+    if found.get("patch") is None:
+        print(f"tally: run {args.run_id} is {found['state']} and has no patch yet", file=sys.stderr)
+        return 1
+    if not found["patch"]:
+        print(f"tally: run {args.run_id} changed no file", file=sys.stderr)
+        return 0
+    sys.stdout.write(found["patch"])
+    return 0
+
+
+async def apply(args: argparse.Namespace) -> int:
+    """`tally apply RUN [--check]`: the patch onto the workspace (witnessed unless --check)."""
+    from surfaces.client import DaemonClient, Endpoint
+
+    async with DaemonClient(Endpoint.from_env(args.socket)) as client:
+        done = await client.call("run_apply", {"run_id": args.run_id, "check": args.check})
+    if args.json:
+        print(json.dumps(done, ensure_ascii=False))
+        return 0
+    files = ", ".join(done["files"][:20]) or "no file"
+    if done.get("note") == "already applied":
+        print(f"run {args.run_id}: already applied to {done['workspace']} ({files})")
+    elif args.check:
+        print(f"run {args.run_id}: the patch applies to {done['workspace']} ({files})")
+    else:
+        print(f"run {args.run_id}: applied to {done['workspace']} with {done['method']}: {files}")
+    return 0
 
 
 async def resume(args: argparse.Namespace) -> int:
@@ -196,6 +301,14 @@ def _ending(run: dict[str, Any], as_json: bool, tokens: Any = None) -> int:
             print(f"── answer ──\n{answer}")
         else:
             print(answer)
+        if run.get("patch_files"):
+            changed = len(run["patch_files"])
+            print(
+                f"tally: the run changed {changed} file{'s' if changed != 1 else ''} in a copy of "
+                f"{run.get('workspace')}: `tally patch {run['id']}` shows the diff, "
+                f"`tally apply {run['id']}` applies it",
+                file=sys.stderr,
+            )
     else:
         if run.get("answer"):  # a failed run's partial answer: the work its done tasks did
             print(run["answer"])

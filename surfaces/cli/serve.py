@@ -29,6 +29,14 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         metavar="TIER",
         help="judge chat output with this tier or member (roster: [policy] judge)",
     )
+    p.add_argument(
+        "--workspace-root",
+        metavar="DIR",
+        type=Path,
+        action="append",
+        help="allow runs to work on projects inside DIR (repeatable; roster: "
+        "[policy.workspace] roots)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.set_defaults(run=run_serve)
 
@@ -60,6 +68,9 @@ def settings_from(args: argparse.Namespace) -> Any:
         value = getattr(args, attr, None)
         if value is not None:
             overrides[key] = value
+    roots = getattr(args, "workspace_root", None)
+    if roots:
+        overrides["workspace_roots"] = tuple(Path(root).resolve() for root in roots)
     return Settings.from_env(**overrides)
 
 

@@ -66,7 +66,7 @@ async def test_token_budget_ends_the_run_with_what_it_spent(fleet: Factory) -> N
 async def test_executor_error_escalates_with_the_error_in_the_retry_prompt(
     fleet: Factory,
 ) -> None:
-    daemon, server = await fleet([("backend", "an answer", 0.0)])
+    daemon, server = await fleet([("backend", "an answer", 0.0)], policy={"attempts_per_rung": 1})
     server.fail_next = 1  # the first attempt's task call gets a 500
     view = await daemon.engine.wait((await daemon.engine.submit("backend api")).id, timeout=20)
     assert view.state == "done", view.error
@@ -101,7 +101,9 @@ async def test_continue_policy_skips_dependants_and_finishes_the_rest(fleet: Fac
             {"id": "solo", "lane": "testing", "instruction": "Test it."},
         ]
     }
-    daemon, server = await fleet(DAG_RULES, policy={"on_task_failure": "continue"})
+    daemon, server = await fleet(
+        DAG_RULES, policy={"on_task_failure": "continue", "attempts_per_rung": 1}
+    )
     view = await daemon.engine.wait((await daemon.engine.submit("api", plan=plan)).id, timeout=20)
     states = {t.id: t.state for t in view.tasks}
     assert states == {"bad": "failed", "dep": "skipped", "solo": "done"}

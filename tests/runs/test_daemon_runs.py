@@ -85,7 +85,10 @@ async def test_three_task_dag_with_scripted_replies(fleet: Factory) -> None:
 async def test_failed_validation_escalates_to_the_next_rung(fleet: Factory) -> None:
     # Both members are the same server: the first attempt says "no idea", the second (carrying
     # what failed) says OK.
-    daemon, server = await fleet([("must contain 'OK'", "OK: the answer", 0.0)], default="x")
+    # One attempt per rung: a failure climbs at once (informed retry on a rung: test_workspace_runs)
+    daemon, server = await fleet(
+        [("must contain 'OK'", "OK: the answer", 0.0)], policy={"attempts_per_rung": 1}
+    )
     server.default = "no idea"
     plan = {
         "tasks": [
@@ -265,7 +268,7 @@ async def test_roster_policy_names_the_coordinator_and_the_judge(fleet: Factory)
             ),
             ("Do A", ["draft one", "draft two"], 0.0),
         ],
-        policy={"coordinator": "big", "judge": "capable"},
+        policy={"coordinator": "big", "judge": "capable", "attempts_per_rung": 1},
     )
     view = await daemon.engine.wait((await daemon.engine.submit("backend work")).id, timeout=20)
     assert view.state == "done", view.error

@@ -227,7 +227,8 @@ async def test_ledger_tools_on_a_real_run(client: Client, daemon: Daemon) -> Non
 
 async def test_ledger_summary_reads_the_record(client: Client, daemon: Daemon) -> None:
     ok = await call(client, "submit", request="the api", wait=True, timeout_s=20)
-    # An assertion the model cannot meet: the task escalates from cheap (tiny) to capable (big).
+    # An assertion the model cannot meet: the task is retried, then escalates from cheap (tiny)
+    # to capable (big).
     plan = {
         "tasks": [
             {
@@ -247,8 +248,9 @@ async def test_ledger_summary_reads_the_record(client: Client, daemon: Daemon) -
     assert whole["by_kind"][k.REQUEST] == 2
     assert whole["escalations"] == 1
     assert set(whole["per_member"]) == {"tiny", "big"}
-    assert whole["model_calls"] == whole["by_kind"][k.MODEL_CALL] == 3
-    assert whole["by_purpose"] == {"task": 3}
+    # ok: one call; bad: two attempts (`attempts_per_rung`) on each of the two rungs
+    assert whole["model_calls"] == whole["by_kind"][k.MODEL_CALL] == 5
+    assert whole["by_purpose"] == {"task": 5}
     assert whole["runs_by_state"] == {"done": 1, "failed": 1}
     spent = (
         ok["spent"]["tokens"] + (await call(client, "run_get", run_id=bad["id"]))["spent"]["tokens"]

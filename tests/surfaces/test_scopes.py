@@ -33,6 +33,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "run_resume": {"run_id": "nope"},
     "run_retry": {"run_id": "nope"},
     "run_replay": {"run_id": "nope"},
+    "run_patch": {"run_id": "nope"},
+    "run_apply": {"run_id": "nope", "check": True},
     "run_compare": {"a": "nope", "b": "nope"},
     "ledger_verify": {},
     "ledger_verify_remote": {"limit": 1},
@@ -58,6 +60,7 @@ def test_every_tool_has_a_sample_and_a_scope() -> None:
     assert TOOLS["ledger_redact"].scope == TOOLS["roster_reload"].scope == "admin"
     assert TOOLS["client_add"].scope == "admin"
     assert TOOLS["submit"].scope == "submit"
+    assert TOOLS["run_apply"].scope == "command"  # it writes the user's files
     assert all(TOOLS[n].scope == "read" for n in ("ledger_entries", "ledger_proof", "route"))
 
 

@@ -1,5 +1,6 @@
-// A run: the DAG with live states, a timeline, each task's attempts and output, the answer,
-// cancel and resume. Live over the run's SSE stream; the rest through the tool registry.
+// A run: the DAG with live states, a timeline, each task's attempts and output (with its
+// checks and the files it changed), the workspace patch, the answer, cancel and resume. Live
+// over the run's SSE stream; the rest through the tool registry.
 import { allows, runEntries, stream, tool } from "./api.js";
 import { fail, h, json } from "./dom.js";
 import { dag } from "./graph.js";
@@ -31,13 +32,15 @@ export function attempts(entries) {
         call.timings = b.timings;
         call.error = b.error;
       }
-    } else if (["task.result", "task.verdict", "task.escalate", "command.run"].includes(e.kind)) {
+    } else if (["task.result", "task.verdict", "task.escalate", "command.run", "task.diff", "check.run"].includes(e.kind)) {
       const att = task(b.task).at(-1);
       if (!att) continue;
       if (e.kind === "task.result") Object.assign(att, { end: e.ts, output: b.output, error: b.error, ok: b.ok });
       if (e.kind === "task.verdict") att.verdict = { ok: b.ok, failures: b.failures, judge: b.judge, next: b.next };
       if (e.kind === "task.escalate") att.escalate = { from: b.from_tier, to: b.to_tier, reason: b.reason };
       if (e.kind === "command.run") att.command = { exit: b.exit_code, ms: b.duration_ms };
+      if (e.kind === "task.diff") att.diff = { files: b.files || [], error: b.error };
+      if (e.kind === "check.run") (att.checks ||= []).push({ argv: b.argv, exit: b.exit_code, timedOut: b.timed_out, tail: [b.stdout_tail, b.stderr_tail].filter(Boolean).join("\n") });
     }
   }
   return tasks;
@@ -86,6 +89,10 @@ function attemptView(a, streaming) {
     h("ul", {}, calls),
     v ? h("div", { class: v.ok ? "ok" : "bad" }, `verdict: ${v.ok ? "pass" : "fail"} → ${v.next}`, v.failures?.length ? ` (${v.failures.join("; ")})` : "", v.judge ? ` · judge: ${v.judge.reason || v.judge.ok}` : "") : null,
     a.escalate ? h("div", { class: "bad" }, `escalated ${a.escalate.from} → ${a.escalate.to}: ${a.escalate.reason}`) : null,
+    a.diff ? h("div", {}, `changed: ${a.diff.files.join(", ") || "nothing"}`, a.diff.error ? ` · ${a.diff.error}` : "") : null,
+    (a.checks || []).map((c) => h("details", { class: c.exit === 0 ? "ok check" : "bad check" },
+      h("summary", {}, `check \`${c.argv.join(" ")}\` ${c.timedOut ? "timed out" : `exited ${c.exit}`}`),
+      h("pre", {}, c.tail || "(no output)"))),
     a.error ? h("div", { class: "bad" }, `error: ${a.error}`) : null,
     h("details", { class: "output", open: a.output === undefined && streaming ? true : undefined },
       h("summary", {}, a.output === undefined ? "output (streaming)" : "output"),
@@ -107,9 +114,31 @@ export async function runPage(main, id) {
   const live = h("pre", { id: "live" });
   const answer = h("div", { id: "answer" });
   const note = h("div");
+  const patchHead = h("h2", { hidden: true }, "Patch");
+  const patch = h("div", { id: "patch" });
+  let patchSeq = null;
   main.append(h("h1", {}, "Run ", h("code", {}, id)), head, note,
     h("h2", {}, "Tasks"), graph, h("h2", {}, "Timeline"), time, h("h2", {}, "Attempts"), taskList,
-    h("h2", {}, "Answer"), live, answer);
+    patchHead, patch, h("h2", {}, "Answer"), live, answer);
+  // The workspace patch as a diff, one line each, added and removed lines marked (text nodes).
+  const showPatch = async () => {
+    if (!run.workspace) return;
+    patchHead.hidden = false;
+    if (run.patch_seq == null) {
+      patch.replaceChildren(h("p", {}, `works on a copy of ${run.workspace}; no patch yet`));
+      return;
+    }
+    if (patchSeq === run.patch_seq) return;
+    patchSeq = run.patch_seq;
+    const got = await tool("run_patch", { run_id: id });
+    const lines = (got.patch || "").split("\n").map((line) => h("span", {
+      class: line.startsWith("+") && !line.startsWith("+++") ? "diff-add" : line.startsWith("-") && !line.startsWith("---") ? "diff-del" : line.startsWith("@@") ? "diff-hunk" : "",
+    }, line + "\n"));
+    patch.replaceChildren(
+      h("p", {}, got.error ? `no patch: ${got.error}` : `${got.files.length} file(s) changed in a copy of ${got.workspace}: `,
+        h("code", {}, `tally apply ${id}`), " applies it"),
+      h("pre", { id: "patch-text" }, got.patch ? lines : "(no change)"));
+  };
   const act = (name) => async () => {
     note.replaceChildren();
     try { await tool(name, { run_id: id }); await refresh(); } catch (err) { fail(note, err); }
@@ -135,6 +164,7 @@ export async function runPage(main, id) {
     run = await tool("run_get", { run_id: id });
     entries = entries.concat(await runEntries(id, entries.length ? entries.at(-1).seq : run.request_seq - 1));
     draw();
+    await showPatch();
   };
   let timer = null;
   const soon = (ev) => {
@@ -155,7 +185,7 @@ export async function runPage(main, id) {
     end: () => { source.close(); soon(); },
   });
   source.onmessage = soon;
-  for (const kind of ["task.start", "task.result", "task.verdict", "task.escalate", "task.skip", "model.call", "model.reply", "run.plan", "run.route", "run.answer", "run.state", "run.cancel", "run.resume", "run.interrupted"]) {
+  for (const kind of ["task.start", "task.result", "task.verdict", "task.escalate", "task.skip", "model.call", "model.reply", "run.plan", "run.route", "run.answer", "run.state", "run.cancel", "run.resume", "run.interrupted", "task.diff", "check.run", "run.patch"]) {
     source.addEventListener(kind, soon);
   }
   return () => { source.close(); clearTimeout(timer); };

@@ -1,0 +1,137 @@
+"""Snapshots and patches on real directories and real git: identity, hiding, refusals."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from daemon.errors import Forbidden, InvalidInput
+from daemon.workspace import patch as workspace_patch
+from daemon.workspace.record import PatchBody
+from daemon.workspace.snapshot import allowed, take
+from daemon.workspace.view import RunDirs, hashes
+from roster.models import WorkspacePolicy
+from tests.workspace.repo import FIXED, git, project
+
+POLICY = WorkspacePolicy()
+
+
+def test_a_git_snapshot_is_head_plus_the_uncommitted_changes(tmp_path: Path) -> None:
+    ws = project(tmp_path)
+    head = git(ws, "rev-parse", "HEAD").strip()
+    clean = take(ws, POLICY, tmp_path / "b1")
+    assert (clean.kind, clean.head, clean.dirty) == ("git", head, None)
+    assert clean.hidden == 2  # .env and deploy.pem are never copied
+    assert sorted(os.listdir(tmp_path / "b1")) == [".gitignore", "calc.py", "test_calc.py"]
+    (ws / "calc.py").write_text(FIXED)
+    dirty = take(ws, POLICY, tmp_path / "b2")
+    assert dirty.head == head
+    assert dirty.dirty is not None
+    assert dirty.content != clean.content
+    (ws / ".env").write_text("SECRET=changed\n")  # hidden: not part of what tasks see
+    again = take(ws, POLICY, tmp_path / "b3")
+    assert (again.dirty, again.content) == (dirty.dirty, dirty.content)
+
+
+def test_a_plain_dir_snapshot_hashes_its_visible_files_and_drops_links_out(tmp_path: Path) -> None:
+    ws = project(tmp_path, repo=False)
+    secret = tmp_path / "outside.txt"
+    secret.write_text("not for tasks\n")
+    (ws / "out").symlink_to(secret)
+    (ws / "up").symlink_to("../outside.txt")
+    (ws / "same").symlink_to("calc.py")
+    body = take(ws, POLICY, tmp_path / "base")
+    assert body.kind == "files"
+    assert body.head is None
+    assert sorted(os.listdir(tmp_path / "base")) == ["calc.py", "same", "test_calc.py"]
+    assert len(body.skipped) == 2
+    assert all("symlink out" in s for s in body.skipped)
+
+
+def test_caps_and_roots_are_refused_with_the_setting_named(tmp_path: Path) -> None:
+    ws = project(tmp_path)
+    with pytest.raises(InvalidInput, match="max_files"):
+        take(ws, WorkspacePolicy(max_files=2), tmp_path / "b")
+    with pytest.raises(InvalidInput, match="max_bytes"):
+        take(ws, WorkspacePolicy(max_bytes=10), tmp_path / "c")
+    with pytest.raises(Forbidden, match="--workspace-root"):
+        allowed(str(ws), [])
+    with pytest.raises(Forbidden, match="not inside an allowed root"):
+        allowed(str(ws), [tmp_path / "elsewhere"])
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "link").symlink_to(ws)  # resolved: the link does not let it in
+    with pytest.raises(Forbidden):
+        allowed(str(tmp_path / "elsewhere" / "link"), [tmp_path / "elsewhere"])
+    with pytest.raises(Forbidden, match="must never see"):
+        allowed(str(tmp_path), [tmp_path], hidden=(ws / "state",))
+    assert allowed(str(ws), [tmp_path]) == Path(os.path.realpath(ws))
+
+
+def _patch_for(tmp_path: Path, ws: Path) -> PatchBody:
+    """The patch a task fixing calc.py makes, through the run dirs tally uses."""
+    space = RunDirs(tmp_path / "tasks", "rtest")
+    space.prepare(POLICY.hide)
+    take(ws, POLICY, space.base)
+    view = space.open("v", [], workspace=True)
+    (view.path / "calc.py").write_text(FIXED)
+    diff, files = space.capture(view)
+    combined = space.combine([diff])
+    assert combined.files == files == ["calc.py"]
+    return PatchBody(
+        patch=combined.diff,
+        files=combined.files,
+        tasks=["t"],
+        before=combined.before,
+        after=combined.after,
+    )
+
+
+def test_a_patch_applies_once_and_refuses_a_workspace_changed_under_it(tmp_path: Path) -> None:
+    ws = project(tmp_path)
+    body = _patch_for(tmp_path, ws)
+    (ws / "calc.py").write_text("def add(a, b):\n    return 0\n")
+    with pytest.raises(workspace_patch.ApplyRefused, match="changed since the run's snapshot"):
+        workspace_patch.apply(ws, body, check=True)
+    git(ws, "checkout", "--", "calc.py")
+    assert workspace_patch.apply(ws, body, check=True).method == "git-3way"
+    assert (ws / "calc.py").read_text() != FIXED  # a check writes nothing
+    assert workspace_patch.apply(ws, body, check=False).method == "git-3way"
+    assert (ws / "calc.py").read_text() == FIXED
+    assert workspace_patch.apply(ws, body, check=False).already
+
+
+def _evil(name: str) -> PatchBody:
+    diff = (
+        f"diff --git a/{name} b/{name}\nnew file mode 100644\n--- /dev/null\n+++ b/{name}\n"
+        "@@ -0,0 +1 @@\n+owned\n"
+    )
+    return PatchBody(patch=diff, files=[name], tasks=["t"], before={name: None}, after={})
+
+
+@pytest.mark.parametrize("name", ["../escape.txt", "/tmp/tally-escape.txt", "a/../../escape.txt"])
+def test_a_patch_with_a_path_out_of_the_workspace_is_refused(tmp_path: Path, name: str) -> None:
+    ws = project(tmp_path, repo=False)
+    with pytest.raises(workspace_patch.ApplyRefused):
+        workspace_patch.apply(ws, _evil(name), check=False)
+    assert not (tmp_path / "escape.txt").exists()
+    assert not Path("/tmp/tally-escape.txt").exists()
+
+
+def test_a_patch_through_a_symlink_out_is_refused(tmp_path: Path) -> None:
+    ws = project(tmp_path, repo=False)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (ws / "link").symlink_to(outside)
+    with pytest.raises(workspace_patch.ApplyRefused, match="symlink"):
+        workspace_patch.apply(ws, _evil("link/x.txt"), check=False)
+    assert list(outside.iterdir()) == []
+    link = (
+        "diff --git a/l b/l\nnew file mode 120000\n--- /dev/null\n+++ b/l\n@@ -0,0 +1 @@\n"
+        "+/etc\n\\ No newline at end of file\n"
+    )
+    body = PatchBody(patch=link, files=["l"], tasks=["t"], before={"l": None}, after={})
+    with pytest.raises(workspace_patch.ApplyRefused, match="symlink"):
+        workspace_patch.apply(ws, body, check=False)
+    assert hashes(ws, ["l"]) == {"l": None}

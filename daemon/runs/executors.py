@@ -121,8 +121,11 @@ async def run_command(
     output_cap: int = OUTPUT_CAP,
     env_allow: Sequence[str] = ENV_ALLOW,
     stdin: str | None = None,
+    workdir: Path | None = None,
 ) -> CommandOutcome:
-    """Run `argv` (no shell: metacharacters are literal arguments) in a fresh temporary dir.
+    """Run `argv` (no shell: metacharacters are literal arguments) in a fresh temporary dir,
+    or in `workdir` (a task's view: bound into the sandbox as its only writable dir, and left
+    in place afterwards).
 
     The child runs confined as `daemon.runs.sandbox` says (bubblewrap unless the roster opted
     out), gets only the allow-listed environment and its own process group (so a timeout or a
@@ -136,7 +139,9 @@ async def run_command(
     env = {key: os.environ[key] for key in env_allow if key in os.environ}
     # The dir and the sandbox's arguments (realpaths, existence checks) cost file-system calls:
     # made in a worker thread, in one hop, as the dir is removed.
-    workdir = await asyncio.to_thread(_make_workdir, confinement)
+    own = workdir is None
+    if workdir is None:
+        workdir = await asyncio.to_thread(_make_workdir, confinement)
     try:
         env["HOME"] = env["TMPDIR"] = str(workdir)
         wrapped = await asyncio.to_thread(
@@ -150,7 +155,8 @@ async def run_command(
         )
         return await _supervise(list(argv), wrapped, workdir, env, timeout_s, output_cap, stdin)
     finally:
-        await asyncio.to_thread(shutil.rmtree, workdir, True)
+        if own:
+            await asyncio.to_thread(shutil.rmtree, workdir, True)
 
 
 def _make_workdir(confinement: Confinement) -> Path:

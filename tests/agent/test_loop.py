@@ -175,6 +175,17 @@ async def test_the_same_call_three_times_ends_as_stuck(bench: Make, mode: str) -
 
 
 @MODES
+async def test_a_write_that_changes_nothing_is_no_progress(bench: Make, mode: str) -> None:
+    b = await bench([Step("write_file", {"path": "hello.txt", "content": "hi"})])
+    result = await b.go(mode)
+    # the first write changed the view; the next three changed nothing: stuck on the third
+    assert (result.outcome, result.steps) == ("stuck", 4)
+    said = [s["observation"] for s in await b.steps()]
+    assert said[0] == "wrote hello.txt (2 bytes)"
+    assert said[1] == "hello.txt already holds exactly this content (2 bytes): nothing changed"
+
+
+@MODES
 async def test_finish_is_refused_while_the_checks_fail(bench: Make, mode: str) -> None:
     script = [
         Step("finish", {"summary": "done already"}),

@@ -45,7 +45,7 @@ from daemon.runs.agent.calls import Call, Malformed, Mode
 from daemon.runs.agent.conversation import ContextFull, Conversation, Message, estimate
 from daemon.runs.agent.paths import DEFAULT_HIDDEN, Jail
 from daemon.runs.agent.record import AgentStep, Outcome, StepTimings, StepTokens
-from daemon.runs.agent.toolbox import CHANGES, TOOLS, Observation, Runner, Toolbox, ToolLimits
+from daemon.runs.agent.toolbox import TOOLS, Observation, Runner, Toolbox, ToolLimits
 from daemon.runs.executors import CommandOutcome, run_command
 from daemon.runs.ports import UsageLike
 from daemon.runs.sandbox import Confinement
@@ -214,8 +214,6 @@ class _Loop:
         self.reserve = reserve
         self.tokens = 0
         self.step = 0
-        self.generation = 0
-        """Bumped by every successful write: a call after one is not a repeat."""
         self.seen: Counter[tuple[str, str, int]] = Counter()
         self.malformed = 0
         self.specs = calls.tool_specs()
@@ -324,7 +322,7 @@ class _Loop:
             return await self._malformed(str(err), text, tokens, model_us, server, where, compacted)
         self.malformed = 0
         arguments = TOOLS[call.tool].model_validate(call.arguments).model_dump()
-        key = (call.tool, json.dumps(arguments, sort_keys=True), self.generation)
+        key = (call.tool, json.dumps(arguments, sort_keys=True), self.toolbox.writes)
         self.seen[key] += 1
         started = time.monotonic()
         end: AgentResult | None = None
@@ -343,8 +341,6 @@ class _Loop:
                 call.tool, arguments, thread=asyncio.to_thread
             )
             observation, outcome = seen.text, "ok" if seen.ok else "error"
-            if seen.ok and call.tool in CHANGES:
-                self.generation += 1
         if call.extra:
             observation = (
                 f"[only the first tool call of a reply is run: {call.extra} more were not]\n"

@@ -92,8 +92,6 @@ TOOLS: dict[str, type[_Input]] = {
     "finish": Finish,
 }
 ToolName = Literal["list_files", "read_file", "search", "write_file", "edit", "run", "finish"]
-CHANGES = frozenset({"write_file", "edit"})
-"""Tools that change the view: a call repeated after one of them is not the same call."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +144,8 @@ class Toolbox:
         self.jail = jail
         self.runner = runner
         self.limits = limits
+        self.writes = 0
+        """Writes that changed a file: a call repeated after one is not the same call."""
 
     # ------------------------------------------------------------------ walking
 
@@ -280,8 +280,10 @@ class Toolbox:
                 f"{self.limits.write_chars:,} are written at once"
             )
         rel, real = self.jail.resolve(args.path, write=True)
-        self._put(rel, real, args.content, create=True)
-        return f"wrote {rel} ({len(args.content.encode())} bytes)"
+        size = len(args.content.encode())
+        if not self._put(rel, real, args.content):
+            return f"{rel} already holds exactly this content ({size} bytes): nothing changed"
+        return f"wrote {rel} ({size} bytes)"
 
     def edit(self, args: Edit) -> str:
         rel, real = self.jail.resolve(args.path, write=True)
@@ -311,14 +313,19 @@ class Toolbox:
         new = text.replace(args.old, args.new, 1)
         if len(new) > self.limits.write_chars * 4:
             raise ToolError(f"edit failed: {rel} would grow past {self.limits.write_chars * 4:,}")
-        self._put(rel, real, new, create=False)
         line = text[: text.index(args.old)].count("\n") + 1
+        if not self._put(rel, real, new):
+            return f"{rel} unchanged: the new text is the old text"
         return f"edited {rel} at line {line}: {len(args.old)} characters became {len(args.new)}"
 
-    def _put(self, rel: str, real: Path, content: str, *, create: bool) -> None:
-        """Write through no symlink and onto nothing but a regular file (or a new one)."""
+    def _put(self, rel: str, real: Path, content: str) -> bool:
+        """Write through no symlink and onto nothing but a regular file (or a new one);
+        False when the file already held exactly this (then nothing is written)."""
         if real.exists() and not real.is_file():
             raise PathRefused(f"{rel!r} exists and is not a regular file")
+        data = content.encode("utf-8")
+        if real.is_file() and real.stat().st_size == len(data) and real.read_bytes() == data:
+            return False
         parent = real.parent
         if not self.jail.contains(Path(os.path.realpath(parent))):
             raise PathRefused(f"{rel!r} resolves outside the project")
@@ -334,6 +341,8 @@ class Toolbox:
                 # Python's .pyc (and make) trust a source whose whole-second mtime and size are
                 # unchanged: an edit of the same length within the second would run stale code.
                 os.utime(f.fileno(), (after.st_atime, int(before) + 1))
+        self.writes += 1
+        return True
 
     async def run(self, args: Run) -> Observation:
         if self.runner is None:

@@ -7,11 +7,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import time
 from typing import Any
 
 import pytest
 
 from daemon.runs.agent import AgentLimits
+from daemon.runs.agent.calls import from_native, from_text, response_format, tool_specs
+from daemon.slots.chat import ChatClient
 from tests.agent.conftest import TEST_ARGV, Make, needs_bwrap
 from tests.agent.model import Raw, Step
 
@@ -249,3 +252,57 @@ async def test_a_server_without_native_tools_falls_back_to_json(bench: Make) -> 
     assert (result.outcome, result.mode) == ("finished", "json")
     assert [s["mode"] for s in await b.steps()] == ["json", "json"]
     assert all("response_format" in c and "tools" not in c for c in b.server.chats)
+
+
+async def test_budgets_end_the_loop(bench: Make) -> None:
+    """Steps, tokens and wall time each end the loop with their own outcome; the run's
+    budget (`reserve`) raises through it, as for any model call."""
+    read = Step("read_file", {"path": "calc.py", "start_line": 1})
+    other = Step("read_file", {"path": "calc.py", "start_line": 2})
+    b = await bench([read, other, read, other])
+    result = await b.go("json", limits=AgentLimits(max_steps=3))
+    assert (result.outcome, result.steps) == ("steps", 3)
+
+    b = await bench([read, other, read, other])
+    result = await b.go("json", limits=AgentLimits(tokens=400))
+    assert result.outcome == "tokens"
+    assert result.tokens >= 400
+    assert result.steps == 2
+
+    sleep = Step("run", {"argv": ["sleep", "30"]})
+    b = await bench([sleep])
+    started = time.monotonic()
+    result = await b.go("json", limits=AgentLimits(wall_s=1.5))
+    assert result.outcome == "wall"
+    assert time.monotonic() - started < 5, "the sandboxed sleep was killed at the deadline"
+
+    class Exhausted(Exception):
+        pass
+
+    calls = 0
+
+    def reserve() -> None:
+        nonlocal calls
+        calls += 1
+        if calls > 2:
+            raise Exhausted
+
+    b = await bench([read, other, read])
+    with pytest.raises(Exhausted):
+        await b.go("json", reserve=reserve)
+    assert len(await b.steps()) == 2
+
+
+@MODES
+async def test_streamed_tool_calls_are_read_whole(bench: Make, mode: str) -> None:
+    """A server tally spawns is always streamed: tool calls arrive in pieces and are joined."""
+    b = await bench([Step("edit", WRONG)])
+    client = ChatClient()
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": "x"}], "stream": True}
+    body |= {"tools": tool_specs()} if mode == "native" else {"response_format": response_format()}
+    try:
+        done = await client.complete(b.server.url + "/chat/completions", body)
+    finally:
+        await client.close()
+    call = from_native(done.tool_calls, done.text) if mode == "native" else from_text(done.text)
+    assert (call.tool, call.arguments) == ("edit", WRONG)

@@ -149,9 +149,21 @@ def test_rescue_stops_at_its_limits_with_the_exact_error(reply: str, error: str)
         from_text(reply)
 
 
-def test_rescue_is_linear_on_a_hostile_reply() -> None:
+@pytest.mark.parametrize("reply", ["{" * 60_000, "[" * 60_000, '{"a": ' + "[" * 60_000])
+def test_rescue_survives_a_hostile_reply(reply: str) -> None:
     with pytest.raises(Malformed):
-        rescue("{" * 60_000)
+        rescue(reply)
+
+
+async def test_run_refuses_an_argv_the_kernel_cannot_take(tmp_path: Path) -> None:
+    async def never(argv: list[str]) -> Any:
+        raise AssertionError("not run")
+
+    tb = Toolbox(Jail.of(tmp_path), never, ToolLimits())
+    for argv in (["ls\x00"], [""], ["x" * 9000]):
+        ok, said = await use(tb, "run", argv=argv)
+        assert not ok
+        assert said.startswith(("an argument holds a NUL byte", "the argv is over"))
 
 
 def test_native_calls_take_the_first_and_count_the_rest() -> None:

@@ -238,18 +238,20 @@ def rescue(text: str) -> tuple[Any, Parse]:
     stripped = text.strip()
     try:
         return json.loads(stripped), "parsed"
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting past json's limit
         pass
     for match in _FENCE.finditer(text):
         try:
             return json.loads(match.group(1).strip()), "fenced"
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
     obj = _object_text(text)
     if obj is None:
         raise Malformed("the reply holds no JSON object")
     try:
         return json.loads(obj), "object"
+    except RecursionError:
+        raise Malformed("the JSON in the reply is nested too deep") from None
     except ValueError as err:
         first = err
     for attempt in _repairs(obj):
@@ -328,7 +330,7 @@ def from_native(tool_calls: list[dict[str, Any]], text: str) -> Call:
         tool=function["name"],
         arguments=arguments,
         parse="native",
-        id=str(first.get("id") or "") or None,
+        id=str(first.get("id") or "")[:64] or None,
         extra=len(tool_calls) - 1,
     )
     return check(call)

@@ -349,6 +349,8 @@ class Toolbox:
             return Observation("run is not available for this task", ok=False)
         if sum(len(a) for a in args.argv) > self.limits.argv_chars:
             return Observation(f"the argv is over {self.limits.argv_chars} characters", ok=False)
+        if any("\x00" in a for a in args.argv) or not args.argv[0]:
+            return Observation("an argument holds a NUL byte, or the program is empty", ok=False)
         outcome = await self.runner(list(args.argv))
         return Observation(self._ran(outcome), ok=outcome.exit_code == 0)
 

@@ -11,11 +11,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from daemon.ledger import Ledger
 from daemon.runs import entries as k
-from daemon.runs.agent import AgentLimits, run_agent, sandboxed
+from daemon.runs.agent import AgentLimits, native_supported, run_agent, sandboxed
 from daemon.runs.sandbox import Confinement
 from daemon.slots import Pool, PoolOptions
 from roster import Lane, Member, Roster, Tiers, resolve_model_path
@@ -68,6 +69,13 @@ async def test_the_embedded_model_runs_a_bounded_json_loop(tmp_path: Path) -> No
 
     limits = AgentLimits(max_steps=6, n_ctx=4096, step_tokens=96, wall_s=240)
     try:
+        async with pool.lease("cheap") as lease:
+            assert lease.server_url is not None
+            async with aiohttp.ClientSession() as http, http.get(lease.server_url + "/props") as r:
+                props = await r.json()
+        # SmolLM2's template takes no tools, and the server says so: the loop uses json mode
+        assert props["chat_template_caps"]["supports_tool_calls"] is False
+        assert not native_supported(props)
         result = await run_agent(
             "Create the file hello.txt containing hi.",
             view,

@@ -127,10 +127,10 @@ AGENT_STEP: Final = "agent.step"
 {task, step: int (1-based), mode: "native"|"json", tool: str|null, arguments: {...},
 parse: "native"|"parsed"|"fenced"|"object"|"repaired"|"malformed", outcome: "ok"|"error"|
 "malformed"|"finish_refused"|"finished"|"stuck", reply: str, observation: str,
-observation_sha256, tokens: {prompt, completion, cached}, timings: {model_us, tool_us, server:
-{name: int}}, member, instance: int, slot: int, compacted: int}  (`daemon.runs.agent.record`).
-A step's model call is witnessed by its agent.step alone (no model.call / model.reply) and
-counts as one model call with its tokens."""
+observation_sha256, tokens: {prompt, completion, cached}, timings: {model_us, tool_us, step_us,
+server: {name: int}}, member, instance: int, slot: int, compacted: int}
+(`daemon.runs.agent.record`). A step's model call is witnessed by its agent.step alone (no
+model.call / model.reply) and counts as one model call with its tokens."""
 
 KINDS: Final = (
     REQUEST,

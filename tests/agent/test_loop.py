@@ -76,6 +76,7 @@ async def test_a_scripted_model_fixes_the_project_step_by_step(bench: Make, mode
         assert s["tokens"]["prompt"] > 0
         assert s["tokens"]["completion"] > 0
         assert s["timings"]["model_us"] > 0
+        assert s["timings"]["step_us"] >= s["timings"]["model_us"] + s["timings"]["tool_us"]
         assert s["timings"]["server"]["prompt_us"] == 1500
         assert (s["member"], s["task"]) == ("tiny", "t1")
     assert steps[3]["timings"]["tool_us"] > steps[1]["timings"]["tool_us"]  # a sandbox ran

@@ -216,6 +216,7 @@ class _Loop:
         self.step = 0
         self.seen: Counter[tuple[str, str, int]] = Counter()
         self.malformed = 0
+        self.began = time.monotonic()
         self.specs = calls.tool_specs()
         self.conversation = Conversation(
             n_ctx=limits.n_ctx, reserve=self._reserve_tokens(), keep_last=limits.keep_last
@@ -255,6 +256,7 @@ class _Loop:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return self.result("wall", f"the loop ran past {limits.wall_s:g} s")
+            self.began = time.monotonic()
             try:
                 compacted = self.conversation.fit()
             except ContextFull as err:
@@ -464,6 +466,7 @@ class _Loop:
         compacted: int,
     ) -> None:
         observation = _clean(observation)
+        timings.step_us = int((time.monotonic() - self.began) * 1_000_000)
         body = AgentStep(
             task=self.task,
             step=self.step,

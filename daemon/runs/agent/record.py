@@ -38,6 +38,9 @@ class StepTimings(BaseModel):
     """The model call, as tally waited for it (lease and request)."""
     tool_us: int = 0
     """The tool, checks included for a finish."""
+    step_us: int = 0
+    """The whole step up to its witness: compaction, the call, parsing, the tool. What is
+    neither model nor tool (`step_us - model_us - tool_us`) is tally's own time."""
     server: dict[str, int] = {}
     """llama.cpp's own timings (`ledger_timings`: prompt_n, cache_n, prompt_us, …)."""
 

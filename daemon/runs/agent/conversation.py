@@ -39,8 +39,13 @@ class Message:
     dropped: dict[str, int] = field(default_factory=dict)
     """On the note of dropped steps: how many calls of each tool it stands for."""
 
+    counted: int | None = None
+    """Its tokens, counted once (a message changes only when it is cut, or the note)."""
+
     def tokens(self) -> int:
-        return estimate(json.dumps(self.body, ensure_ascii=False)) + MESSAGE_OVERHEAD
+        if self.counted is None:
+            self.counted = estimate(json.dumps(self.body, ensure_ascii=False)) + MESSAGE_OVERHEAD
+        return self.counted
 
 
 @dataclass
@@ -116,6 +121,7 @@ class Conversation:
         counts = note.dropped
         for tool in tools:
             counts[tool or "malformed reply"] = counts.get(tool or "malformed reply", 0) + 1
+        note.counted = None
         done = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
         note.body["content"] = (
             f"[cut to save context: steps 1-{step} are no longer shown ({done}); "
@@ -129,6 +135,7 @@ class ContextFull(Exception):
 
 def _stub(message: Message) -> bool:
     """Cut a message in place; False if there is nothing worth cutting."""
+    message.counted = None
     body = message.body
     if message.kind in ("observation", "nudge"):
         text = str(body.get("content") or "")

@@ -297,6 +297,7 @@ class _Loop:
         self.mode = "json"
         system = self.conversation.messages[0].body
         system["content"] = str(system["content"]) + "\n" + system_prompt("json").splitlines()[-1]
+        self.conversation.messages[0].counted = None
         self.conversation.reserve = self._reserve_tokens()
 
     async def _step(self, compacted: int) -> AgentResult | None:

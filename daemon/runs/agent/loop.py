@@ -511,6 +511,20 @@ async def run_agent(
     (the tool instructions follow it). `task` names the task in each step; `parent` is the
     first step's parent (task.start). `reserve` is called before each model call (the run's
     `Meter.reserve_call`): what it raises propagates. Model errors propagate too.
+
+    The engine's wiring, in `attempts` (a sketch; the pool's `Lease` has `send`, which the
+    runs `LeasePort` protocol does not declare yet):
+
+        result = await run_agent(
+            task.instruction, view.path,
+            lambda: s.pool.lease(tier, affinity=f"{run.id}/{task.id}"),
+            functools.partial(s.witness, run.id),
+            checks=..., runner=sandboxed(view.path, policy=policy,
+                                         confinement=s.options.confinement, timeout_s=...),
+            limits=AgentLimits(n_ctx=<the member's n_ctx per slot>, ...),
+            mode="native" if native_supported(props) else "json",
+            system=lane.system, task=task.id, parent=start_seq, reserve=run.meter.reserve_call,
+        )
     """
     limits = limits or AgentLimits()
     toolbox = Toolbox(Jail.of(view, hidden), runner, limits.tools)

@@ -261,10 +261,13 @@ class _Loop:
                 compacted = self.conversation.fit()
             except ContextFull as err:
                 return self.result("context", str(err))
+            clock = asyncio.timeout(remaining)
             try:
-                async with asyncio.timeout(remaining):
+                async with clock:
                     ended = await self._step(compacted)
             except TimeoutError:
+                if not clock.expired():  # a timeout of something else (a server's hang)
+                    raise
                 return self.result("wall", f"the loop ran past {limits.wall_s:g} s")
             if ended is not None:
                 return ended

@@ -142,6 +142,16 @@ witnessed, so it is routed (and planned) again, witnessed as a new run.route; "d
 plan stands and only the tasks in `redo` run. The budget carries over whole: calls, tokens and
 wall time already spent (`spent`) count against it, the wall clock from `spent.wall_ms`."""
 
+AGENT_STEP: Final = "agent.step"
+"""[the task's previous agent.step, or task.start] one step of an `agent` task's tool loop:
+{task, step: int (1-based), mode: "native"|"json", tool: str|null, arguments: {...},
+parse: "native"|"parsed"|"fenced"|"object"|"repaired"|"malformed", outcome: "ok"|"error"|
+"malformed"|"finish_refused"|"finished"|"stuck", reply: str, observation: str,
+observation_sha256, tokens: {prompt, completion, cached}, timings: {model_us, tool_us, step_us,
+server: {name: int}}, member, instance: int, slot: int, compacted: int}
+(`daemon.runs.agent.record`). A step's model call is witnessed by its agent.step alone (no
+model.call / model.reply) and counts as one model call with its tokens."""
+
 KINDS: Final = (
     REQUEST,
     ROUTE,
@@ -165,6 +175,7 @@ KINDS: Final = (
     STATE,
     INTERRUPTED,
     RESUME,
+    AGENT_STEP,
 )
 
 

@@ -134,6 +134,18 @@ def _model_reply(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
     )
 
 
+def _agent_step(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
+    """One step of an agent task's loop: one model call and its tokens, and the task's steps."""
+    view.spent.model_calls += 1
+    tokens = b.get("tokens") or {}
+    view.spent.tokens += int(tokens.get("prompt") or 0) + int(tokens.get("completion") or 0)
+    task = _task(view, b)
+    if task is not None:
+        task.steps += 1
+        task.last_tool = b.get("tool")
+        task.member = b.get("member") or task.member
+
+
 def _task_result(view: RunView, seq: int, ts: int, b: dict[str, Any]) -> None:
     task = _task(view, b)
     if task is not None:
@@ -229,6 +241,7 @@ _REDUCERS: dict[str, Callable[[RunView, int, int, dict[str, Any]], None]] = {
     k.TASK_START: _task_start,
     k.MODEL_CALL: _model_call,
     k.MODEL_REPLY: _model_reply,
+    k.AGENT_STEP: _agent_step,
     k.TASK_RESULT: _task_result,
     k.TASK_VERDICT: _task_verdict,
     k.TASK_SKIP: _task_skip,

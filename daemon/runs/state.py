@@ -64,6 +64,10 @@ class TaskView(BaseModel):
     error: str | None = None
     failures: list[str] = []
     verdict_seq: int | None = None
+    steps: int = 0
+    """An agent task's tool-loop steps witnessed (`agent.step`), all attempts together."""
+    last_tool: str | None = None
+    """The tool of its latest step (None: a malformed reply, or no step yet)."""
     started_at_us: int | None = None
     """When its first attempt started (ledger ts)."""
     ended_at_us: int | None = None

@@ -740,9 +740,11 @@ async def serve(
         _prepare_socket_path(listen.socket_path)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    daemon.stop_requested = stop  # `tally stop` (the daemon_stop tool) stops as SIGTERM does
     await daemon.start()
     runner = app_runner(create_app(daemon, options), options)
     where: list[str] = []
+    daemon.listeners = where  # for `status`, filled as each site listens
     bound_socket = False
     warming: asyncio.TimerHandle | None = None
     try:

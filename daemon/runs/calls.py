@@ -42,7 +42,8 @@ async def call(
     run.meter.reserve_call()
     max_tokens = min(max_tokens or s.options.max_tokens, s.options.max_tokens)
     on_delta = (lambda text: s.delta(run.id, text, task)) if stream else None
-    async with s.pool.lease(target, priority=priority, affinity=affinity) as lease:
+    leasing = s.pool.lease(target, priority=priority, affinity=affinity)
+    async with s.waits.lease(run.id, task, leasing) as lease:  # `waiting` while it queues
         request = k.safe(lease.request(messages, max_tokens, response_format, stream=stream))
         call_body = {
             "purpose": purpose,

@@ -37,6 +37,7 @@ import contextlib
 import functools
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -55,6 +56,7 @@ from daemon.runs.sandbox import admit_commands
 from daemon.runs.snapshot import Snapshot
 from daemon.runs.state import FINAL, STOPPED, Census, Limits, RunEvent, RunView
 from daemon.runs.table import RunTable
+from daemon.runs.waits import Waits
 from roster.models import Budget, Roster
 
 __all__ = ["Engine", "EngineOptions", "Watcher"]
@@ -77,6 +79,7 @@ class Engine:
         self.options = options or EngineOptions()
         self.table = RunTable()
         self.feed = Feed()
+        self.waits = Waits(self.feed.waiting)
         self.setting = Setting(
             ledger=ledger,
             pool=pool,
@@ -87,6 +90,7 @@ class Engine:
             views=self.table.views,
             witness=self._witness,
             delta=self.feed.delta,
+            waits=self.waits,
         )
         self._runs: dict[str, Run] = {}
         self._keys = Keys(self.options.key_ttl_s, self.options.max_keys)
@@ -171,6 +175,8 @@ class Engine:
             live = self.table.views.get(run_id)
             if (live is None or live.state in STOPPED) and run_id not in self._runs:
                 return
+            for task in sorted(self.waits.of(run_id), key=str):  # waiting already: say so
+                yield RunEvent(seq=None, kind="waiting", data={"task": task, "waiting": True})
             while True:
                 event = await queue.get()
                 if event.seq is not None:
@@ -184,6 +190,30 @@ class Engine:
                         await driven.finished.wait()
                     if run_id not in self._runs:  # else resumed meanwhile: go on
                         return
+
+    def shown(self, view: RunView) -> RunView:
+        """The view as a person reads it now: with the live `queued`/`waiting` of runs and tasks
+        waiting for a slot laid over it (a copy; see `daemon.runs.waits`)."""
+        return self.waits.shown(view)
+
+    def shown_census(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Runs and tasks in memory by state as `shown` reads them (the census, with the runs
+        that wait for a slot moved to `queued` and their tasks to `waiting`)."""
+        runs, tasks = Counter(self.census.runs), Counter(self.census.tasks)
+        for run_id in self.waits.runs():
+            view = self.table.views.get(run_id)
+            shown = view if view is None else self.shown(view)
+            if view is None or shown is None or shown is view:
+                continue
+            runs[view.state] -= 1
+            runs[shown.state] += 1
+            for before, after in zip(view.tasks, shown.tasks, strict=True):
+                tasks[before.state] -= 1
+                tasks[after.state] += 1
+        return (
+            {state: n for state, n in runs.items() if n > 0},
+            {state: n for state, n in tasks.items() if n > 0},
+        )
 
     def watch(self, watcher: Watcher) -> Callable[[], None]:
         """Call `watcher(entry, body)` after every entry the engine witnesses

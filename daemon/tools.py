@@ -570,10 +570,7 @@ class RunsOut(_Out):
 
 async def runs_list(daemon: Daemon, data: RunsIn, ctx: ToolContext) -> RunsOut:
     return RunsOut(
-        runs=[
-            run_out(daemon.engine.shown(v))
-            for v in daemon.engine.list(state=data.state, limit=data.limit)
-        ]
+        runs=[run_out(v) for v in daemon.engine.shown_list(state=data.state, limit=data.limit)]
     )
 
 

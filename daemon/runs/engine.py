@@ -196,6 +196,19 @@ class Engine:
         waiting for a slot laid over it (a copy; see `daemon.runs.waits`)."""
         return self.waits.shown(view)
 
+    def shown_list(self, state: str | None = None, limit: int = 50) -> builtins.list[RunView]:
+        """`list` as `shown` reads the runs: a filter on `queued` or `running` goes by the
+        shown state (a run whose work waits for a slot is `queued`, not `running`)."""
+        if state not in ("queued", "running"):
+            return [self.shown(v) for v in self.list(state, limit)]
+        waiting = self.waits.runs()
+        views = {v.id: v for v in self.list(state, limit + len(waiting))}
+        if state == "queued":
+            views |= {r: self.table.views[r] for r in waiting if r in self.table.views}
+        shown = [s for s in map(self.shown, views.values()) if s.state == state]
+        shown.sort(key=lambda v: (v.created_at_us, v.id), reverse=True)
+        return shown[:limit]
+
     def shown_census(self) -> tuple[dict[str, int], dict[str, int]]:
         """Runs and tasks in memory by state as `shown` reads them (the census, with the runs
         that wait for a slot moved to `queued` and their tasks to `waiting`)."""

@@ -316,7 +316,9 @@ CLIP = 600
 
 
 def run_lines(run: dict[str, Any], full: bool = False) -> list[str]:
-    lines = [status_line(run)]
+    from surfaces.cli.clock import ago
+
+    lines = [status_line(run), f"created {ago(run.get('created_at_us'))}"]
     if run.get("error"):
         lines.append(f"error: {run['error']}")
     for task in run.get("tasks") or []:

@@ -237,6 +237,7 @@ def run_summary(view: RunView) -> dict[str, Any]:
         "id": view.id,
         "state": view.state,
         "lane": view.lane,
+        "lanes": list(dict.fromkeys(t.lane for t in view.tasks)),  # a plan's: what to show
         "client": view.client,
         "request": view.request[:200],
         "tasks_total": len(view.tasks),

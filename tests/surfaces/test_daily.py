@@ -143,6 +143,8 @@ async def _day(
         assert {r["id"] for r in by["running"] + by["queued"]} == set(ids)
         assert all(t["state"] == "running" for r in by["running"] for t in r["tasks"])
         assert all(t["state"] == "waiting" for r in by["queued"] for t in r["tasks"])
+        only = (await client.call("runs_list", {"state": "queued"}))["runs"]
+        assert {r["id"] for r in only} == {r["id"] for r in by["queued"]}
         queued = by["queued"][0]["id"]
         assert (await client.call("run_get", {"run_id": queued}))["state"] == "queued"
 

@@ -225,9 +225,12 @@ def run_unit(args: argparse.Namespace) -> int:
         print(text, end="")
         return 0
     if args.system:
+        import shlex
+
+        again = ["tally", "unit", *(a for a in sys.argv[2:] if a != "--install")]
         print(
             "tally unit: install the system unit as root: "
-            "tally unit --system > /etc/systemd/system/tallyd.service",
+            f"{shlex.join(again)} > /etc/systemd/system/tallyd.service",
             file=sys.stderr,
         )
         return 2

@@ -151,16 +151,13 @@ async def test_the_console_in_a_browser(
             assert first_page == sorted(first_page, reverse=True)
             assert first_page[0] == real.daemon.ledger.size - 1
             await page.locator("#older").click()
-            await page.wait_for_function(
-                f"document.querySelector('#entries tbody tr').dataset.seq < {first_page[-1]}"
-            )
+            # (CSP forbids eval: wait for rows, not for a function)
+            await page.locator(f'#entries tbody tr[data-seq="{first_page[-1] - 1}"]').wait_for()
             second_page = await _seqs(page)
             assert second_page == sorted(second_page, reverse=True)
             assert second_page[0] == first_page[-1] - 1
             await page.locator("#newer").click()
-            await page.wait_for_function(
-                f"document.querySelector('#entries tbody tr').dataset.seq == {first_page[0]}"
-            )
+            await page.locator(f'#entries tbody tr[data-seq="{first_page[0]}"]').wait_for()
 
             # A run whose attempt a daemon stop cut off (resumed, then cancelled): each attempt
             # says how it ended, and the first one's time stops at the interruption.

@@ -152,6 +152,22 @@ Assertion = Annotated[
 
 
 class Task(_Model):
+    # The published schema says what `_command_has_argv` checks: a command task has an argv.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {
+                "type": "object",
+                "properties": {"executor": {"const": "command"}},
+                "required": ["executor"],
+            },
+            "then": {
+                "type": "object",
+                "required": ["argv"],
+                "properties": {"argv": {"type": "array"}},
+            },
+        }
+    )
+
     id: str = Field(min_length=1, max_length=128)
     lane: str = Field(min_length=1)
     instruction: str

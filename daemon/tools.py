@@ -1209,7 +1209,7 @@ class StopOut(_Out):
 async def daemon_stop(daemon: Daemon, _: Empty, ctx: ToolContext) -> StopOut:
     stop = daemon.stop_requested
     if stop is None:  # an embedded daemon (tests, a library user): its owner stops it
-        raise Unavailable("this daemon is not run by `tally serve`: stop it where it runs")
+        raise Conflict("this daemon is not run by `tally serve`: stop it where it runs")
     # After this answer is on its way: the server stops as on SIGTERM (drain, interrupt the
     # rest, checkpoint, release the ledger).
     asyncio.get_running_loop().call_soon(stop.set)
@@ -1487,5 +1487,5 @@ ERRORS: dict[str, tuple[type[TallyError], ...]] = {
     "roster_reload": (NotFound,),
     "client_add": (Conflict,),
     "client_revoke": (NotFound,),  # 403 (Forbidden) is documented on every operation
-    "daemon_stop": (Unavailable,),
+    "daemon_stop": (Conflict,),
 }

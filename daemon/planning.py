@@ -10,6 +10,7 @@ the tasks it cannot order (cycles and what hangs below them) go through Tarjan's
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from collections.abc import Collection, Sequence
@@ -22,6 +23,7 @@ from pydantic import (
     GetJsonSchemaHandler,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
@@ -162,6 +164,22 @@ Assertion = Annotated[
 
 
 class Task(_Model):
+    # The published schema says what `_command_has_argv` checks: a command task has an argv.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {
+                "type": "object",
+                "properties": {"executor": {"const": "command"}},
+                "required": ["executor"],
+            },
+            "then": {
+                "type": "object",
+                "required": ["argv"],
+                "properties": {"argv": {"type": "array"}},
+            },
+        }
+    )
+
     id: str = Field(min_length=1, max_length=128)
     lane: str = Field(min_length=1)
     instruction: str
@@ -192,6 +210,16 @@ class Task(_Model):
     @classmethod
     def _output_inside(cls, path: str | None) -> str | None:
         return None if path is None else check_relative(path)
+
+    @model_validator(mode="after")
+    def _command_has_argv(self) -> Task:
+        # Refused here, with the plan, not when the task runs (after the tasks before it).
+        if self.executor == "command" and self.argv is None:
+            raise ValueError(
+                "a command task needs `argv`, the program and its arguments "
+                '(e.g. "argv": ["pytest", "-q"])'
+            )
+        return self
 
 
 class Plan(_Model):
@@ -237,6 +265,54 @@ def parse_plan(data: str | bytes | dict[str, Any]) -> Plan:
             except ValueError:
                 raw = None
         raise PlanInvalid([_schema_problem(err, raw) for err in exc.errors()]) from None
+
+
+def report(
+    data: str | bytes | dict[str, Any] | Any, lanes: Collection[str] | None = None
+) -> tuple[Plan | None, list[PlanProblem]]:
+    """Every problem with a plan given as JSON (text or parsed), in one pass: the schema's
+    (an unknown field with its "did you mean"), and, read from the tasks despite them, the
+    duplicate ids, unknown lanes and needs, and cycles. (The plan, or None; the problems.)"""
+    try:
+        if isinstance(data, str | bytes):
+            plan = Plan.model_validate_json(data)
+        else:
+            plan = Plan.model_validate(data)
+    except ValidationError as exc:
+        raw: Any = data
+        if isinstance(data, str | bytes):
+            try:
+                raw = json.loads(data)
+            except ValueError:
+                raw = None
+        found = [_schema_problem(err, raw) for err in exc.errors()]
+        return None, found + _readable_problems(raw, lanes)
+    return plan, problems(plan, lanes)
+
+
+def _readable_problems(raw: Any, lanes: Collection[str] | None) -> list[PlanProblem]:
+    """The graph's and the lanes' problems among the tasks of a plan that failed its schema:
+    each task with a string id counts, with what can be read of its lane and needs (what
+    cannot be read is the schema's problem, said already)."""
+    tasks = raw.get("tasks") if isinstance(raw, dict) else None
+    if not isinstance(tasks, list):
+        return []
+    readable: list[Task] = []
+    unread_lane: set[str] = set()
+    for item in tasks:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
+            continue
+        lane = item.get("lane")
+        if not isinstance(lane, str) or not lane:
+            unread_lane.add(item["id"])
+            lane = ""
+        needs = item.get("needs")
+        needs = [n for n in needs if isinstance(n, str)] if isinstance(needs, list) else []
+        readable.append(Task.model_construct(id=item["id"], lane=lane, needs=needs, instruction=""))
+    if not readable:
+        return []
+    found = problems(Plan.model_construct(tasks=readable), lanes)
+    return [p for p in found if not (p.code == "unknown_lane" and p.tasks[0] in unread_lane)]
 
 
 def problems(plan: Plan, lanes: Collection[str] | None = None) -> list[PlanProblem]:
@@ -504,4 +580,37 @@ def _schema_problem(err: Any, data: Any) -> PlanProblem:
             if isinstance(tid, str):
                 tasks = [tid]
     message = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden" and loc:
+        message = _unknown_field(str(loc[-1]), _fields_at(tuple(loc[:-1])))
     return PlanProblem(code="schema", tasks=tasks, message=f"{path or 'plan'}: {message}")
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The field names a plan allows at `loc` (the object an unknown field was found in)."""
+    model: type[BaseModel] | None = None
+    if loc == ():
+        model = Plan
+    elif len(loc) == 2 and loc[0] == "tasks":
+        model = Task
+    elif len(loc) == 5 and loc[0] == "tasks" and loc[2] == "assertions":
+        model = _ASSERTIONS.get(str(loc[4]))  # pydantic names the union's branch by its tag
+    if model is None:
+        return []
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+_ASSERTIONS: dict[str, type[BaseModel]] = {
+    "json_schema": JsonSchemaAssertion,
+    "contains": ContainsAssertion,
+    "regex": RegexAssertion,
+    "max_length": MaxLengthAssertion,
+    "exit_code": ExitCodeAssertion,
+}
+
+
+def _unknown_field(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if close:
+        return f"unknown field {name!r}; did you mean `{close[0]}`?"
+    listing = ", ".join(known) if known else "none"
+    return f"unknown field {name!r} (the fields here: {listing})"

@@ -76,6 +76,11 @@ class Daemon:
         """Latency histograms (/metrics), fed by the engine as it witnesses run entries."""
         self._tracer: Any = None
         self._memory_cgroup: MemoryCgroup | None = None
+        self.listeners: list[str] = []
+        """Where the surfaces listen (`unix:PATH`, `http://HOST:PORT`), set by the server."""
+        self.stop_requested: asyncio.Event | None = None
+        """Set by `daemon_stop` (a client's clean stop): the server then stops as on SIGTERM."""
+        self.started_at_us = time.time_ns() // 1000
 
     # The parts exist only between start() and stop(); asking earlier is a programming error.
     @property

@@ -23,7 +23,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic.config import JsonDict
 
 from daemon.clients import CLIENT_NAME, OWNER, Client, Limits, Scope
@@ -41,7 +50,7 @@ from daemon.gateway import REPLY as GATEWAY_REPLY
 from daemon.ledger.canonical import MAX_SAFE_INT
 from daemon.ledger.entry import Body, BodyState
 from daemon.ledger.summary import Vocabulary, summarize
-from daemon.planning import Plan, Task, problems, waves
+from daemon.planning import Plan, PlanInvalid, Task, problems, report, waves
 from daemon.quotas import RateLimited
 from daemon.runs import entries as k
 from daemon.runs.replay import replay
@@ -364,7 +373,40 @@ async def route(daemon: Daemon, data: RouteIn, ctx: ToolContext) -> RouteOut:
     )
 
 
+_SOUND_PLAN = {"tasks": [{"id": "-", "lane": "-", "instruction": ""}]}
+
+
+def _keep_a_bad_plan(data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+    """Validate a tool's input; a `plan` that fails its schema (and nothing else failing) is
+    kept as sent, for the handler to report every problem of it in one pass, lanes, needs and
+    cycles with the schema's (a 422 all the same), not the schema's alone."""
+    try:
+        return handler(data)
+    except ValidationError as exc:
+        bad = data.get("plan") if isinstance(data, dict) else None
+        if bad is None or any(tuple(e["loc"][:1]) != ("plan",) for e in exc.errors()):
+            raise
+        kept = handler({**data, "plan": _SOUND_PLAN})
+        kept._unchecked = bad
+        return kept
+
+
+def _refuse_a_bad_plan(daemon: Daemon, unchecked: Any) -> None:
+    if unchecked is not None:
+        _, found = report(unchecked, [lane.name for lane in daemon.roster.lanes])
+        raise PlanInvalid(found)
+
+
 class PlanIn(_In):
+    _unchecked: Any = PrivateAttr(default=None)
+    """The plan as sent, when it failed its schema (see `_keep_a_bad_plan`)."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _one_pass(cls, data: Any, handler: ModelWrapValidatorHandler[PlanIn]) -> PlanIn:
+        kept: PlanIn = _keep_a_bad_plan(data, handler)
+        return kept
+
     plan: Plan = Field(
         description=(
             'A plan: {"tasks": [{"id": "T1", "lane": "backend", "instruction": "...", '
@@ -389,6 +431,7 @@ class PlanOut(_Out):
 
 
 async def plan(daemon: Daemon, data: PlanIn, ctx: ToolContext) -> PlanOut:
+    _refuse_a_bad_plan(daemon, data._unchecked)
     parsed = data.plan
     lanes = [lane.name for lane in daemon.roster.lanes]
     found = [
@@ -411,6 +454,15 @@ async def plan(daemon: Daemon, data: PlanIn, ctx: ToolContext) -> PlanOut:
 
 
 class SubmitIn(_In):
+    _unchecked: Any = PrivateAttr(default=None)
+    """The plan as sent, when it failed its schema (see `_keep_a_bad_plan`)."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _one_pass(cls, data: Any, handler: ModelWrapValidatorHandler[SubmitIn]) -> SubmitIn:
+        kept: SubmitIn = _keep_a_bad_plan(data, handler)
+        return kept
+
     request: str = Field(
         min_length=1,
         max_length=100_000,
@@ -487,6 +539,7 @@ def _checks_run(task: Task | dict[str, Any]) -> bool:
 
 
 async def submit(daemon: Daemon, data: SubmitIn, ctx: ToolContext) -> RunOut:
+    _refuse_a_bad_plan(daemon, data._unchecked)
     if _commands(data.plan):
         require(ctx, "command", "a plan with command tasks or run checks")
     if data.workspace is not None:
@@ -506,13 +559,13 @@ async def submit(daemon: Daemon, data: SubmitIn, ctx: ToolContext) -> RunOut:
         workspace=data.workspace,
     )
     if not data.wait:
-        return run_out(view)
+        return run_out(daemon.engine.shown(view))
     run_id = view.id
     try:
         async with asyncio.timeout(data.timeout_s):
             return run_out(await daemon.engine.wait(run_id))
     except (TimeoutError, DeadlineExceeded):
-        return run_out(daemon.engine.get(run_id))
+        return run_out(daemon.engine.shown(daemon.engine.get(run_id)))
 
 
 class ProgressSteps:
@@ -545,7 +598,7 @@ class ProgressSteps:
 
 async def run_get(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
     # An old finished run keeps a summary in memory, or nothing; its record has the rest.
-    return run_out(await daemon.engine.find(data.run_id))
+    return run_out(daemon.engine.shown(await daemon.engine.find(data.run_id)))
 
 
 class RunsIn(_In):
@@ -559,7 +612,7 @@ class RunsOut(_Out):
 
 async def runs_list(daemon: Daemon, data: RunsIn, ctx: ToolContext) -> RunsOut:
     return RunsOut(
-        runs=[run_out(v) for v in daemon.engine.list(state=data.state, limit=data.limit)]
+        runs=[run_out(v) for v in daemon.engine.shown_list(state=data.state, limit=data.limit)]
     )
 
 
@@ -572,7 +625,7 @@ async def run_resume(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
         require(ctx, "command", "resuming a run with command tasks")
     if daemon.engine.get(data.run_id).workspace is not None:
         require(ctx, "command", "resuming a run on a workspace")
-    return run_out(await daemon.engine.resume(data.run_id))
+    return run_out(daemon.engine.shown(await daemon.engine.resume(data.run_id)))
 
 
 async def run_retry(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
@@ -581,7 +634,9 @@ async def run_retry(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
         require(ctx, "command", "retrying a run with command tasks")
     if original.workspace is not None:
         require(ctx, "command", "retrying a run on a workspace")
-    return run_out(await daemon.engine.retry(data.run_id, client=ctx.client.name))
+    return run_out(
+        daemon.engine.shown(await daemon.engine.retry(data.run_id, client=ctx.client.name))
+    )
 
 
 class PatchOut(_Out):
@@ -1204,6 +1259,101 @@ async def slots_status(daemon: Daemon, _: Empty, ctx: ToolContext) -> SlotsOut:
     )
 
 
+# ---------------------------------------------------------------- status and stop (daily use)
+
+
+class StatusDaemonOut(_Out):
+    pid: int
+    version: str
+    started_at_us: int = Field(description="When the daemon started (wall clock, µs).")
+    uptime_s: float
+    listeners: list[str] = Field(description="Where it listens: unix:PATH, http://HOST:PORT.")
+    state_dir: str
+
+
+class StatusRunsOut(_Out):
+    by_state: dict[str, int] = Field(
+        description="Runs in memory by state as shown: a run whose work waits for a slot "
+        "counts as `queued`, not `running`."
+    )
+    tasks_by_state: dict[str, int] = Field(
+        description="Tasks of runs in memory by state as shown (`waiting`: for a slot)."
+    )
+    in_flight: int = Field(description="Runs being driven now (what a stop drains).")
+
+
+class StatusLedgerOut(_Out):
+    size: int = Field(description="Entries in the ledger.")
+    bytes: int | None = Field(default=None, description="The entries file's size on disk.")
+    writable: bool
+    reason: str | None = Field(default=None, description="Why it cannot write (degraded).")
+    checkpoint_size: int | None = Field(default=None, description="The last signed tree size.")
+    checkpoint_time_us: int | None = Field(default=None, description="When it was signed.")
+
+
+class StatusOut(_Out):
+    status: Literal["ok", "degraded"]
+    daemon: StatusDaemonOut
+    pool: SlotsOut
+    runs: StatusRunsOut
+    ledger: StatusLedgerOut
+
+
+def _entries_bytes(daemon: Daemon) -> int | None:
+    try:
+        return (Path(daemon.settings.state_dir) / "ledger" / "entries").stat().st_size
+    except OSError:
+        return None
+
+
+async def status(daemon: Daemon, _: Empty, ctx: ToolContext) -> StatusOut:
+    import os
+
+    engine = daemon.engine
+    runs, tasks = engine.shown_census()
+    health = daemon.ledger.health
+    cp = daemon.ledger.latest_checkpoint()
+    return StatusOut(
+        status="ok" if health.writable else "degraded",
+        daemon=StatusDaemonOut(
+            pid=os.getpid(),
+            version=package_version(),
+            started_at_us=daemon.started_at_us,
+            uptime_s=round(time.monotonic() - STARTED, 3),
+            listeners=list(daemon.listeners),
+            state_dir=str(daemon.settings.state_dir),
+        ),
+        pool=await slots_status(daemon, Empty(), ctx),
+        runs=StatusRunsOut(by_state=runs, tasks_by_state=tasks, in_flight=engine.in_flight()),
+        ledger=StatusLedgerOut(
+            size=daemon.ledger.size,
+            bytes=await asyncio.to_thread(_entries_bytes, daemon),
+            writable=health.writable,
+            reason=None if health.writable else health.detail,
+            checkpoint_size=None if cp is None else cp.size,
+            checkpoint_time_us=None if cp is None else cp.time_us,
+        ),
+    )
+
+
+class StopOut(_Out):
+    stopping: bool = Field(description="True: the daemon is stopping now.")
+    draining: int = Field(description="Runs in flight it lets finish first.")
+    drain_s: float = Field(description="How long it lets them run before it interrupts them.")
+
+
+async def daemon_stop(daemon: Daemon, _: Empty, ctx: ToolContext) -> StopOut:
+    stop = daemon.stop_requested
+    if stop is None:  # an embedded daemon (tests, a library user): its owner stops it
+        raise Conflict("this daemon is not run by `tally serve`: stop it where it runs")
+    # After this answer is on its way: the server stops as on SIGTERM (drain, interrupt the
+    # rest, checkpoint, release the ledger).
+    asyncio.get_running_loop().call_soon(stop.set)
+    return StopOut(
+        stopping=True, draining=daemon.engine.in_flight(), drain_s=daemon.settings.drain_s
+    )
+
+
 # ---------------------------------------------------------------- the registry
 
 
@@ -1460,6 +1610,24 @@ def _tools() -> list[Tool[Any, Any]]:
             client_revoke,
             scope="admin",
         ),
+        Tool(
+            "status",
+            "The daemon at a glance: pid, uptime, version and listeners; the pool (members, "
+            "loaded instances, busy slots, queues); runs and tasks by state (`queued`/`waiting` "
+            "for a slot); the ledger (size, last checkpoint, writable or degraded).",
+            Empty,
+            StatusOut,
+            status,
+        ),
+        Tool(
+            "daemon_stop",
+            "Stop the daemon cleanly: runs in flight drain for the configured time, the rest are "
+            "interrupted (resumable), then it checkpoints and exits.",
+            Empty,
+            StopOut,
+            daemon_stop,
+            scope="admin",
+        ),
     ]
 
 
@@ -1488,4 +1656,5 @@ ERRORS: dict[str, tuple[type[TallyError], ...]] = {
     "roster_reload": (NotFound,),
     "client_add": (Conflict,),
     "client_revoke": (NotFound,),  # 403 (Forbidden) is documented on every operation
+    "daemon_stop": (Conflict,),
 }

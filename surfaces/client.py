@@ -19,14 +19,24 @@ import aiohttp
 
 from daemon.config import default_socket_path
 
-NOT_RUNNING = (
-    "tally daemon is not running — start it with `systemctl --user start tallyd` or `tally serve`"
-)
+
+def start_hint() -> str:
+    """How to start the daemon: the installed unit's `systemctl` line if there is one."""
+    from surfaces.units import installed
+
+    unit = installed()
+    return (
+        f"`{unit}` or `tally serve`" if unit else "`tally serve` (or install a unit: `tally unit`)"
+    )
+
+
+def not_running() -> str:
+    return f"tally daemon is not running — start it with {start_hint()}"
 
 
 class DaemonDown(Exception):
     def __init__(self, where: str) -> None:
-        super().__init__(f"{NOT_RUNNING} (looked for it at {where})")
+        super().__init__(f"{not_running()} (looked for it at {where})")
         self.where = where
 
 
@@ -238,8 +248,7 @@ def run_client(main: Any) -> int:
         code: int = asyncio.run(main)
     except DaemonDown as exc:
         print(
-            f"tally: daemon not running at {exc.where}; start it with "
-            "`systemctl --user start tallyd` or `tally serve`",
+            f"tally: daemon not running at {exc.where}; start it with {start_hint()}",
             file=sys.stderr,
         )
         return 1

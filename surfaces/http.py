@@ -780,9 +780,11 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     raise_nofile()  # before anything opens: the TCP gate sizes itself from the limit
+    daemon.stop_requested = stop  # `tally stop` (the daemon_stop tool) stops as SIGTERM does
     await daemon.start()
     runner = app_runner(create_app(daemon, options), options)
     where: list[str] = []
+    daemon.listeners = where  # for `status`, filled as each site listens
     bound_socket = False
     warming: asyncio.TimerHandle | None = None
     try:

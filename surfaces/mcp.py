@@ -117,7 +117,7 @@ class Adapter:
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         from daemon.tools import TOOLS
-        from surfaces.client import NOT_RUNNING, DaemonDown, DaemonError
+        from surfaces.client import DaemonDown, DaemonError, not_running
 
         tool = TOOLS.get(params.name)
         if tool is None:  # a protocol error (the spec's -32602), not a tool's failed call
@@ -135,7 +135,7 @@ class Adapter:
                 body = await self._call(params.name, arguments)
         except DaemonDown as exc:
             return _error(
-                f"{NOT_RUNNING}. Looked for it at {exc.where}; if it listens elsewhere, set "
+                f"{not_running()}. Looked for it at {exc.where}; if it listens elsewhere, set "
                 "TALLY_SOCKET (or TALLY_URL and TALLY_TOKEN) in this MCP server's env."
             )
         except DaemonError as exc:

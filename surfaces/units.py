@@ -6,7 +6,9 @@ path; a test keeps the files and the generator identical.
 
 from __future__ import annotations
 
-import shlex
+import os
+from collections.abc import Sequence
+from pathlib import Path
 
 PLACEHOLDER = "/usr/local/bin/tally"
 
@@ -20,7 +22,7 @@ Description=tally: local agent fleets with a verifiable ledger
 [Service]
 Type=notify
 NotifyAccess=main
-ExecStart={exec_start} serve --state ${{STATE_DIRECTORY}} --socket ${{RUNTIME_DIRECTORY}}/tally.sock
+ExecStart={exec_start}
 Restart=on-failure
 RestartSec=2s
 TimeoutStartSec=120s
@@ -67,7 +69,7 @@ After=network.target
 [Service]
 Type=notify
 NotifyAccess=main
-ExecStart={exec_start} serve --state ${{STATE_DIRECTORY}} --socket ${{RUNTIME_DIRECTORY}}/tally.sock
+ExecStart={exec_start}
 Restart=on-failure
 RestartSec=2s
 TimeoutStartSec=120s
@@ -81,7 +83,7 @@ RuntimeDirectoryMode=0750
 UMask=0077
 NoNewPrivileges=yes
 ProtectSystem=strict
-ProtectHome=yes
+{read_write}ProtectHome=yes
 PrivateTmp=yes
 PrivateDevices=yes
 PrivateIPC=yes
@@ -104,7 +106,11 @@ MemoryDenyWriteExecute=yes
 RemoveIPC=yes
 SystemCallArchitectures=native
 SystemCallFilter=@system-service
-SystemCallFilter=~@privileged @resources
+# @resources is not denied: command tasks run under nice(1), whose setpriority is in that set
+# (`systemd-analyze syscall-filter @resources`). Denied, nice gets EPERM and runs every task
+# un-niced with "nice: cannot set niceness" in its output. (prlimit64, for the tasks' rlimits,
+# is in @default.) tests/surfaces/test_systemd.py checks both against systemd-analyze.
+SystemCallFilter=~@privileged
 SystemCallFilter=@mount
 SystemCallErrorNumber=EPERM
 CapabilityBoundingSet=
@@ -127,9 +133,77 @@ WantedBy=multi-user.target
 """
 
 
-def user_unit(exec_start: str = PLACEHOLDER) -> str:
-    return _USER.format(exec_start=shlex.quote(exec_start))
+DEFAULT_STATE = "${STATE_DIRECTORY}"
+DEFAULT_SOCKET = "${RUNTIME_DIRECTORY}/tally.sock"
 
 
-def system_unit(exec_start: str = PLACEHOLDER) -> str:
-    return _SYSTEM.format(exec_start=shlex.quote(exec_start))
+def quote(word: str) -> str:
+    """One ExecStart word, as systemd reads it back: `%` is a specifier and `$` a variable
+    unless doubled, a backslash and a double quote are escaped inside double quotes, and a
+    word with a space (or nothing) is double-quoted. Control characters cannot be said."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in word):
+        raise ValueError(f"{word!r} holds a control character: a unit cannot carry it")
+    text = word.replace("%", "%%").replace("$", "$$")
+    if word and not any(c in word for c in " \t\"'\\;"):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def exec_start(
+    exe: str, options: Sequence[str] = (), state: str | None = None, socket: str | None = None
+) -> str:
+    """`EXE serve --state … --socket … OPTIONS`: systemd's directories unless given."""
+    words = [quote(exe), "serve"]
+    words += ["--state", DEFAULT_STATE if state is None else quote(state)]
+    words += ["--socket", DEFAULT_SOCKET if socket is None else quote(socket)]
+    return " ".join(words + [quote(o) for o in options])
+
+
+def user_unit(
+    exe: str = PLACEHOLDER,
+    options: Sequence[str] = (),
+    state: str | None = None,
+    socket: str | None = None,
+) -> str:
+    return _USER.format(exec_start=exec_start(exe, options, state, socket))
+
+
+def system_unit(
+    exe: str = PLACEHOLDER,
+    options: Sequence[str] = (),
+    state: str | None = None,
+    socket: str | None = None,
+) -> str:
+    # ProtectSystem=strict leaves only the unit's own directories writable: a state dir or a
+    # socket elsewhere must be named.
+    writable = [p for p in (state, None if socket is None else str(Path(socket).parent)) if p]
+    read_write = f"ReadWritePaths={' '.join(quote(p) for p in writable)}\n" if writable else ""
+    return _SYSTEM.format(exec_start=exec_start(exe, options, state, socket), read_write=read_write)
+
+
+HIDDEN_BY_SYSTEM_UNIT: tuple[tuple[str, str], ...] = (
+    ("/tmp", "PrivateTmp=yes gives the service its own empty /tmp"),
+    ("/var/tmp", "PrivateTmp=yes gives the service its own empty /var/tmp"),
+    ("/home", "ProtectHome=yes hides /home"),
+    ("/root", "ProtectHome=yes hides /root"),
+    ("/run/user", "ProtectHome=yes hides /run/user"),
+)
+
+
+def hidden(path: str) -> str | None:
+    """Why the system unit's sandbox hides `path` from the daemon (None: it does not)."""
+    for root, why in HIDDEN_BY_SYSTEM_UNIT:
+        if path == root or path.startswith(root.rstrip("/") + "/"):
+            return why
+    return None
+
+
+def installed() -> str | None:
+    """How to start the installed unit (`systemctl …`), or None when no unit is installed."""
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    if (config / "systemd" / "user" / "tallyd.service").is_file():
+        return "systemctl --user start tallyd"
+    for base in ("/etc/systemd/system", "/usr/local/lib/systemd/system", "/lib/systemd/system"):
+        if (Path(base) / "tallyd.service").is_file():
+            return "sudo systemctl start tallyd"
+    return None

@@ -167,9 +167,8 @@ async def _once(
     on_delta = (lambda text: s.delta(run.id, text, task)) if stream else None
     sent = False
     try:
-        async with s.pool.lease(
-            target, priority=priority, deadline=deadline, affinity=affinity
-        ) as lease:
+        leasing = s.pool.lease(target, priority=priority, deadline=deadline, affinity=affinity)
+        async with s.waits.lease(run.id, task, leasing) as lease:  # `waiting` while it queues
             request = k.safe(lease.request(messages, max_tokens, response_format, stream=stream))
             call_body = {
                 "purpose": purpose,

@@ -27,6 +27,7 @@ from daemon.runs.executors import Stub
 from daemon.runs.ports import LedgerReader, PoolPort, RouterPort
 from daemon.runs.sandbox import Confinement
 from daemon.runs.state import RunView
+from daemon.runs.waits import Waits
 from daemon.workspace.view import RunDirs
 from roster.models import Lane, Roster
 
@@ -80,6 +81,7 @@ class Setting:
         views: Mapping[str, RunView],
         witness: Witness,
         delta: Delta,
+        waits: Waits | None = None,
     ) -> None:
         self.ledger = ledger
         self.pool = pool
@@ -89,6 +91,8 @@ class Setting:
         self.views = views
         self.witness = witness
         self.delta = delta
+        self.waits = waits or Waits()
+        """Who waits for a slot now (live only, never witnessed): see `daemon.runs.waits`."""
         self.use(roster)
 
     def use(self, roster: Roster) -> None:

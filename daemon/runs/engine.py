@@ -37,6 +37,7 @@ import contextlib
 import functools
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -57,6 +58,7 @@ from daemon.runs.sandbox import admit_commands
 from daemon.runs.snapshot import Snapshot
 from daemon.runs.state import FINAL, STOPPED, Census, Limits, RunEvent, RunView
 from daemon.runs.table import RunTable
+from daemon.runs.waits import Waits
 from daemon.workspace import patch as workspace_patch
 from daemon.workspace.record import APPLY, SNAPSHOT, ApplyBody, PatchBody, SnapshotBody
 from daemon.workspace.view import RunDirs
@@ -82,6 +84,7 @@ class Engine:
         self.options = options or EngineOptions()
         self.table = RunTable()
         self.feed = Feed()
+        self.waits = Waits(self.feed.waiting)
         self.setting = Setting(
             ledger=ledger,
             pool=pool,
@@ -92,6 +95,7 @@ class Engine:
             views=self.table.views,
             witness=self._witness,
             delta=self.feed.delta,
+            waits=self.waits,
         )
         self._runs: dict[str, Run] = {}
         self._keys = Keys(self.options.key_ttl_s, self.options.max_keys)
@@ -189,6 +193,8 @@ class Engine:
             live = self.table.views.get(run_id)
             if (live is None or live.state in STOPPED) and run_id not in self._runs:
                 return
+            for task in sorted(self.waits.of(run_id), key=str):  # waiting already: say so
+                yield RunEvent(seq=None, kind="waiting", data={"task": task, "waiting": True})
             while True:
                 event = await queue.get()
                 if event.kind == OVERRUN:  # this reader fell too far behind: it resumes
@@ -205,6 +211,43 @@ class Engine:
                         await driven.finished.wait()
                     if run_id not in self._runs:  # else resumed meanwhile: go on
                         return
+
+    def shown(self, view: RunView) -> RunView:
+        """The view as a person reads it now: with the live `queued`/`waiting` of runs and tasks
+        waiting for a slot laid over it (a copy; see `daemon.runs.waits`)."""
+        return self.waits.shown(view)
+
+    def shown_list(self, state: str | None = None, limit: int = 50) -> builtins.list[RunView]:
+        """`list` as `shown` reads the runs: a filter on `queued` or `running` goes by the
+        shown state (a run whose work waits for a slot is `queued`, not `running`)."""
+        if state not in ("queued", "running"):
+            return [self.shown(v) for v in self.list(state, limit)]
+        waiting = self.waits.runs()
+        views = {v.id: v for v in self.list(state, limit + len(waiting))}
+        if state == "queued":
+            views |= {r: self.table.views[r] for r in waiting if r in self.table.views}
+        shown = [s for s in map(self.shown, views.values()) if s.state == state]
+        shown.sort(key=lambda v: (v.created_at_us, v.id), reverse=True)
+        return shown[:limit]
+
+    def shown_census(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Runs and tasks in memory by state as `shown` reads them (the census, with the runs
+        that wait for a slot moved to `queued` and their tasks to `waiting`)."""
+        runs, tasks = Counter(self.census.runs), Counter(self.census.tasks)
+        for run_id in self.waits.runs():
+            view = self.table.views.get(run_id)
+            shown = view if view is None else self.shown(view)
+            if view is None or shown is None or shown is view:
+                continue
+            runs[view.state] -= 1
+            runs[shown.state] += 1
+            for before, after in zip(view.tasks, shown.tasks, strict=True):
+                tasks[before.state] -= 1
+                tasks[after.state] += 1
+        return (
+            {state: n for state, n in runs.items() if n > 0},
+            {state: n for state, n in tasks.items() if n > 0},
+        )
 
     def watch(self, watcher: Watcher) -> Callable[[], None]:
         """Call `watcher(entry, body)` after every entry the engine witnesses

@@ -79,6 +79,7 @@ class Feed:
         self._written: dict[tuple[str, str | None], int] = {}
         self._calls: dict[tuple[str, int], str | None] = {}
         """(run, model.call seq) → its task, while the call streams."""
+        self._nudged: list[Callable[[str], None]] = []
 
     def watch(self, watcher: Watcher) -> Callable[[], None]:
         """Call `watcher(entry, body)` after every entry the engine witnesses; returns the
@@ -114,6 +115,23 @@ class Feed:
             event = RunEvent(seq=entry.seq, kind=kind, data=body)
             for queue in listeners:
                 queue.offer(event)
+
+    def nudge(self, nudged: Callable[[str], None]) -> Callable[[], None]:
+        """Call `nudged(run_id)` when a run's live state changes without an entry (a wait for a
+        slot begins or ends); returns the function that stops it."""
+        self._nudged.append(nudged)
+        return lambda: self._nudged.remove(nudged) if nudged in self._nudged else None
+
+    def waiting(self, run_id: str, task: str | None, waiting: bool) -> None:
+        """A task (None: the run) began or ended a wait for a slot: a `waiting` event for the
+        run's listeners (not an entry: no seq), and a nudge for whoever lists runs."""
+        for queue in self._listeners.get(run_id, ()):
+            queue.offer(RunEvent(seq=None, kind="waiting", data={"task": task, "waiting": waiting}))
+        for nudged in self._nudged:
+            try:
+                nudged(run_id)
+            except Exception:  # an observer's fault must never fail the run it observes
+                log.exception("a run nudge failed")
 
     def delta(self, run_id: str, text: str, task: str | None = None) -> None:
         """A streamed token: `task` names the chat task it belongs to (None: synthesis)."""

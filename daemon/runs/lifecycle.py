@@ -36,7 +36,7 @@ async def drive(s: Setting, run: Run, work: Callable[[Run], Awaitable[None]]) ->
         elapsed_ms = view.wall_base_ms + (time.time_ns() // 1000 - view.started_at_us) // 1000
         wall = asyncio.timeout(run.meter.wall_s(elapsed_ms))
         try:
-            async with wall, s.gate:
+            async with wall, s.waits.gate(run.id, s.gate):  # `queued` while at the gate
                 if run.cancelling:
                     raise asyncio.CancelledError
                 await work(run)

@@ -25,7 +25,9 @@ RunState = Literal[
     "interrupted",
     "budget_exhausted",
 ]
-TaskState = Literal["pending", "running", "done", "failed", "skipped", "cancelled"]
+TaskState = Literal["pending", "running", "waiting", "done", "failed", "skipped", "cancelled"]
+"""`waiting` is never in the record: the live overlay of a started task waiting for its slot
+lease (`daemon.runs.waits`)."""
 
 FINAL: frozenset[str] = frozenset({"done", "failed", "cancelled", "budget_exhausted"})
 """States a run never leaves."""

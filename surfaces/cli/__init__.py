@@ -27,6 +27,7 @@ import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 from surfaces.cli import (
     clients,
@@ -41,13 +42,14 @@ from surfaces.cli import (
     route,
     runs,
     serve,
+    service,
     slots,
     version,
 )
 
 GROUPS: list[ModuleType] = [
     version, serve, mcp, runs, ledger, roster, route, plan, slots, models, doctor, clients,
-    console, reading,
+    console, reading, service,
 ]  # fmt: skip
 
 _GC_DEFAULT = gc.get_threshold()
@@ -102,13 +104,58 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class PipeClosed(BaseException):
+    """stdout's reader went away (`tally ledger get … | head`). A BaseException so that no
+    command's own `except OSError` turns it into an error message: `main` ends quietly."""
+
+
+PIPE_CLOSED_EXIT = 141
+"""128 + SIGPIPE: what a shell reports for a C tool whose pipe's reader left."""
+
+
+class _Stdout:
+    """sys.stdout, with a write or flush to a closed pipe raised as PipeClosed."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._inner.write(text))
+        except BrokenPipeError:
+            raise PipeClosed from None
+
+    def flush(self) -> None:
+        try:
+            self._inner.flush()
+        except BrokenPipeError:
+            raise PipeClosed from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _quiet_stdout() -> int:
+    """Point fd 1 at /dev/null: the interpreter's last flush then has nowhere to fail."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ else 1)
+        os.close(devnull)
+    return PIPE_CLOSED_EXIT
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     atexit.unregister(gc.freeze)  # once, however often main runs in one process (tests)
     atexit.register(gc.freeze)  # runs before the exit-time collections, not when main returns
     gc.set_threshold(*_GC_STARTING)
+    stdout = sys.stdout
+    sys.stdout = _Stdout(stdout)
     try:
         return _dispatch(argv)
+    except PipeClosed:  # handled here once, for every command
+        return _quiet_stdout()
     finally:
+        sys.stdout = stdout
         gc.set_threshold(*_GC_DEFAULT)
 
 
@@ -119,8 +166,8 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         code: int = args.run(args)
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        return 0
+    except BrokenPipeError:  # a write that bypassed sys.stdout (os.write, a saved reference)
+        return _quiet_stdout()
     except Exception as exc:  # the last resort: a user gets one line, never a traceback
         if os.environ.get("TALLY_DEBUG"):
             raise

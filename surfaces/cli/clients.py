@@ -136,9 +136,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(body, indent=2))
     elif "clients" in body:
+        from surfaces.cli.clock import local_time
+
         for c in body["clients"]:
             print(
-                f"{c['name']:<24} {c['scope']:<8} created {c['created_at_us']}  " + limits_text(c)
+                f"{c['name']:<24} {c['scope']:<8} created {local_time(c['created_at_us'])}  "
+                + limits_text(c)
             )
     elif "token" in body:
         print(body["token"])

@@ -34,7 +34,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from daemon.planning import PlanInvalid, check_plan, parse_plan, waves
+    from daemon.planning import report, waves
     from roster import RosterError, load_roster
 
     try:
@@ -53,13 +53,11 @@ def run(args: argparse.Namespace) -> int:
         lanes = [lane.name for lane in roster.lanes]
         if max_parallel is None:
             max_parallel = roster.policy.max_parallel
-    try:
-        plan = parse_plan(text)
-        check_plan(plan, lanes)
-        result = waves(plan, max_parallel)
-    except PlanInvalid as exc:
-        _print_problems(exc.problems, as_json=args.json)
+    plan, found = report(text, lanes)  # every problem at once: schema, lanes, needs, cycles
+    if plan is None or found:
+        _print_problems(found, as_json=args.json)
         return 1
+    result = waves(plan, max_parallel)
     if args.json:
         print(result.model_dump_json())
         return 0

@@ -20,6 +20,15 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--socket", type=Path, help="daemon socket (default: $TALLY_SOCKET or runtime)")
 
 
+def _offline(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--state-dir",
+        dest="state_dir",
+        type=Path,
+        help="state directory read when the daemon is down (default: as `tally serve`)",
+    )
+
+
 def _on_daemon(
     command: Callable[[argparse.Namespace], Awaitable[int]],
 ) -> Callable[[argparse.Namespace], int]:
@@ -72,9 +81,10 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     _common(p)
     p.set_defaults(run=_on_daemon(apply))
 
-    p = commands.add_parser("runs", help="list recent runs")
+    p = commands.add_parser("runs", help="list recent runs (from the record if the daemon is down)")
     p.add_argument("--state", help="only runs in this state")
     p.add_argument("--limit", type=int, default=20)
+    _offline(p)
     _common(p)
     p.set_defaults(run=_on_daemon(runs))
 
@@ -83,6 +93,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--full", action="store_true", help="task outputs unclipped")
     p.add_argument("--follow", action="store_true", help="follow it live, as submit does")
     _stream_flag(p)
+    _offline(p)
     _common(p)
     p.set_defaults(run=_on_daemon(show))
 
@@ -134,8 +145,11 @@ def status_line(run: dict[str, Any]) -> str:
     tasks = run.get("tasks") or []
     done = sum(1 for t in tasks if t.get("state") in TASK_ENDED)
     parts = [f"{run['id']} {run['state']}"]
-    if run.get("lane"):
-        parts.append(f"lane {run['lane']}")
+    lanes = list(dict.fromkeys(str(t["lane"]) for t in tasks if t.get("lane")))
+    if len(lanes) > 1:  # a plan's tasks' lanes, not the lane its request text routes to
+        parts.append(f"lanes {', '.join(lanes[:4])}{' …' if len(lanes) > 4 else ''}")
+    elif lanes or run.get("lane"):
+        parts.append(f"lane {lanes[0] if lanes else run['lane']}")
     if tasks:
         shown = " ".join(f"{t['id']}:{t.get('state', '?')}" for t in tasks[:6])
         more = " …" if len(tasks) > 6 else ""
@@ -415,20 +429,31 @@ async def _once(main: Awaitable[int]) -> int:
 
 
 async def runs(args: argparse.Namespace) -> int:
-    from surfaces.client import DaemonClient, Endpoint
+    from surfaces.client import DaemonClient, DaemonDown, Endpoint
 
     query: dict[str, Any] = {"limit": args.limit}
     if args.state:
         query["state"] = args.state
-    async with DaemonClient(Endpoint.from_env(args.socket)) as client:
-        found = (await client.call("runs_list", query))["runs"]
+    try:
+        async with DaemonClient(Endpoint.from_env(args.socket)) as client:
+            found = (await client.call("runs_list", query))["runs"]
+    except DaemonDown as down:  # read the record instead, and say so
+        found = await _from_record(args, down, "the runs", None)
+        if found is None:
+            return 1
     if args.json:
         print(json.dumps(found, ensure_ascii=False))
         return 0
-    print(f"{'RUN':<24} {'STATE':<16} {'LANE':<14} REQUEST")
+    from surfaces.cli.clock import local_time
+
+    print(f"{'RUN':<24} {'STATE':<16} {'CREATED':<19} {'LANE':<14} REQUEST")
     for run in found:
         request = run["request"].replace("\n", " ")
-        print(f"{run['id']:<24} {run['state']:<16} {run.get('lane') or '-':<14} {request[:60]}")
+        created = local_time(run.get("created_at_us"))
+        print(
+            f"{run['id']:<24} {run['state']:<16} {created:<19} {shown_lane(run) or '-':<14} "
+            f"{request[:60]}"
+        )
     if not found:
         print("(no runs)" if not args.state else f"(no runs in state {args.state})")
     return 0
@@ -436,13 +461,23 @@ async def runs(args: argparse.Namespace) -> int:
 
 async def show(args: argparse.Namespace) -> int:
     """`tally run ID`: each task (lane, member, attempts, state, time, output), then the answer."""
-    from surfaces.client import DaemonClient, Endpoint
+    from surfaces.client import DaemonClient, DaemonDown, Endpoint
 
-    async with DaemonClient(Endpoint.from_env(args.socket)) as client:
-        run = await client.call("run_get", {"run_id": args.run_id})
-        if args.follow:
-            run = await follow(client, run, args.json, _streaming(args))
-        attempts = {} if args.json else await _attempts(client, run)
+    try:
+        async with DaemonClient(Endpoint.from_env(args.socket)) as client:
+            run = await client.call("run_get", {"run_id": args.run_id})
+            if args.follow:
+                run = await follow(client, run, args.json, _streaming(args))
+            attempts = {} if args.json else await _attempts(client, run)
+    except DaemonDown as down:  # read the record instead, and say so (nothing to follow)
+        found = await _from_record(args, down, f"run {args.run_id}", args.run_id)
+        if found is None:
+            return 1
+        if not found:
+            print(f"tally: no run {args.run_id} in the record", file=sys.stderr)
+            return 1
+        run = found[0]
+        attempts = {}
     if args.json:
         print(json.dumps(run, ensure_ascii=False))
         return 0
@@ -469,13 +504,48 @@ async def _attempts(client: Any, run: dict[str, Any]) -> dict[str, list[str]]:
     return attempt_lines(found)
 
 
+async def _from_record(
+    args: argparse.Namespace, down: Exception, what: str, run_id: str | None
+) -> list[dict[str, Any]] | None:
+    """The runs (or the one run) read offline from the record, after saying so on stderr;
+    None (said why) when there is no record to read either."""
+    from daemon.config import default_state_dir
+    from daemon.errors import TallyError
+    from surfaces.cli import record
+
+    state = args.state_dir or default_state_dir()
+    where = getattr(down, "where", "?")
+    try:
+        if run_id is not None:
+            one = await record.run(state, run_id)
+            found = [] if one is None else [one]
+        else:
+            found = await record.runs(state, args.state, args.limit)
+    except (record.NoRecord, TallyError, OSError) as exc:
+        print(f"tally: {down}; and no record to read offline: {exc}", file=sys.stderr)
+        return None
+    print(record.OFFLINE_NOTE.format(where=where, what=what, state=state), file=sys.stderr)
+    return found
+
+
+def shown_lane(run: dict[str, Any]) -> str | None:
+    """The lane a person should read for a run: its tasks' lanes once it has a plan (a
+    `--plan` run's routed lane is only where its request text would have gone)."""
+    lanes = list(dict.fromkeys(str(t.get("lane")) for t in run.get("tasks") or [] if t.get("lane")))
+    if not lanes:
+        return run.get("lane")
+    return lanes[0] if len(lanes) == 1 else f"{lanes[0]} +{len(lanes) - 1}"
+
+
 CLIP = 600
 
 
 def run_lines(
     run: dict[str, Any], full: bool = False, attempts: dict[str, list[str]] | None = None
 ) -> list[str]:
-    lines = [status_line(run)]
+    from surfaces.cli.clock import ago
+
+    lines = [status_line(run), f"created {ago(run.get('created_at_us'))}"]
     if run.get("retry_of"):
         lines.append(f"retries run {run['retry_of']}")
     if run.get("tier") or run.get("member"):

@@ -334,6 +334,7 @@ def run_summary(view: RunView) -> dict[str, Any]:
         "id": view.id,
         "state": view.state,
         "lane": view.lane,
+        "lanes": list(dict.fromkeys(t.lane for t in view.tasks)),  # a plan's: what to show
         "client": view.client,
         "request": view.request[:200],
         "tasks_total": len(view.tasks),
@@ -364,7 +365,9 @@ class RunFeed:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.streams.add(queue)
         if self._unwatch is None:
-            self._unwatch = self.engine.watch(self._changed)
+            unwatch = self.engine.watch(self._changed)
+            unnudge = self.engine.feed.nudge(self._nudged)  # a wait for a slot: no entry
+            self._unwatch = lambda: (unwatch(), unnudge())
         return queue
 
     def close(self, queue: asyncio.Queue[bytes | None]) -> None:
@@ -374,7 +377,10 @@ class RunFeed:
             self._unwatch = None
 
     def _changed(self, entry: EntryLike, body: dict[str, Any]) -> None:
-        self.dirty[str(entry.run)] = None
+        self._nudged(str(entry.run))
+
+    def _nudged(self, run_id: str) -> None:
+        self.dirty[run_id] = None
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(FLUSH_S, self._flush)
 
@@ -386,7 +392,8 @@ class RunFeed:
         frames = []
         for run in runs:
             with contextlib.suppress(NotFound):
-                frames.append(sse_frame("run", run_summary(self.engine.get(run))))
+                shown = self.engine.shown(self.engine.get(run))  # queued/waiting for a slot
+                frames.append(sse_frame("run", run_summary(shown)))
         for queue in list(self.streams):
             if queue.qsize() + len(frames) > BACKLOG:  # too far behind: end it; it reconnects
                 self.streams.discard(queue)

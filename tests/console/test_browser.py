@@ -44,8 +44,77 @@ PLAN = {
 }
 
 
+# Runs made before the browser's daemon starts (no model call): one that fails after a task
+# did its work, and one whose attempt a daemon stop cut off, resumed, then cancelled.
+FAILING = {
+    "tasks": [
+        {"id": "made", "lane": "backend", "instruction": "x", "executor": "command",
+         "argv": ["echo", "partial work done"]},
+        {"id": "broke", "lane": "backend", "instruction": "x", "executor": "command",
+         "argv": ["false"], "needs": ["made"], "assertions": [{"type": "exit_code", "code": 0}]},
+    ]
+}  # fmt: skip
+SLEEPING = {
+    "tasks": [
+        {"id": "nap", "lane": "backend", "instruction": "x", "executor": "command",
+         "argv": ["sleep", "60"]},
+    ]
+}  # fmt: skip
+
+
+def _settings(tmp_path: Path) -> Settings:
+    return Settings.from_env(
+        state_dir=tmp_path / "state",
+        runtime_dir=tmp_path / "run",
+        checkpoint_interval_s=3600,
+        drain_s=0.1,
+    )
+
+
+async def _started(daemon: Daemon, run_id: str, attempts: int) -> None:
+    for _ in range(300):
+        view = daemon.engine.get(run_id)
+        if view.tasks and view.tasks[0].attempts >= attempts and view.tasks[0].state == "running":
+            await asyncio.sleep(0.3)  # the command is running, not only witnessed as started
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"run {run_id} did not start attempt {attempts}")
+
+
 @pytest.fixture
-async def real(tmp_path: Path) -> AsyncIterator[Served]:
+async def history(tmp_path: Path) -> dict[str, str]:
+    from daemon.tools import RouteIn, ToolContext, route
+
+    first = Daemon(_settings(tmp_path))
+    await first.start()
+    try:
+        failed = await first.engine.submit(
+            "console: a run that fails", plan=FAILING, lane="backend"
+        )
+        assert (await first.engine.wait(failed.id, timeout=60)).state == "failed"
+        cut = await first.engine.submit("console: a run cut off", plan=SLEEPING, lane="backend")
+        await _started(first, cut.id, 1)
+        # Enough entries for the ledger page to have a second page (route previews are witnessed).
+        await asyncio.gather(
+            *(route(first, RouteIn(text=f"preview {i}"), ToolContext()) for i in range(120))
+        )
+    finally:
+        await first.stop()  # the attempt is cut: the run is interrupted
+    second = Daemon(_settings(tmp_path))
+    await second.start()
+    try:
+        assert second.engine.get(cut.id).state == "interrupted"
+        await second.engine.resume(cut.id)
+        await _started(second, cut.id, 2)
+        await second.engine.cancel(cut.id)
+        assert (await second.engine.wait(cut.id, timeout=30)).state == "cancelled"
+    finally:
+        await second.stop()
+    return {"failed": failed.id, "cut": cut.id}
+
+
+@pytest.fixture
+async def real(tmp_path: Path, history: dict[str, str]) -> AsyncIterator[Served]:
     settings = Settings.from_env(
         state_dir=tmp_path / "state", runtime_dir=tmp_path / "run", checkpoint_interval_s=3600
     )
@@ -58,7 +127,9 @@ async def real(tmp_path: Path) -> AsyncIterator[Served]:
         await daemon.stop()
 
 
-async def test_the_console_in_a_browser(real: Served, tmp_path: Path) -> None:
+async def test_the_console_in_a_browser(
+    real: Served, history: dict[str, str], tmp_path: Path
+) -> None:
     errors: list[str] = []
     shots = tmp_path / "screenshots"
     shots.mkdir()
@@ -72,6 +143,52 @@ async def test_the_console_in_a_browser(real: Served, tmp_path: Path) -> None:
 
             await page.goto(await real.login_url())  # its script POSTs the code, then "/"
             await page.wait_for_url(f"{real.url}/")
+            # Before the real run (its model's speed is the machine's): the ledger page lists
+            # newest first, a page of 100 at a time.
+            await page.goto(f"{real.url}/#/ledger")
+            await page.wait_for_selector("#entries tbody tr")
+            first_page = await _seqs(page)
+            assert len(first_page) == 100
+            assert first_page == sorted(first_page, reverse=True)
+            assert first_page[0] == real.daemon.ledger.size - 1
+            await page.locator("#older").click()
+            # (CSP forbids eval: wait for rows, not for a function)
+            await page.locator(f'#entries tbody tr[data-seq="{first_page[-1] - 1}"]').wait_for()
+            second_page = await _seqs(page)
+            assert second_page == sorted(second_page, reverse=True)
+            assert second_page[0] == first_page[-1] - 1
+            await page.locator("#newer").click()
+            await page.locator(f'#entries tbody tr[data-seq="{first_page[0]}"]').wait_for()
+
+            # A run whose attempt a daemon stop cut off (resumed, then cancelled): each attempt
+            # says how it ended, and the first one's time stops at the interruption.
+            await page.goto(f"{real.url}/#/run/{history['cut']}")
+            await page.wait_for_selector("#run-state.state-cancelled")
+            nap = page.locator('section.task[data-task="nap"] .attempt')
+            assert await nap.count() == 2
+            assert "output (interrupted)" in await nap.nth(0).locator("summary").inner_text()
+            assert "interrupted after" in await nap.nth(0).inner_text()
+            assert "output (cancelled)" in await nap.nth(1).locator("summary").inner_text()
+            assert "streaming" not in await page.locator("#tasks").inner_text()
+            bars = page.locator('#timeline .tl-row[data-task="nap"] .bar.model.cut')
+            assert await bars.count() == 2
+            first_end = await bars.nth(0).evaluate(
+                "b => parseFloat(b.style.left) + parseFloat(b.style.width)"
+            )
+            second_start = await bars.nth(1).evaluate("b => parseFloat(b.style.left)")
+            assert first_end <= second_start < 100  # not spanning the whole run
+            assert await page.locator("#timeline .tl-axis .tick").count() >= 2
+            await page.screenshot(path=shots / "run-cut.png", full_page=True)
+
+            # A failed run shows why, and the work it did, not "no answer yet".
+            await page.goto(f"{real.url}/#/run/{history['failed']}")
+            await page.wait_for_selector("#run-state.state-failed")
+            assert (await page.locator("#answer-missing").inner_text()).startswith(
+                "no answer: the run failed"
+            )
+            assert "partial work done" in await page.locator("#answer-partial").inner_text()
+            await page.screenshot(path=shots / "run-failed.png", full_page=True)
+            await page.goto(f"{real.url}/")
             await page.wait_for_selector("#runs")
             view = await real.daemon.engine.submit("a README for tally", plan=PLAN)
             deltas: list[dict[str, Any]] = []
@@ -159,3 +276,8 @@ async def test_the_console_in_a_browser(real: Served, tmp_path: Path) -> None:
     assert not errors, errors
     names = {p.name for p in shots.iterdir()}
     assert names >= {"runs.png", "run.png", "ledger.png", "pool.png", "compare.png"}
+
+
+async def _seqs(page: Any) -> list[int]:
+    rows = page.locator("#entries tbody tr")
+    return [int(s) for s in await rows.evaluate_all("rs => rs.map(r => r.dataset.seq)")]

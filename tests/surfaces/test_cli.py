@@ -71,15 +71,16 @@ async def test_runs_prints_a_header_then_one_row_per_run(
     socket = ["--socket", str(unix_server)]
     assert await asyncio.to_thread(main, ["runs", *socket]) == 0
     assert capsys.readouterr().out.splitlines() == [
-        f"{'RUN':<24} {'STATE':<16} {'LANE':<14} REQUEST",
+        f"{'RUN':<24} {'STATE':<16} {'CREATED':<19} {'LANE':<14} REQUEST",
         "(no runs)",
     ]
     run = await daemon.engine.submit("the api")
     await daemon.engine.wait(run.id, timeout=20)
     assert await asyncio.to_thread(main, ["runs", *socket]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["RUN", "STATE", "LANE", "REQUEST"]
+    assert lines[0].split() == ["RUN", "STATE", "CREATED", "LANE", "REQUEST"]
     assert lines[1].split()[:2] == [run.id, "done"]
+    assert lines[1].split()[4] == "backend"  # after the local date and time it was created
     assert len(lines) == 2
     assert await asyncio.to_thread(main, ["runs", "--json", *socket]) == 0
     assert [r["id"] for r in json.loads(capsys.readouterr().out)] == [run.id]

@@ -20,26 +20,29 @@ from mcp.client.stdio import stdio_client
 from daemon.runs import entries as k
 from daemon.service import Daemon
 from daemon.tools import TOOLS
+from surfaces.units import user_unit
 from tests.slots.fake_server import FakeServer
 from tests.surfaces.conftest import roster_toml, two_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def params(socket_path: Path) -> StdioServerParameters:
+def params(socket_path: Path, env: dict[str, str] | None = None) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
         args=["-m", "surfaces", "mcp"],
-        env={"TALLY_SOCKET": str(socket_path)},
+        env={"TALLY_SOCKET": str(socket_path)} | (env or {}),
         cwd=str(ROOT),
     )
 
 
 @asynccontextmanager
-async def session_for(socket_path: Path) -> AsyncIterator[ClientSession]:
+async def session_for(
+    socket_path: Path, env: dict[str, str] | None = None
+) -> AsyncIterator[ClientSession]:
     # Inline in each test, not a fixture: anyio scopes must exit in the task that entered them.
     async with (
-        stdio_client(params(socket_path)) as (read, write),
+        stdio_client(params(socket_path, env)) as (read, write),
         ClientSession(read, write) as session,
     ):
         await session.initialize()
@@ -123,8 +126,17 @@ async def test_cancellation_reaches_the_run(
     assert (await daemon.ledger.verify()).ok
 
 
+def _system_unit_here() -> bool:
+    units = ("/etc/systemd/system", "/lib/systemd/system")
+    return any(Path(d, "tallyd.service").exists() for d in units)
+
+
 async def test_daemon_down_every_call_says_how_to_start(tmp_path: Path) -> None:
-    async with session_for(tmp_path / "nothing.sock") as session:
+    # A user unit installed (in this XDG_CONFIG_HOME): the hint names it.
+    config = tmp_path / "config"
+    (config / "systemd" / "user").mkdir(parents=True)
+    (config / "systemd" / "user" / "tallyd.service").write_text(user_unit())
+    async with session_for(tmp_path / "nothing.sock", {"XDG_CONFIG_HOME": str(config)}) as session:
         tools = (await session.list_tools()).tools
         assert len(tools) == len(TOOLS)
         for name, args in (("health", {}), ("route", {"text": "x"})):
@@ -136,6 +148,15 @@ async def test_daemon_down_every_call_says_how_to_start(tmp_path: Path) -> None:
             assert "tally serve" in text.text
             assert str(tmp_path / "nothing.sock") in text.text
             assert "TALLY_SOCKET" in text.text
+    # No unit installed (an empty XDG_CONFIG_HOME, no system unit here): `tally serve` alone.
+    empty = {"XDG_CONFIG_HOME": str(tmp_path / "empty")}
+    if _system_unit_here():
+        return  # this machine has a system unit: the hint rightly names it
+    async with session_for(tmp_path / "nothing.sock", empty) as session:
+        result = await session.call_tool("health", {})
+        text = result.content[0]
+        assert "tally serve" in text.text
+        assert "systemctl" not in text.text
 
 
 async def test_autostart_starts_a_daemon_where_the_adapter_looks(

@@ -4,6 +4,7 @@ through the stdio adapter); what is allowed is exactly what the registry declare
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -51,6 +52,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "client_add": {"name": "made-by-table", "scope": "read"},
     "client_list": {},
     "client_revoke": {"name": "no-such-client"},
+    "status": {},
+    "daemon_stop": {},  # last: the admin client's call stops the daemon (scopes go in order)
 }
 
 
@@ -96,6 +99,13 @@ async def test_every_tool_times_every_scope_over_http(tcp: Scoped) -> None:
                 async with http.post(url, json=args, headers=headers) as resp:
                     allowed = _allowed(resp.status, await resp.json())
                 assert allowed == client.allows(TOOLS[name].scope), (scope, name)
+    await _stopped_cleanly(tcp)
+
+
+async def _stopped_cleanly(tcp: Scoped) -> None:
+    """The admin client's daemon_stop, the table's last call, stopped the daemon cleanly."""
+    assert tcp.proc is not None
+    assert await asyncio.wait_for(tcp.proc.wait(), 30) == 0
 
 
 async def test_every_tool_times_every_scope_over_mcp(tcp: Scoped) -> None:
@@ -120,6 +130,7 @@ async def test_every_tool_times_every_scope_over_mcp(tcp: Scoped) -> None:
                 text = json.dumps([c.model_dump() for c in result.content])
                 refused = result.is_error and "forbidden" in text
                 assert refused != client.allows(TOOLS[name].scope), (scope, name, text)
+    await _stopped_cleanly(tcp)
 
 
 async def test_tokens_healthz_metrics_and_revocation(tcp: Scoped) -> None:

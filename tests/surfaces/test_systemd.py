@@ -66,7 +66,8 @@ def test_system_unit_verifies_and_is_hardened(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     proc = subprocess.run(
-        # 1.3 before the command sandbox; its namespaces and mount calls bring it to 2.3.
+        # 1.3 before the command sandbox; its namespaces and mount calls bring it to 2.3, and
+        # allowing @resources (nice for command tasks) to 2.4.
         ["systemd-analyze", "security", "--offline=true", "--threshold=25", str(unit)],
         capture_output=True,
         text=True,
@@ -154,3 +155,95 @@ def test_units_give_the_daemon_descriptors() -> None:
     soft and hard, so the system unit's seccomp filter (no setrlimit) costs nothing."""
     for unit in (user_unit(), system_unit()):
         assert "\nLimitNOFILE=65536\n" in unit
+
+
+def _unit_from_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`tally unit ARGS` as a user runs it (from tmp_path: relative paths become absolute)."""
+    return subprocess.run(
+        [sys.executable, "-m", "surfaces", "unit", *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def _exec_start(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("ExecStart="))
+
+
+@needs_systemd
+def test_the_unit_carries_serve_options_and_verifies(tmp_path: Path) -> None:
+    """`tally unit --roster R --tcp …`: the service is the daemon the user configured."""
+    rosters = tmp_path / "my rosters"  # a space: quoted as systemd reads it back
+    rosters.mkdir()
+    (rosters / "roster.toml").write_text(SPAWNED_ROSTER)
+    made = _unit_from_cli(
+        tmp_path, "--roster", "my rosters/roster.toml", "--tcp", "127.0.0.1:8766", "--judge", "x"
+    )
+    assert made.returncode == 0, made.stderr
+    line = _exec_start(made.stdout)
+    assert f'--roster "{rosters}/roster.toml"' in line  # absolute, quoted
+    assert "--tcp 127.0.0.1:8766" in line
+    assert "--judge x" in line
+    assert "--state ${STATE_DIRECTORY} --socket ${RUNTIME_DIRECTORY}/tally.sock" in line
+    assert made.stderr == ""  # a user unit hides nothing: no warning
+    unit = tmp_path / "tallyd.service"
+    unit.write_text(made.stdout.replace(line.split()[0].removeprefix("ExecStart="), sys.executable))
+    (tmp_path / "run").mkdir()
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "run"), "HOME": str(tmp_path)}
+    proc = subprocess.run(
+        ["systemd-analyze", "--user", "verify", str(unit)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+    # The system unit: paths its sandbox hides are named; a state dir of one's own is writable.
+    made = _unit_from_cli(
+        tmp_path, "--system", "--roster", "/tmp/r%1.toml", "--state", "/srv/tally $x"
+    )
+    assert made.returncode == 0, made.stderr
+    assert "/tmp/r%1.toml is out of the system unit's reach (PrivateTmp=yes" in made.stderr
+    line = _exec_start(made.stdout)
+    assert '--state "/srv/tally $$x"' in line  # `$` and `%` doubled: no expansion
+    assert "--roster /tmp/r%%1.toml" in line
+    assert 'ReadWritePaths="/srv/tally $$x"' in made.stdout
+    unit = tmp_path / "tallyd-system.service"
+    unit.write_text(made.stdout.replace(line.split()[0].removeprefix("ExecStart="), sys.executable))
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    home = _unit_from_cli(tmp_path, "--system", "--roster", "/home/someone/roster.toml")
+    assert "ProtectHome=yes hides /home" in home.stderr
+    bad = _unit_from_cli(tmp_path, "--tcp", "0.0.0.0:80")
+    assert bad.returncode == 2
+    assert "loopback" in bad.stderr
+
+
+@needs_systemd
+def test_command_tasks_nice_is_not_filtered_out() -> None:
+    """nice(1) needs setpriority, which systemd files under @resources: the system unit must not
+    deny that set (it denies @privileged, where setpriority is not)."""
+
+    def members(group: str) -> set[str]:
+        proc = subprocess.run(
+            ["systemd-analyze", "syscall-filter", group], capture_output=True, text=True, check=True
+        )
+        return {w.strip() for w in proc.stdout.splitlines() if w[:1] == " " and "#" not in w}
+
+    resources = members("@resources")
+    assert "setpriority" in resources
+    assert "setpriority" not in members("@privileged")
+    assert "@resources" in members("@system-service")  # allowed by both units' allow-list
+    denied = [
+        line.removeprefix("SystemCallFilter=~").split()
+        for line in system_unit().splitlines()
+        if line.startswith("SystemCallFilter=~")
+    ]
+    assert denied == [["@privileged"]]
+    assert not any(line.startswith("SystemCallFilter=~") for line in user_unit().splitlines())

@@ -73,6 +73,26 @@ async function detail(seq, pane) {
     h("ol", { id: "chain" }, chain.entries.map((c) => h("li", {}, h("a", { href: `#/ledger/${c.seq}` }, `${c.seq} ${c.kind}`), ` by ${c.actor}`))));
 }
 
+const PAGE = 100;
+
+// The newest `n` entries matching `filters` with seq < `before`, newest first. The ledger is
+// read forwards only, so look back over a window that grows 4x until it holds `n` matches or
+// reaches seq 0 (as `tally ledger show --tail` does).
+async function newest(filters, before, n) {
+  for (let width = n; ; width *= 4) {
+    const start = Math.max(0, before - width);
+    const found = [];
+    for (let from = start; from < before;) {
+      const page = await tool("ledger_entries", { ...filters, start: from, limit: 1000 });
+      const inside = page.entries.filter((e) => e.seq < before);
+      found.push(...inside);
+      if (page.entries.length < 1000 || inside.length < page.entries.length) break;
+      from = page.entries.at(-1).seq + 1;
+    }
+    if (found.length >= n || start === 0) return found.slice(-n).reverse();
+  }
+}
+
 export async function ledgerPage(main, a, b) {
   const [verify, cp] = await Promise.all([tool("ledger_verify"), tool("ledger_checkpoint")]);
   const run = h("input", { id: "filter-run", placeholder: "run", value: a === "run" ? b : "" });
@@ -80,19 +100,31 @@ export async function ledgerPage(main, a, b) {
   const actor = h("input", { id: "filter-actor", placeholder: "actor / client" });
   const list = h("tbody");
   const pane = h("div", { id: "entry" });
-  let start = null;
+  // Newest first, a page at a time: `pages` holds the `before` cursor of each page shown so far.
+  let pages = [];
+  let oldest = 0;
+  const newer = h("button", { id: "newer" }, "← newer");
+  const older = h("button", { id: "older" }, "older →");
+  const where = h("span", { id: "page-where" });
   const load = async () => {
-    const size = (await tool("health")).ledger_size;
-    const args = { limit: 100, start: start ?? (run.value ? 0 : Math.max(0, size - 100)) };
-    if (run.value) args.run = run.value;
-    if (kind.value) args.kind = kind.value;
-    if (actor.value) args.actor = actor.value;
-    const page = await tool("ledger_entries", args);
-    list.replaceChildren(...page.entries.map((e) => h("tr", { "data-seq": e.seq },
-      h("td", {}, h("a", { href: `#/ledger/${e.seq}` }, e.seq)), h("td", {}, e.kind), h("td", {}, e.actor), h("td", {}, e.run || ""),
-      h("td", {}, e.parent ?? ""))));
+    if (!pages.length) pages = [(await tool("health")).ledger_size];
+    const filters = {};
+    if (run.value) filters.run = run.value;
+    if (kind.value) filters.kind = kind.value;
+    if (actor.value) filters.actor = actor.value;
+    const found = await newest(filters, pages.at(-1), PAGE);
+    oldest = found.length ? found.at(-1).seq : 0;
+    newer.disabled = pages.length < 2;
+    older.disabled = found.length < PAGE || oldest === 0;
+    where.textContent = found.length ? ` page ${pages.length}: seq ${found[0].seq} to ${oldest} ` : " no entries ";
+    list.replaceChildren(...found.map((e) => h("tr", { "data-seq": e.seq },
+      h("td", {}, h("a", { href: `#/ledger/${e.seq}` }, e.seq)), h("td", {}, new Date(e.ts / 1000).toLocaleString()),
+      h("td", {}, e.kind), h("td", {}, e.actor), h("td", {}, e.run || ""), h("td", {}, e.parent ?? ""))));
   };
-  for (const input of [run, kind, actor]) input.addEventListener("change", () => { start = null; load().catch((err) => fail(pane, err)); });
+  const again = () => load().catch((err) => fail(pane, err));
+  newer.addEventListener("click", () => { pages.pop(); again(); });
+  older.addEventListener("click", () => { pages.push(oldest); again(); });
+  for (const input of [run, kind, actor]) input.addEventListener("change", () => { pages = []; again(); });
   const checkpoint = cp.checkpoint;
   main.append(h("h1", {}, "Ledger"),
     h("p", { id: "verify-status", class: verify.ok ? "ok" : "bad" },
@@ -100,8 +132,9 @@ export async function ledgerPage(main, a, b) {
     h("p", { id: "checkpoint" }, checkpoint ? `latest checkpoint: size ${checkpoint.size}, root ${checkpoint.root.slice(0, 16)}…, ${new Date(checkpoint.time_us / 1000).toISOString()}` : "no checkpoint yet"),
     await keyBox(cp.vkey),
     h("div", { class: "filters" }, run, kind, actor),
+    h("div", { class: "paging" }, newer, where, older),
     h("div", { class: "split" },
-      h("table", { id: "entries" }, h("thead", {}, h("tr", {}, ["seq", "kind", "actor", "run", "parent"].map((c) => h("th", {}, c)))), list),
+      h("table", { id: "entries" }, h("thead", {}, h("tr", {}, ["seq", "time", "kind", "actor", "run", "parent"].map((c) => h("th", {}, c)))), list),
       pane));
   await load();
   if (a && /^[0-9]+$/.test(a)) await detail(Number(a), pane);

@@ -5,7 +5,11 @@ import { allows, runEntries, stream, tool } from "./api.js";
 import { fail, h, json } from "./dom.js";
 import { dag } from "./graph.js";
 
-// Per task, its attempts as the record tells them.
+const STOPS = { "run.interrupted": "interrupted", failed: "failed", cancelled: "cancelled", budget_exhausted: "budget exhausted" };
+
+// Per task, its attempts as the record tells them. An attempt still open when the run stopped
+// (the daemon stopped: interrupted; or the run failed, was cancelled or ran out of budget) is
+// cut there: `cut` says why, and its time ends at that entry, not at the run's last one.
 export function attempts(entries) {
   const tasks = new Map();
   const byCall = new Map();
@@ -17,7 +21,7 @@ export function attempts(entries) {
   for (const e of entries) {
     const b = e.content || {};
     if (e.kind === "task.start") {
-      current = { attempt: b.attempt, tier: b.tier, start: e.ts, calls: [], seq: e.seq };
+      current = { attempt: b.attempt, tier: b.tier, executor: b.executor, start: e.ts, calls: [], seq: e.seq };
       task(b.task).push(current);
     } else if (e.kind === "model.call" && b.task) {
       const att = task(b.task).at(-1);
@@ -41,9 +45,31 @@ export function attempts(entries) {
       if (e.kind === "command.run") att.command = { exit: b.exit_code, ms: b.duration_ms };
       if (e.kind === "task.diff") att.diff = { files: b.files || [], error: b.error };
       if (e.kind === "check.run") (att.checks ||= []).push({ argv: b.argv, exit: b.exit_code, timedOut: b.timed_out, tail: [b.stdout_tail, b.stderr_tail].filter(Boolean).join("\n") });
+    } else if (e.kind === "run.interrupted" || (e.kind === "run.state" && STOPS[b.state])) {
+      const why = STOPS[e.kind] || STOPS[b.state];
+      for (const list of tasks.values()) {
+        const att = list.at(-1);
+        if (att && att.end === undefined) Object.assign(att, { end: e.ts, cut: why });
+      }
     }
   }
   return tasks;
+}
+
+// A time axis under the timeline: round steps (1, 2 or 5 × 10^k ms), about six of them.
+function axis(t0, t1) {
+  const ms = (t1 - t0) / 1000;
+  const raw = ms / 6;
+  const base = 10 ** Math.floor(Math.log10(Math.max(raw, 1)));
+  const step = [1, 2, 5, 10].map((m) => m * base).find((s) => s >= raw) || base * 10;
+  const label = (v) => (step >= 1000 ? `${(v / 1000).toFixed(step % 1000 ? 1 : 0)} s` : `${v.toFixed(0)} ms`);
+  const ticks = [];
+  for (let v = 0; v <= ms + 1e-9; v += step) {
+    const tick = h("span", { class: "tick" }, label(v));
+    tick.style.left = `${((v / Math.max(ms, 1e-9)) * 100).toFixed(2)}%`;
+    ticks.push(tick);
+  }
+  return h("div", { class: "tl-row tl-axis" }, h("span", { class: "tl-label" }, "time"), h("span", { class: "tl-track axis" }, ticks));
 }
 
 function timeline(entries, tasks) {
@@ -60,20 +86,22 @@ function timeline(entries, tasks) {
       const end = a.end || entries.at(-1).ts;
       spans.push([a.start, end]);
       const first = a.calls[0];
-      const queued = first ? first.at : end;
+      // Until its first model call a chat attempt waits for a slot; a command runs at once.
+      const queued = first ? first.at : a.executor === "command" ? a.start : end;
       const wait = h("span", { class: "bar wait", title: `queue wait ${((queued - a.start) / 1000).toFixed(0)} ms` });
       wait.style.left = pct(a.start);
       wait.style.width = pct(t0 + queued - a.start);
-      const model = h("span", { class: "bar model", title: `attempt ${a.attempt}: ${((end - queued) / 1000).toFixed(0)} ms` });
+      const model = h("span", { class: `bar model${a.cut ? " cut" : ""}`, title: `attempt ${a.attempt}${a.cut ? ` (${a.cut})` : ""}: ${((end - queued) / 1000).toFixed(0)} ms` });
       model.style.left = pct(queued);
       model.style.width = pct(t0 + Math.max(end - queued, 0));
       bars.push(wait, model);
     }
-    rows.push(h("div", { class: "tl-row" }, h("span", { class: "tl-label" }, id), h("span", { class: "tl-track" }, bars)));
+    rows.push(h("div", { class: "tl-row", "data-task": id }, h("span", { class: "tl-label" }, id), h("span", { class: "tl-track" }, bars)));
   }
+  rows.push(axis(t0, t1));
   for (const [s] of spans) peak = Math.max(peak, spans.filter(([a, b]) => a <= s && s < b).length);
   return h("div", { id: "timeline" },
-    h("p", {}, `makespan ${((t1 - t0) / 1000).toFixed(0)} ms · peak parallelism ${peak} · grey = queue wait, blue = model/executor`),
+    h("p", {}, `makespan ${((t1 - t0) / 1000).toFixed(0)} ms · peak parallelism ${peak} · grey = queue wait, blue = model/executor, hatched = cut off`),
     rows);
 }
 
@@ -84,8 +112,12 @@ function attemptView(a, streaming) {
     return h("li", {}, `${c.member} #${c.instance} slot ${c.slot} · ${u.prompt_tokens ?? "?"}+${u.completion_tokens ?? "?"} tokens · ${ms} ms`, c.error ? ` · error: ${c.error}` : "");
   });
   const v = a.verdict;
-  return h("div", { class: "attempt" },
-    h("div", {}, `attempt ${a.attempt}${a.tier ? ` on ${a.tier}` : ""}`, a.command ? ` · exit ${a.command.exit} in ${a.command.ms} ms` : ""),
+  const open = a.output === undefined && !a.cut; // still running: its tokens stream in
+  const summary = a.cut ? `output (${a.cut})` : open ? "output (streaming)" : "output";
+  const shown = a.output ?? (streaming || (a.cut ? `(${a.cut} before it wrote anything)` : "(running)"));
+  return h("div", { class: `attempt${a.cut ? " cut" : ""}`, "data-attempt": a.attempt },
+    h("div", {}, `attempt ${a.attempt}${a.tier ? ` on ${a.tier}` : ""}`, a.command ? ` · exit ${a.command.exit} in ${a.command.ms} ms` : "",
+      a.cut ? h("span", { class: "bad cut-note" }, ` · ${a.cut} after ${((a.end - a.start) / 1000).toFixed(0)} ms, at ${new Date(a.end / 1000).toLocaleTimeString()}`) : ""),
     h("ul", {}, calls),
     v ? h("div", { class: v.ok ? "ok" : "bad" }, `verdict: ${v.ok ? "pass" : "fail"} → ${v.next}`, v.failures?.length ? ` (${v.failures.join("; ")})` : "", v.judge ? ` · judge: ${v.judge.reason || v.judge.ok}` : "") : null,
     a.escalate ? h("div", { class: "bad" }, `escalated ${a.escalate.from} → ${a.escalate.to}: ${a.escalate.reason}`) : null,
@@ -94,9 +126,34 @@ function attemptView(a, streaming) {
       h("summary", {}, `check \`${c.argv.join(" ")}\` ${c.timedOut ? "timed out" : `exited ${c.exit}`}`),
       h("pre", {}, c.tail || "(no output)"))),
     a.error ? h("div", { class: "bad" }, `error: ${a.error}`) : null,
-    h("details", { class: "output", open: a.output === undefined && streaming ? true : undefined },
-      h("summary", {}, a.output === undefined ? "output (streaming)" : "output"),
-      h("pre", {}, a.output ?? (streaming || "(running)"))));
+    h("details", { class: "output", open: open && streaming ? true : undefined },
+      h("summary", {}, summary),
+      h("pre", {}, shown)));
+}
+
+// A run's lanes as a person should read them: its tasks' lanes once it has a plan (a `--plan`
+// run's routed lane is only where its request text would have gone).
+export function lanesOf(run) {
+  const lanes = [...new Set(run.tasks.map((t) => t.lane).filter(Boolean))];
+  if (!lanes.length) return `lane ${run.lane || "?"}`;
+  return lanes.length === 1 ? `lane ${lanes[0]}` : `lanes ${lanes.join(", ")}`;
+}
+
+const ENDED = ["done", "failed", "cancelled", "interrupted", "budget_exhausted"];
+
+// The answer; or, for a run that stopped without one, why, and the work it did: the answer's
+// text as far as the synthesis wrote it, else each finished task's output.
+function answerView(run, entries, streamed) {
+  if (run.answer) return [h("pre", { id: "answer-text" }, run.answer)];
+  if (!ENDED.includes(run.state)) return [h("p", {}, "no answer yet")];
+  const said = h("p", { id: "answer-missing", class: "bad" }, `no answer: the run ${run.state.replace("_", " ")}${run.error ? `: ${run.error}` : ""}`);
+  const synthesis = new Set(entries.filter((e) => e.kind === "model.call" && e.content?.purpose === "synthesize").map((e) => e.seq));
+  const written = entries.filter((e) => e.kind === "model.reply" && synthesis.has(e.parent) && e.content?.text).map((e) => e.content.text).at(-1) || streamed;
+  if (written) return [said, h("p", {}, "the answer as far as it was written:"), h("pre", { id: "answer-partial" }, written)];
+  const done = run.tasks.filter((t) => t.state === "done" && t.result);
+  if (!done.length) return [said];
+  return [said, h("p", {}, "partial work: the tasks that finished"),
+    h("div", { id: "answer-partial" }, done.map((t) => h("div", {}, h("h3", {}, `${t.id} · ${t.lane}`), h("pre", {}, t.result))))];
 }
 
 const FINAL = ["done", "failed", "cancelled", "budget_exhausted"];
@@ -146,7 +203,7 @@ export async function runPage(main, id) {
   const draw = () => {
     const per = attempts(entries);
     head.replaceChildren(
-      h("p", {}, h("span", { id: "run-state", class: `state-${run.state}` }, run.state), ` · lane ${run.lane || "?"} · client ${run.client || "?"} · ${run.spent.model_calls} calls · ${run.spent.tokens} tokens · ${run.spent.wall_ms} ms`),
+      h("p", {}, h("span", { id: "run-state", class: `state-${run.state}` }, run.state), ` · ${lanesOf(run)} · client ${run.client || "?"} · ${run.spent.model_calls} calls · ${run.spent.tokens} tokens · ${run.spent.wall_ms} ms`),
       h("p", { class: "request" }, run.request),
       // only what this session may do to this run: a finished run has nothing to cancel
       ...(canAct && !FINAL.includes(run.state) ? [h("button", { id: "cancel", onclick: act("run_cancel") }, "Cancel"), " "] : []),
@@ -157,7 +214,7 @@ export async function runPage(main, id) {
     taskList.replaceChildren(...run.tasks.map((t) => h("section", { class: "task", "data-task": t.id },
       h("h3", {}, `${t.id} · ${t.lane} · ${t.state}`),
       (per.get(t.id) || []).map((a, i, all) => attemptView(a, i === all.length - 1 ? streaming.get(t.id) : undefined)))));
-    answer.replaceChildren(run.answer ? h("pre", { id: "answer-text" }, run.answer) : h("p", {}, "no answer yet"));
+    answer.replaceChildren(...answerView(run, entries, live.textContent));
     live.hidden = Boolean(run.answer) || !live.textContent; // the streamed answer, until it is witnessed
   };
   const refresh = async () => {
@@ -180,7 +237,7 @@ export async function runPage(main, id) {
       }
       streaming.set(d.task, (streaming.get(d.task) || "") + d.text);
       const pre = taskList.querySelector(`section[data-task="${CSS.escape(d.task)}"] .attempt:last-child details.output pre`);
-      if (pre && pre.parentElement.firstChild.textContent !== "output") pre.textContent = streaming.get(d.task);
+      if (pre && pre.parentElement.firstChild.textContent === "output (streaming)") pre.textContent = streaming.get(d.task);
     },
     end: () => { source.close(); soon(); },
   });

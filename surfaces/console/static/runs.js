@@ -9,6 +9,7 @@ function summary(run) {
   const ended = ["done", "failed", "skipped", "cancelled"];
   return {
     id: run.id, state: run.state, lane: run.lane, client: run.client, request: run.request,
+    lanes: [...new Set(run.tasks.map((t) => t.lane).filter(Boolean))],
     tasks_total: run.tasks.length, tasks_done: run.tasks.filter((t) => ended.includes(t.state)).length,
     created_at_us: run.created_at_us,
   };
@@ -33,13 +34,13 @@ export async function runsPage(main) {
     requestAnimationFrame(() => {
       queued = false;
       const rows = [...runs.values()]
-        .filter((r) => (!state.value || r.state === state.value) && (!lane.value || r.lane === lane.value))
+        .filter((r) => (!state.value || r.state === state.value) && (!lane.value || (r.lanes?.length ? r.lanes.includes(lane.value) : r.lane === lane.value)))
         .sort((a, b) => b.created_at_us - a.created_at_us)
         .slice(0, 200)
         .map((r) => h("tr", { "data-run": r.id, class: `state-${r.state}` },
           h("td", {}, h("a", { href: `#/run/${encodeURIComponent(r.id)}` }, r.id)),
           h("td", { class: "state" }, r.state),
-          h("td", {}, r.lane || ""),
+          h("td", { class: "lane" }, r.lanes?.length ? r.lanes.join(", ") : r.lane || ""),
           h("td", {}, `${r.tasks_done}/${r.tasks_total}`),
           h("td", {}, age(r.created_at_us)),
           h("td", {}, r.client || ""),

@@ -1,0 +1,292 @@
+"""Daily use against a real daemon (`tally serve` in a subprocess, the CLI as a user runs it):
+runs waiting for a slot show `queued`/`waiting` (CLI, SSE, MCP); `status`, `logs`, `stop`;
+`runs` and `run ID` read the record once the daemon is down; `| head` ends quietly.
+
+The one stand-in is the model server: the in-process fake (two slots), whose token delay the
+test turns down to let the runs finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from surfaces.client import DaemonClient, Endpoint
+from tests.slots.fake_server import FakeServer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ROSTER = """version = 1
+[policy]
+max_runs = 8
+
+[[models]]
+name = "tiny"
+url = "{url}"
+slots = 2
+
+[tiers]
+ladder = ["cheap"]
+cheap = ["tiny"]
+
+[[lanes]]
+name = "backend"
+keywords = ["api"]
+tier = "cheap"
+system = "You write backend code."
+
+[[lanes]]
+name = "docs"
+keywords = ["readme"]
+tier = "cheap"
+system = "You write docs."
+"""
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TALLY_")}
+    return env | {
+        "PYTHONPATH": str(ROOT),
+        "TALLY_STATE_DIR": str(tmp_path / "state"),
+        "TALLY_RUNTIME_DIR": str(tmp_path / "run"),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),  # no unit installed
+    }
+
+
+async def tally(
+    tmp_path: Path, *args: str, timeout: float = 30
+) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "surfaces", *args],
+        env=_env(tmp_path),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture
+async def slow_model() -> AsyncIterator[FakeServer]:
+    server = FakeServer(slots=2, n_ctx=4096, token_delay_s=0.05)
+    await server.start()
+    try:
+        yield server
+    finally:
+        server.token_delay_s = 0
+        await server.stop()
+
+
+async def _until(check: Any, what: str, timeout: float = 20) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = await check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def test_a_day_with_the_daemon(tmp_path: Path, slow_model: FakeServer) -> None:
+    roster = tmp_path / "roster.toml"
+    roster.write_text(ROSTER.format(url=slow_model.url))
+    sock = tmp_path / "run" / "tally.sock"
+    daemon = await asyncio.to_thread(
+        subprocess.Popen,
+        [sys.executable, "-m", "surfaces", "serve", "--roster", str(roster)],
+        env=_env(tmp_path),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        await _day(tmp_path, slow_model, sock, daemon)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        if daemon.stderr is not None:
+            daemon.stderr.close()
+
+
+async def _day(
+    tmp_path: Path, model: FakeServer, sock: Path, daemon: subprocess.Popen[bytes]
+) -> None:
+    async with DaemonClient(Endpoint(socket_path=sock), timeout=10) as client:
+        await _until(client.ping, "the daemon to listen")
+        # 5 runs, 2 slots: 2 run, 3 wait for a slot and say so.
+        ids = [(await client.call("submit", {"request": f"api work {i}"}))["id"] for i in range(5)]
+
+        async def split() -> dict[str, list[dict[str, Any]]] | None:
+            runs = (await client.call("runs_list", {}))["runs"]
+            by: dict[str, list[dict[str, Any]]] = {}
+            for run in runs:
+                by.setdefault(run["state"], []).append(run)
+            ok = len(by.get("running", [])) == 2 and len(by.get("queued", [])) == 3
+            return by if ok else None
+
+        by = await _until(split, "2 running and 3 queued")
+        assert {r["id"] for r in by["running"] + by["queued"]} == set(ids)
+        assert all(t["state"] == "running" for r in by["running"] for t in r["tasks"])
+        assert all(t["state"] == "waiting" for r in by["queued"] for t in r["tasks"])
+        only = (await client.call("runs_list", {"state": "queued"}))["runs"]
+        assert {r["id"] for r in only} == {r["id"] for r in by["queued"]}
+        queued = by["queued"][0]["id"]
+        assert (await client.call("run_get", {"run_id": queued}))["state"] == "queued"
+
+        # The CLI and `status` (another process, the real client) read the same.
+        listed = await tally(tmp_path, "runs")
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout.count(" queued ") == 3, listed.stdout
+        assert listed.stdout.count(" running ") == 2, listed.stdout
+        status = await tally(tmp_path, "status", "--json")
+        assert status.returncode == 0, status.stderr
+        body = json.loads(status.stdout)
+        assert body["daemon"]["pid"] == daemon.pid
+        assert body["daemon"]["listeners"] == [f"unix:{sock}"]
+        assert body["runs"]["by_state"] == {"running": 2, "queued": 3}
+        assert body["runs"]["tasks_by_state"] == {"running": 2, "waiting": 3}
+        assert body["pool"]["busy"] == 2
+        assert body["pool"]["queue"] == 3
+        assert body["ledger"]["writable"]
+        assert body["ledger"]["size"] > 0
+        text = (await tally(tmp_path, "status")).stdout
+        assert f"pid {daemon.pid}" in text, text
+        assert "queued 3" in text, text
+        assert "waiting 3" in text, text
+        assert "slots 2/2 busy" in text, text
+
+        # MCP (the official SDK client through the adapter) reads the same state.
+        server = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "surfaces", "mcp"],
+            env={"TALLY_SOCKET": str(sock), "PYTHONPATH": str(ROOT)},
+            cwd=str(ROOT),
+        )
+        async with (
+            stdio_client(server) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            result = await session.call_tool("run_get", {"run_id": queued})
+            assert not result.is_error
+            assert result.structured_content is not None
+            assert result.structured_content["state"] == "queued"
+
+        # SSE: a queued run's stream says it waits, then that it stopped waiting.
+        events: list[Any] = []
+
+        async def watch() -> None:
+            async for event in client.events(queued):
+                events.append(event)
+
+        watching = asyncio.create_task(watch())
+        await _until(
+            lambda: _true(any(e.event == "waiting" and e.data["waiting"] for e in events)),
+            "a waiting event",
+        )
+        model.token_delay_s = 0  # let them all finish
+        for run_id in ids:
+            await _until(
+                lambda run_id=run_id: _done(client, run_id), f"run {run_id} done", timeout=60
+            )
+        await asyncio.wait_for(watching, 20)
+        waits = [e.data["waiting"] for e in events if e.event == "waiting"]
+        assert waits[0] is True, waits
+        assert waits[-1] is False, waits
+
+        # `logs --follow` sees the stop's own line; `logs` prints the daemon's log.
+        follower = await asyncio.to_thread(
+            subprocess.Popen,
+            [sys.executable, "-m", "surfaces", "logs", "--follow", "-n", "0"],
+            env=_env(tmp_path),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        await asyncio.sleep(1.0)  # it has looked at the files once
+        stop = await tally(tmp_path, "stop", timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        assert "stopped" in stop.stderr
+        assert await asyncio.to_thread(daemon.wait, 10) == 0
+        await asyncio.sleep(1.0)  # a poll of the follower
+        follower.terminate()
+        followed, _ = await asyncio.to_thread(follower.communicate, timeout=10)
+        assert "daemon | " in followed, followed
+        assert "stopping" in followed, followed
+    logs = await tally(tmp_path, "logs", "-n", "200")
+    assert logs.returncode == 0, logs.stderr
+    assert "daemon | " in logs.stdout
+    assert "stopping: no run in flight" in logs.stdout
+    missing = await tally(
+        tmp_path, "logs", "--member", "tiny"
+    )  # external: tally keeps no log of it
+    assert missing.returncode == 1
+    assert "no log of member 'tiny'" in missing.stderr
+    assert (await tally(tmp_path, "logs", "--member", "../x")).returncode == 2
+    assert (await tally(tmp_path, "stop")).returncode == 0  # nothing to stop: said, not an error
+
+    # The daemon is down: runs and run ID read the record, say so, and change nothing.
+    entries = tmp_path / "state" / "ledger"
+    before = {p.name: p.read_bytes() for p in entries.iterdir() if p.is_file()}
+    offline = await tally(tmp_path, "runs")
+    assert offline.returncode == 0, offline.stderr
+    assert "daemon is not running" in offline.stderr
+    assert "from the record" in offline.stderr
+    assert "systemctl" not in offline.stderr  # no unit installed: the hint does not name one
+    rows = [line for line in offline.stdout.splitlines()[1:] if line.strip()]
+    assert sorted(line.split()[0] for line in rows) == sorted(ids)
+    assert all(line.split()[1] == "done" for line in rows)
+    assert all(line.split()[2].count("-") == 2 for line in rows)  # a date, not microseconds
+    one = await tally(tmp_path, "run", ids[0], "--json")
+    assert one.returncode == 0, one.stderr
+    run = json.loads(one.stdout)
+    assert run["id"] == ids[0]
+    assert run["state"] == "done"
+    assert run["answer"]
+    assert run["tasks"][0]["result"]  # in full, not a summary
+    text = (await tally(tmp_path, "run", ids[0])).stdout
+    assert run["answer"] in text
+    unknown = await tally(tmp_path, "run", "r0000000000000000")
+    assert unknown.returncode == 1
+    assert "no run r0000000000000000" in unknown.stderr
+    after = {p.name: p.read_bytes() for p in entries.iterdir() if p.is_file()}
+    assert after == before
+
+    # `| head`: the reader leaves, tally ends quietly (no "Broken pipe", no traceback).
+    piped = await asyncio.to_thread(
+        subprocess.run,
+        f"{sys.executable} -m surfaces ledger show --limit 100000 | head -1",
+        shell=True,
+        env=_env(tmp_path),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert piped.stdout.strip(), piped.stderr
+    assert piped.stderr == "", piped.stderr
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _done(client: DaemonClient, run_id: str) -> bool:
+    return bool((await client.call("run_get", {"run_id": run_id}))["state"] == "done")

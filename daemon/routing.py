@@ -46,11 +46,14 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from roster.models import Lane, Roster
+
+if TYPE_CHECKING:
+    from daemon.examples import ExampleIndex, Query
 
 PHRASE_BOOST = 1.5
 NEGATIVE_PENALTY = 1.0
@@ -62,6 +65,14 @@ CONTEST_MIN = 0.9
 CONTEST_RATIO = 0.7
 JOINED_MIN = 0.55
 JOINED_RATIO = 0.2
+# The likeness to a lane's examples (daemon.examples), added to its keyword evidence.
+BM25_WEIGHT = 0.08
+NEAR_WEIGHT = 1.5
+NEAR_FROM = 0.35
+HEAD_EXTRA = 1.5
+"""The head's keywords (the task, before "about ..."; see daemon.examples) count this much more."""
+FLOOR = 0.9
+"""A lane whose evidence stays below this is not a candidate: with none, `general`."""
 # Words that join two asks in one request ("write tests and docs"): with one of them, a
 # weaker runner-up already counts as a second lane's work.
 _CONJUNCTIONS = frozenset({"and", "plus", "then", "also"})
@@ -221,10 +232,45 @@ def term_of(keyword: str) -> str | tuple[str, ...]:
     return terms.sequence
 
 
+GENERAL = "general"
+"""The fallback lane: a request no lane's words match goes here, with no model call."""
+CANDIDATES = 4
+"""Lanes a classifier chooses among: the best-scoring few, not every lane."""
+
+
+class Decision(BaseModel):
+    """What `submit` does with a request, in one place so `route` shows exactly that.
+
+    `source`: "router", the route decided `lane`; "scores", it escalated and no classifier is
+    configured, so the best-scoring `lane` with no model call; "general", no lane's evidence
+    reached the floor, so the `general` lane with no model call; "classifier", the
+    `classifier` (a tier or member) picks among `candidates` with one model call, and `lane`
+    is None until it has."""
+
+    model_config = ConfigDict(frozen=True)
+
+    lane: str | None
+    source: Literal["router", "scores", "general", "classifier"]
+    model_call: bool
+    classifier: str | None = None
+    candidates: list[str] = []
+
+    def __str__(self) -> str:
+        if self.source == "router":
+            return f"{self.lane}"
+        if self.source == "scores":
+            return f"{self.lane} (best score; the route escalated and no classifier is set: no model call)"
+        if self.source == "general":
+            return f"{self.lane} (no lane's words match: no model call)"
+        return f"classifier on `{self.classifier}` picks among {', '.join(self.candidates)} (one model call)"
+
+
 class Route(BaseModel):
-    """One routing decision. `scores` are the top lanes (best first) with evidence > 0;
-    `matched` lists, per scored lane, the roster keywords and phrases that matched, and
-    negatives that matched prefixed with "-"."""
+    """One routing decision. `scores` are the top lanes (best first) whose evidence reached
+    the floor; `matched` lists, per scored lane, the roster keywords and phrases that
+    matched, and negatives that matched prefixed with "-"; `similar`, the request's words
+    that read like the lane's examples and description; `examples`, the lane's example
+    nearest the request when it is close. `decision` is what `submit` will do."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -233,6 +279,45 @@ class Route(BaseModel):
     escalate: bool
     scores: list[tuple[str, float]]
     matched: dict[str, list[str]]
+    similar: dict[str, list[str]] = {}
+    examples: dict[str, str] = {}
+    decision: Decision = Decision(lane=None, source="general", model_call=False)
+
+
+def classifier_of(roster: Roster) -> str | None:
+    """The roster's classifier, if it is stronger than the lanes' first rung: a tier whose
+    members all serve the first rung too would add a model call and no judgment."""
+    name = roster.policy.classifier
+    if name is None:
+        return None
+    tiers = roster.tiers
+    members = set(tiers.members.get(name, [name]))
+    first = set(tiers.members.get(tiers.ladder[0], []))
+    return name if members - first else None
+
+
+def decide(roster: Roster, lane: str | None, ranked: Sequence[str]) -> Decision:
+    """What submit does with a route that decided `lane` (or None) over the `ranked` lanes."""
+    names = {item.name for item in roster.lanes}
+    if lane is not None:
+        return Decision(lane=lane, source="router", model_call=False)
+    ranked = [name for name in ranked if name in names]
+    classifier = classifier_of(roster)
+    if classifier is None or not ranked:
+        if ranked:
+            return Decision(lane=ranked[0], source="scores", model_call=False)
+        fallback = GENERAL if GENERAL in names else roster.lanes[0].name
+        return Decision(lane=fallback, source="general", model_call=False)
+    candidates = ranked[:CANDIDATES]
+    if GENERAL in names and GENERAL not in candidates:
+        candidates.append(GENERAL)  # the classifier may say that no lane fits
+    return Decision(
+        lane=None,
+        source="classifier",
+        model_call=True,
+        classifier=classifier,
+        candidates=candidates,
+    )
 
 
 class Classifier(Protocol):
@@ -312,8 +397,9 @@ class Router:
         return _Index.of(self.roster.lanes)
 
     def prepare(self) -> None:
-        """Build the index now (a daemon does it once it listens, before a first route)."""
+        """Build the indexes now (a daemon does it once it listens, before a first route)."""
         _ = self._index
+        _ = self._examples
 
     def _matches(self, terms: Terms) -> list[_Posting]:
         """The postings of the distinct keywords and phrases found in `text`, in a fixed
@@ -369,7 +455,8 @@ class Router:
         return lanes
 
     def evidence(self, text: str) -> dict[int, float]:
-        """Per lane index: the evidence E (see the module docstring); lanes with none absent."""
+        """Per lane index: the keyword evidence E (see the module docstring), before the head
+        and the examples add theirs; lanes with none absent."""
         totals: dict[int, float] = {}
         get = totals.get
         for posting in self._matches(normalize(text)):
@@ -378,18 +465,44 @@ class Router:
                 totals[lane] = get(lane, 0.0) + weight
         return totals
 
-    def route(self, text: str) -> Route:
-        terms = normalize(text)
-        matches = self._matches(terms)
+    @cached_property
+    def _examples(self) -> ExampleIndex:
+        from daemon.examples import ExampleIndex
+
+        return ExampleIndex.of(self.roster.lanes, stem)
+
+    def _evidence(self, text: str, terms: Terms, matches: list[_Posting]) -> tuple[
+        dict[int, float], Query
+    ]:
+        """Per lane: keyword evidence (the head's counted again), plus the likeness to the
+        lane's examples (BM25) and to its nearest example (see daemon.examples)."""
         totals: dict[int, float] = {}
         get = totals.get
         for posting in matches:
             weight = posting.weight
             for lane in posting.lanes:
                 totals[lane] = get(lane, 0.0) + weight
+        examples = self._examples
+        query = examples.query(text)
+        if query.head:
+            for posting in self._matches(normalize(" ".join(query.head))):
+                for lane in posting.lanes:
+                    totals[lane] = get(lane, 0.0) + HEAD_EXTRA * posting.weight
+        for lane, score in examples.bm25(query).items():
+            totals[lane] = get(lane, 0.0) + BM25_WEIGHT * score
+        for lane, (cosine, _) in examples.nearest(query).items():
+            if cosine > NEAR_FROM:
+                totals[lane] = get(lane, 0.0) + NEAR_WEIGHT * (cosine - NEAR_FROM)
+        return totals, query
+
+    def route(self, text: str) -> Route:
+        terms = normalize(text)
+        matches = self._matches(terms)
+        totals, query = self._evidence(text, terms, matches)
         # Best evidence first, ties by roster order; a request touches a handful of lanes, so
-        # sorting them all beats a heap.
-        top = sorted([(-e, lane) for lane, e in totals.items() if e > 0])[: self.top_k]
+        # sorting them all beats a heap. Below the floor a lane's evidence is noise (a shared
+        # everyday word, a few letters in common): it is not a candidate.
+        top = sorted([(-e, lane) for lane, e in totals.items() if e >= FLOOR])[: self.top_k]
         ranked = [(lane, -negated / (SATURATION - negated)) for negated, lane in top]
         best = ranked[0][1] if ranked else 0.0
         second = ranked[1][1] if len(ranked) > 1 else 0.0
@@ -409,12 +522,24 @@ class Router:
                 if lane in labels:
                     labels[lane].append(label)
         matched = {names[lane]: sorted(found) for lane, found in labels.items()}
+        examples = self._examples
+        similar = {names[lane]: examples.words(query, lane) for lane, _ in ranked[:3]}
+        near = examples.nearest(query)
+        shown = {
+            names[lane]: examples.texts[near[lane][1]]
+            for lane, _ in ranked[:3]
+            if lane in near and near[lane][0] > NEAR_FROM
+        }
+        lane = names[ranked[0][0]] if decided else None
         return Route(  # validating is faster than model_construct in pydantic 2
-            lane=names[ranked[0][0]] if decided else None,
+            lane=lane,
             confidence=confidence,
             escalate=not decided,
             scores=[(names[lane], round(score, 4)) for lane, score in ranked],
             matched=matched,
+            similar=similar,
+            examples=shown,
+            decision=decide(self.roster, lane, [names[lane] for lane, _ in ranked]),
         )
 
     def candidates(self, route: Route) -> list[Lane]:

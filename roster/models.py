@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -167,6 +169,35 @@ class Tiers(_Strict):
         return self.ladder.index(tier)
 
 
+MAX_LANE_EXAMPLES = 2_000
+MAX_EXAMPLES = 20_000
+"""Examples across all lanes: the router indexes them all at load (5,000 take ~0.2 s)."""
+MAX_EXAMPLE_CHARS = 500
+# Characters an example must not hold: controls, and the invisible or reordering ones
+# (bidi overrides, zero-width joiners, BOMs, tags) that make a text read unlike its words.
+_HIDDEN = frozenset(("Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"))
+
+
+def _example(text: str) -> str:
+    if not text.strip():
+        raise ValueError("a blank example")
+    for offset, char in enumerate(text):
+        if unicodedata.category(char) in _HIDDEN and char != "\t":
+            raise ValueError(
+                f"character U+{ord(char):04X} at offset {offset} is a control or invisible "
+                "character: write the request as plain text"
+            )
+    if not any(char.isalnum() for char in text):
+        raise ValueError("an example needs at least one letter or digit")
+    return text
+
+
+Example = Annotated[
+    str, Field(min_length=1, max_length=MAX_EXAMPLE_CHARS), AfterValidator(_example)
+]
+"""One example request of a lane: plain text, at most MAX_EXAMPLE_CHARS characters."""
+
+
 class Lane(_Strict):
     name: str = Field(pattern=NAME)
     keywords: list[str] = Field(min_length=1)
@@ -175,6 +206,9 @@ class Lane(_Strict):
     tier: str
     system: str = Field(min_length=1)
     max_concurrency: Annotated[int, Field(ge=1, le=65_536), Whole] | None = None
+    examples: list[Example] = Field(default=[], max_length=MAX_LANE_EXAMPLES)
+    """Requests this lane should get, in users' own words: the router scores a request by its
+    likeness to them (see daemon.examples), and `tally route --teach` adds to them."""
 
 
 class Budget(_Strict):

@@ -25,7 +25,10 @@ wall_ms} (ints or null), max_parallel: int|null, barrier: bool, idempotency_key:
 ROUTE: Final = "run.route"
 """[run.request] {lane: str|null, confidence_ppm: int, escalate: bool, source: "router"|"client",
 scores: [[lane, score_ppm], ...] (top 8), matched: {lane: [words]}}  (source "client": the
-client named the lane; confidence 1 000 000, scores [] and matched {})"""
+client named the lane; confidence 1 000 000, and since issue 31 the router's scores and matched
+words with its own choice beside it: router: {lane: str|null, source: "router"|"scores"|
+"general"|"classifier", classifier: str|null, candidates: [lane]}; before it, scores [] and
+matched {} and no `router`)"""
 
 CLASSIFY: Final = "run.classify"
 """[classifier model.reply or run.route] {lane: str, candidates: [lane], source: "model"|

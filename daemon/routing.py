@@ -36,6 +36,21 @@ Scoring, in one place so the numbers mean the same thing everywhere:
   the rule decides for rosters with a smaller margin); otherwise `lane` is
   None and `escalate` is True, and a `Classifier` (a model call, wired up by the run engine)
   picks among `Router.candidates`.
+
+Beyond the keywords (issue 31), the evidence E of a lane also holds:
+
+* its likeness to the lane's example requests and description, `BM25_WEIGHT` x their BM25
+  score over stems and character n-grams (daemon.examples), so users' own words, other word
+  forms and typos count;
+* `NEAR_WEIGHT` x (cosine - `NEAR_FROM`) for its example nearest the request, plus
+  `SAME_BONUS` when the request has that example's words (a taught example decides);
+* `HEAD_EXTRA` x the keyword evidence of the request's head, its words before "about", "on",
+  "for", "of" or a colon: the task ("write a changelog entry about ...") over the topic.
+
+A lane whose E stays below `FLOOR` is no candidate (a shared everyday word, a few letters in
+common). `Route.decision` (`decide`) is what submit does: the decided lane; else, with no
+classifier configured, the best-scoring lane, or `general` when no lane reached the floor,
+both with no model call; else the classifier on the best few lanes and `general`.
 """
 
 from __future__ import annotations
@@ -46,11 +61,14 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from daemon.decisions import CANDIDATES, GENERAL, Decision, classifier_of, decide
 from roster.models import Lane, Roster
+
+__all__ = ["CANDIDATES", "GENERAL", "Decision", "Route", "Router", "classifier_of", "decide"]
 
 if TYPE_CHECKING:
     from daemon.examples import ExampleIndex, Query
@@ -67,8 +85,11 @@ JOINED_MIN = 0.55
 JOINED_RATIO = 0.2
 # The likeness to a lane's examples (daemon.examples), added to its keyword evidence.
 BM25_WEIGHT = 0.08
-NEAR_WEIGHT = 1.5
+NEAR_WEIGHT = 3.0
 NEAR_FROM = 0.35
+SAME_FROM = 0.95
+SAME_BONUS = 3.0
+"""A request with the words of one of a lane's examples (a taught one, say) goes there."""
 HEAD_EXTRA = 1.5
 """The head's keywords (the task, before "about ..."; see daemon.examples) count this much more."""
 FLOOR = 0.9
@@ -232,39 +253,6 @@ def term_of(keyword: str) -> str | tuple[str, ...]:
     return terms.sequence
 
 
-GENERAL = "general"
-"""The fallback lane: a request no lane's words match goes here, with no model call."""
-CANDIDATES = 4
-"""Lanes a classifier chooses among: the best-scoring few, not every lane."""
-
-
-class Decision(BaseModel):
-    """What `submit` does with a request, in one place so `route` shows exactly that.
-
-    `source`: "router", the route decided `lane`; "scores", it escalated and no classifier is
-    configured, so the best-scoring `lane` with no model call; "general", no lane's evidence
-    reached the floor, so the `general` lane with no model call; "classifier", the
-    `classifier` (a tier or member) picks among `candidates` with one model call, and `lane`
-    is None until it has."""
-
-    model_config = ConfigDict(frozen=True)
-
-    lane: str | None
-    source: Literal["router", "scores", "general", "classifier"]
-    model_call: bool
-    classifier: str | None = None
-    candidates: list[str] = []
-
-    def __str__(self) -> str:
-        if self.source == "router":
-            return f"{self.lane}"
-        if self.source == "scores":
-            return f"{self.lane} (best score; the route escalated and no classifier is set: no model call)"
-        if self.source == "general":
-            return f"{self.lane} (no lane's words match: no model call)"
-        return f"classifier on `{self.classifier}` picks among {', '.join(self.candidates)} (one model call)"
-
-
 class Route(BaseModel):
     """One routing decision. `scores` are the top lanes (best first) whose evidence reached
     the floor; `matched` lists, per scored lane, the roster keywords and phrases that
@@ -282,42 +270,6 @@ class Route(BaseModel):
     similar: dict[str, list[str]] = {}
     examples: dict[str, str] = {}
     decision: Decision = Decision(lane=None, source="general", model_call=False)
-
-
-def classifier_of(roster: Roster) -> str | None:
-    """The roster's classifier, if it is stronger than the lanes' first rung: a tier whose
-    members all serve the first rung too would add a model call and no judgment."""
-    name = roster.policy.classifier
-    if name is None:
-        return None
-    tiers = roster.tiers
-    members = set(tiers.members.get(name, [name]))
-    first = set(tiers.members.get(tiers.ladder[0], []))
-    return name if members - first else None
-
-
-def decide(roster: Roster, lane: str | None, ranked: Sequence[str]) -> Decision:
-    """What submit does with a route that decided `lane` (or None) over the `ranked` lanes."""
-    names = {item.name for item in roster.lanes}
-    if lane is not None:
-        return Decision(lane=lane, source="router", model_call=False)
-    ranked = [name for name in ranked if name in names]
-    classifier = classifier_of(roster)
-    if classifier is None or not ranked:
-        if ranked:
-            return Decision(lane=ranked[0], source="scores", model_call=False)
-        fallback = GENERAL if GENERAL in names else roster.lanes[0].name
-        return Decision(lane=fallback, source="general", model_call=False)
-    candidates = ranked[:CANDIDATES]
-    if GENERAL in names and GENERAL not in candidates:
-        candidates.append(GENERAL)  # the classifier may say that no lane fits
-    return Decision(
-        lane=None,
-        source="classifier",
-        model_call=True,
-        classifier=classifier,
-        candidates=candidates,
-    )
 
 
 class Classifier(Protocol):
@@ -471,9 +423,9 @@ class Router:
 
         return ExampleIndex.of(self.roster.lanes, stem)
 
-    def _evidence(self, text: str, terms: Terms, matches: list[_Posting]) -> tuple[
-        dict[int, float], Query
-    ]:
+    def _evidence(
+        self, text: str, terms: Terms, matches: list[_Posting]
+    ) -> tuple[dict[int, float], Query]:
         """Per lane: keyword evidence (the head's counted again), plus the likeness to the
         lane's examples (BM25) and to its nearest example (see daemon.examples)."""
         totals: dict[int, float] = {}
@@ -492,7 +444,8 @@ class Router:
             totals[lane] = get(lane, 0.0) + BM25_WEIGHT * score
         for lane, (cosine, _) in examples.nearest(query).items():
             if cosine > NEAR_FROM:
-                totals[lane] = get(lane, 0.0) + NEAR_WEIGHT * (cosine - NEAR_FROM)
+                bonus = SAME_BONUS if cosine >= SAME_FROM else 0.0
+                totals[lane] = get(lane, 0.0) + NEAR_WEIGHT * (cosine - NEAR_FROM) + bonus
         return totals, query
 
     def route(self, text: str) -> Route:

@@ -12,12 +12,12 @@ import pytest
 from daemon.routing import (
     CONTEST_MIN,
     CONTEST_RATIO,
+    FLOOR,
     GENERIC_FACTOR,
     GENERIC_WORDS,
     NEGATIVE_PENALTY,
     PHRASE_BOOST,
     SATURATION,
-    FLOOR,
     Classifier,
     Decision,
     Route,

@@ -30,8 +30,9 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from roster.models import Lane
 
@@ -42,6 +43,9 @@ K1 = 1.2
 B = 0.4
 HEAD_BOOST = 1.6
 HEAD_MAX = 6
+COMMON_MIN = 64
+COMMON_SHARE = 50
+"""A stem in more than max(COMMON_MIN, examples / COMMON_SHARE) examples is common."""
 """The head ends at a marker within its first HEAD_MAX words, or there is no head."""
 _MARKERS = frozenset({"about", "on", "regarding", "for", "of", "re", "concerning"})
 
@@ -243,8 +247,23 @@ def grams(word: str) -> tuple[str, ...]:
     return tuple("\x00" + marked[i : i + NGRAM] for i in range(len(marked) - NGRAM + 1))
 
 
+@lru_cache(maxsize=65536)
+def features(word: str) -> tuple[str, tuple[str, ...], float]:
+    """A word's stem, its n-grams and each n-gram's share: worked out once per distinct word
+    (examples and requests reuse a small vocabulary)."""
+    from daemon.routing import stem  # routing imports this module; stem lives there
+
+    pieces = grams(word)
+    return stem(word), pieces, (NGRAM_SHARE / len(pieces) if pieces else 0.0)
+
+
+def kept(words: Sequence[str]) -> list[str]:
+    """The words that carry meaning: no function words, no single letters."""
+    return [w for w in words if w not in _STOP and (len(w) > 1 or w.isdigit())]
+
+
 def terms(
-    text: str, stem: Callable[[str], str], *, with_head: bool = False
+    text: str, *, with_head: bool = False
 ) -> tuple[dict[str, float], dict[str, float], dict[str, str], tuple[str, ...]]:
     """(BM25 terms, stems, stem -> word, head words) of a text, each term's weight summed."""
     words = words_of(text)
@@ -252,20 +271,35 @@ def terms(
     bm25: dict[str, float] = {}
     stems: dict[str, float] = {}
     shown: dict[str, str] = {}
+    get = bm25.get
     for index, word in enumerate(words):
         if word in _STOP or (len(word) == 1 and not word.isdigit()):
             continue
         boost = HEAD_BOOST if index < cut else 1.0
-        root = stem(word)
+        root, pieces, share = features(word)
         shown.setdefault(root, word)
-        bm25[root] = bm25.get(root, 0.0) + boost
+        bm25[root] = get(root, 0.0) + boost
         stems[root] = max(stems.get(root, 0.0), boost)
-        pieces = grams(word)
-        if pieces:
-            share = NGRAM_SHARE * boost / len(pieces)
-            for piece in pieces:
-                bm25[piece] = bm25.get(piece, 0.0) + share
+        share *= boost
+        for piece in pieces:
+            bm25[piece] = get(piece, 0.0) + share
     return bm25, stems, shown, tuple(words[:cut])
+
+
+def document(words: Sequence[str], scale: float = 1.0) -> dict[str, float]:
+    """The BM25 terms of many kept words together, counted by distinct word first (a lane's
+    examples repeat their words: expanding each word's n-grams once is most of the saving)."""
+    counts: dict[str, float] = {}
+    for word in words:
+        counts[word] = counts.get(word, 0.0) + scale
+    out: dict[str, float] = {}
+    get = out.get
+    for word, count in counts.items():
+        root, pieces, share = features(word)
+        out[root] = get(root, 0.0) + count
+        for piece in pieces:
+            out[piece] = get(piece, 0.0) + count * share
+    return out
 
 
 @dataclass(slots=True)
@@ -281,41 +315,54 @@ class ExampleIndex:
     unseen_idf: float = 1.0
     owner: list[int] = field(default_factory=list)  # example -> lane
     texts: list[str] = field(default_factory=list)  # example -> its text
-    stem: Callable[[str], str] = str
+    vectors: list[dict[str, float]] = field(default_factory=list)  # example -> stem weights
+    common: int = 64
+    """Stems held by more examples than this do not pick nearest candidates (see nearest)."""
 
     @classmethod
-    def of(cls, lanes: Sequence[Lane], stem: Callable[[str], str]) -> ExampleIndex:
-        index = cls(lanes=len(lanes), stem=stem)
+    def of(cls, lanes: Sequence[Lane]) -> ExampleIndex:
+        index = cls(lanes=len(lanes))
         documents: list[dict[str, float]] = []
         vectors: list[dict[str, float]] = []
         for number, lane in enumerate(lanes):
-            document: dict[str, float] = {}
+            every: list[str] = []
             for text in lane.examples:
-                _add(document, terms(text, stem)[0], 1.0)
-            _add(document, terms(lane.system, stem)[0], DESCRIPTION_WEIGHT)
-            documents.append(document)
-            for text in lane.examples:
-                vectors.append(terms(text, stem)[1])
+                words = kept(words_of(text))
+                every += words
+                vectors.append({features(word)[0]: 1.0 for word in words})
                 index.owner.append(number)
                 index.texts.append(text)
+            own = document(every)
+            for term, weight in document(kept(words_of(lane.system)), DESCRIPTION_WEIGHT).items():
+                own[term] = own.get(term, 0.0) + weight
+            documents.append(own)
         index._bm25(documents)
         index._vectors(vectors)
         return index
 
     def _bm25(self, documents: list[dict[str, float]]) -> None:
+        # Dicts keep insertion order, so postings and float sums come out the same on every
+        # load of the same roster: no sorting needed for determinism.
         count = len(documents)
         lengths = [sum(d.values()) for d in documents]
-        average = sum(lengths) / count if count else 1.0
+        average = (sum(lengths) / count if count else 1.0) or 1.0
         df: dict[str, int] = {}
         for document in documents:
             for term in document:
                 df[term] = df.get(term, 0) + 1
+        log = math.log
+        idf = {term: log(1 + (count - n + 0.5) / (n + 0.5)) for term, n in df.items()}
+        postings = self.postings
+        k1 = K1 + 1
         for lane, document in enumerate(documents):
-            norm = K1 * (1 - B + B * lengths[lane] / (average or 1.0))
-            for term, tf in sorted(document.items()):
-                idf = math.log(1 + (count - df[term] + 0.5) / (df[term] + 0.5))
-                weight = idf * tf * (K1 + 1) / (tf + norm)
-                self.postings.setdefault(term, []).append((lane, weight))
+            norm = K1 * (1 - B + B * lengths[lane] / average)
+            for term, tf in document.items():
+                weight = idf[term] * tf * k1 / (tf + norm)
+                found = postings.get(term)
+                if found is None:
+                    postings[term] = [(lane, weight)]
+                else:
+                    found.append((lane, weight))
 
     def _vectors(self, vectors: list[dict[str, float]]) -> None:
         count = len(vectors)
@@ -323,16 +370,24 @@ class ExampleIndex:
         for vector in vectors:
             for term in vector:
                 df[term] = df.get(term, 0) + 1
-        self.stem_idf = {t: math.log(1 + count / n) for t, n in df.items()}
+        self.stem_idf = idf = {t: math.log(1 + count / n) for t, n in df.items()}
         self.unseen_idf = math.log(1 + count) if count else 1.0
+        stems = self.stems
+        self.common = max(COMMON_MIN, count // COMMON_SHARE)
         for number, vector in enumerate(vectors):
-            weights = {t: w * self.stem_idf[t] for t, w in vector.items()}
-            norm = math.sqrt(sum(w * w for w in weights.values())) or 1.0
-            for term, weight in sorted(weights.items()):
-                self.stems.setdefault(term, []).append((number, weight / norm))
+            weights = [(t, w * idf[t]) for t, w in vector.items()]
+            norm = math.sqrt(sum(w * w for _, w in weights)) or 1.0
+            unit = {term: weight / norm for term, weight in weights}
+            self.vectors.append(unit)
+            for term, weight in unit.items():
+                found = stems.get(term)
+                if found is None:
+                    stems[term] = [(number, weight)]
+                else:
+                    found.append((number, weight))
 
     def query(self, text: str) -> Query:
-        bm25, stems, words, head = terms(text, self.stem, with_head=True)
+        bm25, stems, words, head = terms(text, with_head=True)
         return Query(bm25, stems, words, head)
 
     def bm25(self, query: Query) -> dict[int, float]:
@@ -346,7 +401,12 @@ class ExampleIndex:
         return totals
 
     def nearest(self, query: Query) -> dict[int, tuple[float, int]]:
-        """Per lane: (cosine, example) of its example nearest the request's stems."""
+        """Per lane: (cosine, example) of its example nearest the request's stems.
+
+        Only stems held by at most `common` examples pick the candidates (a word in every
+        tenth example says little about which one is nearest, and walking its postings
+        would cost most of a route); each lane's best candidate then gets its exact cosine,
+        the common stems included."""
         if not self.owner:
             return {}
         idf = self.stem_idf
@@ -358,31 +418,42 @@ class ExampleIndex:
         dots: dict[int, float] = {}
         get = dots.get
         stems = self.stems
+        common = self.common
+        skipped = []
         for term, weight in weights.items():
-            for example, w in stems.get(term, ()):
+            found = stems.get(term, ())
+            if len(found) > common:
+                skipped.append((term, weight))
+                continue
+            for example, w in found:
                 dots[example] = get(example, 0.0) + weight * w
         best: dict[int, tuple[float, int]] = {}
         owner = self.owner
         for example, dot in dots.items():
             lane = owner[example]
-            cosine = dot / norm
-            if lane not in best or cosine > best[lane][0]:
-                best[lane] = (cosine, example)
-        return best
+            if lane not in best or dot > best[lane][0]:
+                best[lane] = (dot, example)
+        vectors = self.vectors
+        out: dict[int, tuple[float, int]] = {}
+        for lane, (dot, example) in best.items():
+            vector = vectors[example]
+            dot += sum(weight * vector.get(term, 0.0) for term, weight in skipped)
+            out[lane] = (dot / norm, example)
+        return out
 
-    def words(self, query: Query, lane: int, top: int = 4) -> list[str]:
-        """The request's words that counted most for `lane` in BM25, best first."""
+    def words(self, query: Query, lanes: Sequence[int], top: int = 4) -> dict[int, list[str]]:
+        """Per lane of `lanes`: the request's words that counted most for it in BM25."""
         postings = self.postings
-        by_word: dict[str, float] = {}
-        for term, weight in query.bm25.items():
+        wanted = set(lanes)
+        scored: dict[int, dict[str, float]] = {lane: {} for lane in lanes}
+        for term, word in query.words.items():
+            weight = query.bm25.get(term, 0.0)
             for owner, w in postings.get(term, ()):
-                if owner == lane and not term.startswith("\x00"):
-                    word = query.words.get(term, term)
+                if owner in wanted:
+                    by_word = scored[owner]
                     by_word[word] = by_word.get(word, 0.0) + weight * w
-        ranked = sorted(by_word.items(), key=lambda item: (-item[1], item[0]))
-        return [word for word, score in ranked[:top] if score > 0]
-
-
-def _add(document: dict[str, float], found: dict[str, float], scale: float) -> None:
-    for term, weight in found.items():
-        document[term] = document.get(term, 0.0) + weight * scale
+        out = {}
+        for lane, by_word in scored.items():
+            ranked = sorted(by_word.items(), key=lambda item: (-item[1], item[0]))
+            out[lane] = [word for word, score in ranked[:top] if score > 0]
+        return out

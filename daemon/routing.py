@@ -421,11 +421,11 @@ class Router:
     def _examples(self) -> ExampleIndex:
         from daemon.examples import ExampleIndex
 
-        return ExampleIndex.of(self.roster.lanes, stem)
+        return ExampleIndex.of(self.roster.lanes)
 
     def _evidence(
-        self, text: str, terms: Terms, matches: list[_Posting]
-    ) -> tuple[dict[int, float], Query]:
+        self, text: str, matches: list[_Posting]
+    ) -> tuple[dict[int, float], Query, dict[int, tuple[float, int]]]:
         """Per lane: keyword evidence (the head's counted again), plus the likeness to the
         lane's examples (BM25) and to its nearest example (see daemon.examples)."""
         totals: dict[int, float] = {}
@@ -442,16 +442,17 @@ class Router:
                     totals[lane] = get(lane, 0.0) + HEAD_EXTRA * posting.weight
         for lane, score in examples.bm25(query).items():
             totals[lane] = get(lane, 0.0) + BM25_WEIGHT * score
-        for lane, (cosine, _) in examples.nearest(query).items():
+        near = examples.nearest(query)
+        for lane, (cosine, _) in near.items():
             if cosine > NEAR_FROM:
                 bonus = SAME_BONUS if cosine >= SAME_FROM else 0.0
                 totals[lane] = get(lane, 0.0) + NEAR_WEIGHT * (cosine - NEAR_FROM) + bonus
-        return totals, query
+        return totals, query, near
 
     def route(self, text: str) -> Route:
         terms = normalize(text)
         matches = self._matches(terms)
-        totals, query = self._evidence(text, terms, matches)
+        totals, query, near = self._evidence(text, matches)
         # Best evidence first, ties by roster order; a request touches a handful of lanes, so
         # sorting them all beats a heap. Below the floor a lane's evidence is noise (a shared
         # everyday word, a few letters in common): it is not a candidate.
@@ -476,8 +477,8 @@ class Router:
                     labels[lane].append(label)
         matched = {names[lane]: sorted(found) for lane, found in labels.items()}
         examples = self._examples
-        similar = {names[lane]: examples.words(query, lane) for lane, _ in ranked[:3]}
-        near = examples.nearest(query)
+        words = examples.words(query, [lane for lane, _ in ranked[:3]])
+        similar = {names[lane]: found for lane, found in words.items()}
         shown = {
             names[lane]: examples.texts[near[lane][1]]
             for lane, _ in ranked[:3]

@@ -234,6 +234,8 @@ def _pydantic_problem(err: ErrorDetails, data: Any) -> tuple[FieldPath, str, boo
         message = "empty keyword list (a lane needs at least one keyword)"
     elif kind not in ("missing", "extra_forbidden"):
         value = err.get("input")
+        if isinstance(value, str) and len(value) > 60:
+            value = value[:60] + f"… ({len(value)} characters)"  # a hostile value stays short
         if isinstance(value, str | int | float | bool):
             message = f"{message} (got {value!r})"
     return path, message, kind == "extra_forbidden"

@@ -181,15 +181,31 @@ _HIDDEN = frozenset(("Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"))
 def _example(text: str) -> str:
     if not text.strip():
         raise ValueError("a blank example")
+    if text.isprintable():  # in C: no control, format, private, unassigned or separator
+        return _with_a_word(text)
     for offset, char in enumerate(text):
         if unicodedata.category(char) in _HIDDEN and char != "\t":
             raise ValueError(
                 f"character U+{ord(char):04X} at offset {offset} is a control or invisible "
                 "character: write the request as plain text"
             )
+    return _with_a_word(text)
+
+
+def _with_a_word(text: str) -> str:
     if not any(char.isalnum() for char in text):
         raise ValueError("an example needs at least one letter or digit")
     return text
+
+
+def _few(value: Any) -> Any:
+    # Counted before each item is validated: 100,000 examples are refused at once.
+    if isinstance(value, list) and len(value) > MAX_LANE_EXAMPLES:
+        raise ValueError(
+            f"at most {MAX_LANE_EXAMPLES} examples per lane (got {len(value)}): keep the ones "
+            "that teach something"
+        )
+    return value
 
 
 Example = Annotated[
@@ -206,7 +222,9 @@ class Lane(_Strict):
     tier: str
     system: str = Field(min_length=1)
     max_concurrency: Annotated[int, Field(ge=1, le=65_536), Whole] | None = None
-    examples: list[Example] = Field(default=[], max_length=MAX_LANE_EXAMPLES)
+    examples: Annotated[list[Example], BeforeValidator(_few)] = Field(
+        default=[], max_length=MAX_LANE_EXAMPLES
+    )
     """Requests this lane should get, in users' own words: the router scores a request by its
     likeness to them (see daemon.examples), and `tally route --teach` adds to them."""
 

@@ -92,8 +92,13 @@ SAME_BONUS = 3.0
 """A request with the words of one of a lane's examples (a taught one, say) goes there."""
 HEAD_EXTRA = 1.5
 """The head's keywords (the task, before "about ..."; see daemon.examples) count this much more."""
-FLOOR = 0.9
-"""A lane whose evidence stays below this is not a candidate: with none, `general`."""
+FLOOR = 0.65
+STRONG = 2.2
+LEAD_RATIO = 0.7
+"""Evidence of at least STRONG, with the runner-up at most LEAD_RATIO of it, decides even
+when the saturated scores are closer than the margin."""
+"""A lane whose evidence stays below this is not a candidate (with none, `general`): a lone
+everyday word (GENERIC_FACTOR) is not enough."""
 # Words that join two asks in one request ("write tests and docs"): with one of them, a
 # weaker runner-up already counts as a second lane's work.
 _CONJUNCTIONS = frozenset({"and", "plus", "then", "also"})
@@ -132,6 +137,7 @@ _WORD = r"[^\W_]+"
 _WORDS = re.compile(_WORD)
 _TOKEN = re.compile(rf"{_WORD}(?:[./_-]{_WORD})*(?:\+\+|#)?")
 _APOSTROPHES = re.compile(r"['’`]")
+_JOINERS = re.compile(r"[./_-]")
 
 # Words the suffix rules would damage; kept exactly as written.
 _UNSTEMMED = frozenset(
@@ -229,6 +235,8 @@ def normalize(text: str) -> Terms:
         sequence.extend(stems)
         if compound:
             bag.add(token)
+            joined = _JOINERS.sub("", token)  # "k-means" meets "kmeans", "e-mail" "email"
+            bag.update((joined, stem(joined)))
     bag.update(sequence)
     return Terms(tuple(sequence), frozenset(bag))
 
@@ -247,7 +255,7 @@ def term_of(keyword: str) -> str | tuple[str, ...]:
     """How a roster keyword is matched: one term (a stem or a compound), or, when it is
     several words ("unit test", "tl;dr"), a phrase over the stemmed word sequence."""
     terms = normalize(keyword)
-    compounds = terms.bag.difference(terms.sequence)
+    compounds = {t for t in terms.bag.difference(terms.sequence) if _JOINERS.search(t)}
     if len(terms.sequence) == 1 or (len(compounds) == 1 and _TOKEN.fullmatch(keyword.casefold())):
         return next(iter(compounds)) if compounds else terms.sequence[0]
     return terms.sequence
@@ -462,6 +470,12 @@ class Router:
         second = ranked[1][1] if len(ranked) > 1 else 0.0
         confidence = round(best - second, 4)
         decided = bool(ranked) and best >= self.threshold and confidence >= self.margin
+        if ranked and not decided and best >= self.threshold:
+            # Scores saturate: 4.0 against 2.5 is a margin of 0.086 at SATURATION 1.5. Strong
+            # evidence with a clear lead in evidence decides too.
+            first_e = -top[0][0]
+            second_e = -top[1][0] if len(top) > 1 else 0.0
+            decided = first_e >= STRONG and second_e <= LEAD_RATIO * first_e
         if decided and len(top) > 1:
             first_e, second_e = -top[0][0], -top[1][0]
             decided = not (second_e >= CONTEST_MIN and second_e >= CONTEST_RATIO * first_e)

@@ -69,7 +69,8 @@ async def test_route_and_submit_agree_on_every_request(tmp_path: Path, classifie
             assert view.state == "done", (text, view.error)
             classified = await _bodies(daemon, k.CLASSIFY, view.id)
             if decision.source == "classifier":
-                assert decision.lane is None and decision.model_call
+                assert decision.lane is None
+                assert decision.model_call
                 assert decision.classifier == "capable"
                 assert [c["source"] for c in classified] == ["model"], text
                 assert classified[0]["candidates"] == decision.candidates, text

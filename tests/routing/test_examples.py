@@ -25,7 +25,10 @@ t = ["m"]
 
 
 def lane(name: str, examples: list[str] | str) -> str:
-    listed = examples if isinstance(examples, str) else "[" + ", ".join(f'"{e}"' for e in examples) + "]"
+    if isinstance(examples, str):
+        listed = examples
+    else:
+        listed = "[" + ", ".join(f'"{e}"' for e in examples) + "]"
     return (
         f'\n[[lanes]]\nname = "{name}"\nkeywords = ["{name}"]\ntier = "t"\n'
         f'system = "You do {name} work."\nexamples = {listed}\n'
@@ -34,8 +37,8 @@ def lane(name: str, examples: list[str] | str) -> str:
 
 def big_roster(lanes: int = 24, per_lane: int = 209, seed: int = 5) -> tuple[str, list[str]]:
     """`lanes` x `per_lane` (>= 5,000) examples of 5-14 words from a Zipf-like vocabulary of
-    3,000 words, each lane favouring its own 120 (a few shared with the next lane); and 312 requests drawn the
-    same way."""
+    3,000 words, each lane favouring its own 120 (a few shared with the next lane); and 312
+    requests drawn the same way."""
     rng = random.Random(seed)
     vocabulary = [f"w{i}{'abcdefghij'[i % 10]}ord" for i in range(3000)]
     common = [1 / (rank + 1) for rank in range(len(vocabulary))]

@@ -68,9 +68,11 @@ async def test_override_suggest_teach_and_the_route_follows(tmp_path: Path) -> N
         view = await daemon.engine.submit(REQUEST, lane="writing")
         assert (await daemon.engine.wait(view.id, timeout=30)).state == "done"
         (routed,) = await _bodies(daemon, k.ROUTE, view.id)
-        assert routed["source"] == "client" and routed["lane"] == "writing"
+        assert routed["source"] == "client"
+        assert routed["lane"] == "writing"
         assert routed["router"]["lane"] == before
-        assert routed["scores"] and routed["scores"][0][0] == before
+        assert routed["scores"]
+        assert routed["scores"][0][0] == before
         # a client lane the router agrees with is no correction
         same = await daemon.engine.submit("translate this readme into german", lane="translation")
         await daemon.engine.wait(same.id, timeout=30)
@@ -101,7 +103,8 @@ async def test_override_suggest_teach_and_the_route_follows(tmp_path: Path) -> N
         lanes = load_roster_text(edited).lanes
         assert REQUEST in next(lane for lane in lanes if lane.name == "writing").examples
         (witnessed,) = await _bodies(daemon, TEACH)
-        assert witnessed["lane"] == "writing" and witnessed["text"] == REQUEST
+        assert witnessed["lane"] == "writing"
+        assert witnessed["text"] == REQUEST
         assert witnessed["before"]["lane"] == before
         assert witnessed["after"] == {"lane": "writing", "source": "router"}
         assert witnessed["client"] == "ops"
@@ -116,12 +119,11 @@ async def test_override_suggest_teach_and_the_route_follows(tmp_path: Path) -> N
         assert (await daemon.engine.wait(after.id, timeout=30)).lane == "writing"
         # learnt: nothing left to suggest
         again = await TOOLS["route_suggest"].handler(daemon, SuggestIn(), ToolContext())
-        assert again.overrides == 1 and again.suggestions == []
+        assert again.overrides == 1
+        assert again.suggestions == []
 
         with pytest.raises(Conflict, match="already has this example"):
-            await TOOLS["route_teach"].handler(
-                daemon, TeachIn(lane="writing", text=REQUEST), ADMIN
-            )
+            await TOOLS["route_teach"].handler(daemon, TeachIn(lane="writing", text=REQUEST), ADMIN)
         with pytest.raises(NotFound, match="no lane 'poetry'"):
             await TOOLS["route_teach"].handler(daemon, TeachIn(lane="poetry", text="x"), ADMIN)
         assert path.read_text(encoding="utf-8") == edited  # refused edits write nothing
@@ -141,7 +143,8 @@ def test_teach_a_lane_without_examples_and_a_one_line_array() -> None:
         'keywords = ["general", "misc", "miscellaneous"]  # the fallback\nexamples = ["hi there"]',
     )
     taught = add_example(one_line, "r.toml", "general", "what should i cook tonight")
-    assert taught.kept_comments and "# the fallback" in taught.text
+    assert taught.kept_comments
+    assert "# the fallback" in taught.text
     assert 'examples = ["hi there", "what should i cook tonight"]' in taught.text
 
 

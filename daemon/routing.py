@@ -498,16 +498,16 @@ class Router:
             for lane, _ in ranked[:3]
             if lane in near and near[lane][0] > NEAR_FROM
         }
-        lane = names[ranked[0][0]] if decided else None
+        chosen = names[ranked[0][0]] if decided else None
         return Route(  # validating is faster than model_construct in pydantic 2
-            lane=lane,
+            lane=chosen,
             confidence=confidence,
             escalate=not decided,
             scores=[(names[lane], round(score, 4)) for lane, score in ranked],
             matched=matched,
             similar=similar,
             examples=shown,
-            decision=decide(self.roster, lane, [names[lane] for lane, _ in ranked]),
+            decision=decide(self.roster, chosen, [names[lane] for lane, _ in ranked]),
         )
 
     def candidates(self, route: Route) -> list[Lane]:

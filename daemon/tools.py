@@ -457,9 +457,7 @@ async def route_suggest(daemon: Daemon, data: SuggestIn, ctx: ToolContext) -> Su
     return SuggestOut(
         overrides=overrides,
         suggestions=[
-            SuggestionOut(
-                **vars(s), teach=f"tally route --teach {s.lane} {shlex.quote(s.text)}"
-            )
+            SuggestionOut(**vars(s), teach=f"tally route --teach {s.lane} {shlex.quote(s.text)}")
             for s in found
         ],
     )

@@ -16,7 +16,7 @@ from daemon.errors import Conflict, NotFound
 from daemon.runs import entries as k
 from daemon.service import Daemon
 from daemon.teaching import TEACH
-from daemon.tools import TOOLS, RouteIn, SuggestIn, TeachIn, ToolContext
+from daemon.tools import TOOLS, RouteIn, RouteOut, SuggestIn, TeachIn, ToolContext
 from roster.edits import add_example
 from roster.loading import default_roster_path, load_roster_text
 from tests.runs.model_server import ScriptedServer, settings_for
@@ -48,7 +48,7 @@ async def _bodies(daemon: Daemon, kind: str, run: str | None = None) -> list[Any
 
 
 async def _lane(daemon: Daemon, text: str) -> str | None:
-    out = await TOOLS["route"].handler(daemon, RouteIn(text=text), ToolContext())
+    out: RouteOut = await TOOLS["route"].handler(daemon, RouteIn(text=text), ToolContext())
     return out.decision.lane
 
 

@@ -119,11 +119,10 @@ def suggest_text(answer: dict[str, Any]) -> str:
 
 
 def as_json(route: Route) -> str:
-    """The route tool's answer (`daemon.tools.route_out`), scores as [lane, score] pairs."""
-    from daemon.tools import route_out
-
-    data = route_out(route).model_dump(mode="json")
-    data["scores"] = [[lane, score] for lane, score in route.scores]
+    """The route tool's answer (`daemon.tools.RouteOut`: the same fields, `decision` with its
+    `summary`), scores as [lane, score] pairs; built here so `tally route` loads no HTTP stack."""
+    data = route.model_dump(mode="json")
+    data["decision"]["summary"] = str(route.decision)
     return json.dumps(data, ensure_ascii=False)
 
 

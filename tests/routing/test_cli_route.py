@@ -126,3 +126,18 @@ def test_route_defaults_to_tally_roster(
     assert "missing.toml" in capsys.readouterr().err
     # --roster still wins over the environment
     assert main(["route", "--json", "--roster", str(path), "a good pasta recipe"]) == 0
+
+
+def test_route_json_is_the_route_tool_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    """`tally route --json` and the `route` tool give the same fields and decision."""
+    from daemon.routing import Router
+    from daemon.tools import route_out
+    from surfaces.cli.route import read_roster
+
+    text = "write a changelog entry for the new export button"
+    assert main(["route", "--json", text]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    tool = route_out(Router(read_roster()).route(text)).model_dump(mode="json")
+    tool["scores"] = [[s["lane"], s["score"]] for s in tool["scores"]]
+    assert cli == tool
+    assert cli["decision"]["lane"] == "docs"

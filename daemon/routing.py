@@ -36,6 +36,21 @@ Scoring, in one place so the numbers mean the same thing everywhere:
   the rule decides for rosters with a smaller margin); otherwise `lane` is
   None and `escalate` is True, and a `Classifier` (a model call, wired up by the run engine)
   picks among `Router.candidates`.
+
+Beyond the keywords (issue 31), the evidence E of a lane also holds:
+
+* its likeness to the lane's example requests and description, `BM25_WEIGHT` x their BM25
+  score over stems and character n-grams (daemon.examples), so users' own words, other word
+  forms and typos count;
+* `NEAR_WEIGHT` x (cosine - `NEAR_FROM`) for its example nearest the request, plus
+  `SAME_BONUS` when the request has that example's words (a taught example decides);
+* `HEAD_EXTRA` x the keyword evidence of the request's head, its words before "about", "on",
+  "for", "of" or a colon: the task ("write a changelog entry about ...") over the topic.
+
+A lane whose E stays below `FLOOR` is no candidate (a shared everyday word, a few letters in
+common). `Route.decision` (`decide`) is what submit does: the decided lane; else, with no
+classifier configured, the best-scoring lane, or `general` when no lane reached the floor,
+both with no model call; else the classifier on the best few lanes and `general`.
 """
 
 from __future__ import annotations
@@ -46,11 +61,17 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from daemon.decisions import CANDIDATES, GENERAL, Decision, classifier_of, decide
 from roster.models import Lane, Roster
+
+__all__ = ["CANDIDATES", "GENERAL", "Decision", "Route", "Router", "classifier_of", "decide"]
+
+if TYPE_CHECKING:
+    from daemon.examples import ExampleIndex, Query
 
 PHRASE_BOOST = 1.5
 NEGATIVE_PENALTY = 1.0
@@ -62,6 +83,22 @@ CONTEST_MIN = 0.9
 CONTEST_RATIO = 0.7
 JOINED_MIN = 0.55
 JOINED_RATIO = 0.2
+# The likeness to a lane's examples (daemon.examples), added to its keyword evidence.
+BM25_WEIGHT = 0.08
+NEAR_WEIGHT = 3.0
+NEAR_FROM = 0.35
+SAME_FROM = 0.95
+SAME_BONUS = 3.0
+"""A request with the words of one of a lane's examples (a taught one, say) goes there."""
+HEAD_EXTRA = 1.5
+"""The head's keywords (the task, before "about ..."; see daemon.examples) count this much more."""
+FLOOR = 0.65
+STRONG = 2.2
+LEAD_RATIO = 0.7
+"""Evidence of at least STRONG, with the runner-up at most LEAD_RATIO of it, decides even
+when the saturated scores are closer than the margin."""
+"""A lane whose evidence stays below this is not a candidate (with none, `general`): a lone
+everyday word (GENERIC_FACTOR) is not enough."""
 # Words that join two asks in one request ("write tests and docs"): with one of them, a
 # weaker runner-up already counts as a second lane's work.
 _CONJUNCTIONS = frozenset({"and", "plus", "then", "also"})
@@ -100,6 +137,7 @@ _WORD = r"[^\W_]+"
 _WORDS = re.compile(_WORD)
 _TOKEN = re.compile(rf"{_WORD}(?:[./_-]{_WORD})*(?:\+\+|#)?")
 _APOSTROPHES = re.compile(r"['’`]")
+_JOINERS = re.compile(r"[./_-]")
 
 # Words the suffix rules would damage; kept exactly as written.
 _UNSTEMMED = frozenset(
@@ -197,6 +235,8 @@ def normalize(text: str) -> Terms:
         sequence.extend(stems)
         if compound:
             bag.add(token)
+            joined = _JOINERS.sub("", token)  # "k-means" meets "kmeans", "e-mail" "email"
+            bag.update((joined, stem(joined)))
     bag.update(sequence)
     return Terms(tuple(sequence), frozenset(bag))
 
@@ -215,16 +255,18 @@ def term_of(keyword: str) -> str | tuple[str, ...]:
     """How a roster keyword is matched: one term (a stem or a compound), or, when it is
     several words ("unit test", "tl;dr"), a phrase over the stemmed word sequence."""
     terms = normalize(keyword)
-    compounds = terms.bag.difference(terms.sequence)
+    compounds = {t for t in terms.bag.difference(terms.sequence) if _JOINERS.search(t)}
     if len(terms.sequence) == 1 or (len(compounds) == 1 and _TOKEN.fullmatch(keyword.casefold())):
         return next(iter(compounds)) if compounds else terms.sequence[0]
     return terms.sequence
 
 
 class Route(BaseModel):
-    """One routing decision. `scores` are the top lanes (best first) with evidence > 0;
-    `matched` lists, per scored lane, the roster keywords and phrases that matched, and
-    negatives that matched prefixed with "-"."""
+    """One routing decision. `scores` are the top lanes (best first) whose evidence reached
+    the floor; `matched` lists, per scored lane, the roster keywords and phrases that
+    matched, and negatives that matched prefixed with "-"; `similar`, the request's words
+    that read like the lane's examples and description; `examples`, the lane's example
+    nearest the request when it is close. `decision` is what `submit` will do."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -233,6 +275,9 @@ class Route(BaseModel):
     escalate: bool
     scores: list[tuple[str, float]]
     matched: dict[str, list[str]]
+    similar: dict[str, list[str]] = {}
+    examples: dict[str, str] = {}
+    decision: Decision = Decision(lane=None, source="general", model_call=False)
 
 
 class Classifier(Protocol):
@@ -312,8 +357,9 @@ class Router:
         return _Index.of(self.roster.lanes)
 
     def prepare(self) -> None:
-        """Build the index now (a daemon does it once it listens, before a first route)."""
+        """Build the indexes now (a daemon does it once it listens, before a first route)."""
         _ = self._index
+        _ = self._examples
 
     def _matches(self, terms: Terms) -> list[_Posting]:
         """The postings of the distinct keywords and phrases found in `text`, in a fixed
@@ -369,7 +415,8 @@ class Router:
         return lanes
 
     def evidence(self, text: str) -> dict[int, float]:
-        """Per lane index: the evidence E (see the module docstring); lanes with none absent."""
+        """Per lane index: the keyword evidence E (see the module docstring), before the head
+        and the examples add theirs; lanes with none absent."""
         totals: dict[int, float] = {}
         get = totals.get
         for posting in self._matches(normalize(text)):
@@ -378,23 +425,57 @@ class Router:
                 totals[lane] = get(lane, 0.0) + weight
         return totals
 
-    def route(self, text: str) -> Route:
-        terms = normalize(text)
-        matches = self._matches(terms)
+    @cached_property
+    def _examples(self) -> ExampleIndex:
+        from daemon.examples import ExampleIndex
+
+        return ExampleIndex.of(self.roster.lanes)
+
+    def _evidence(
+        self, text: str, matches: list[_Posting]
+    ) -> tuple[dict[int, float], Query, dict[int, tuple[float, int]]]:
+        """Per lane: keyword evidence (the head's counted again), plus the likeness to the
+        lane's examples (BM25) and to its nearest example (see daemon.examples)."""
         totals: dict[int, float] = {}
         get = totals.get
         for posting in matches:
             weight = posting.weight
             for lane in posting.lanes:
                 totals[lane] = get(lane, 0.0) + weight
+        examples = self._examples
+        query = examples.query(text)
+        if query.head:
+            for posting in self._matches(normalize(" ".join(query.head))):
+                for lane in posting.lanes:
+                    totals[lane] = get(lane, 0.0) + HEAD_EXTRA * posting.weight
+        for lane, score in examples.bm25(query).items():
+            totals[lane] = get(lane, 0.0) + BM25_WEIGHT * score
+        near = examples.nearest(query)
+        for lane, (cosine, _) in near.items():
+            if cosine > NEAR_FROM:
+                bonus = SAME_BONUS if cosine >= SAME_FROM else 0.0
+                totals[lane] = get(lane, 0.0) + NEAR_WEIGHT * (cosine - NEAR_FROM) + bonus
+        return totals, query, near
+
+    def route(self, text: str) -> Route:
+        terms = normalize(text)
+        matches = self._matches(terms)
+        totals, query, near = self._evidence(text, matches)
         # Best evidence first, ties by roster order; a request touches a handful of lanes, so
-        # sorting them all beats a heap.
-        top = sorted([(-e, lane) for lane, e in totals.items() if e > 0])[: self.top_k]
+        # sorting them all beats a heap. Below the floor a lane's evidence is noise (a shared
+        # everyday word, a few letters in common): it is not a candidate.
+        top = sorted([(-e, lane) for lane, e in totals.items() if e >= FLOOR])[: self.top_k]
         ranked = [(lane, -negated / (SATURATION - negated)) for negated, lane in top]
         best = ranked[0][1] if ranked else 0.0
         second = ranked[1][1] if len(ranked) > 1 else 0.0
         confidence = round(best - second, 4)
         decided = bool(ranked) and best >= self.threshold and confidence >= self.margin
+        if ranked and not decided and best >= self.threshold:
+            # Scores saturate: 4.0 against 2.5 is a margin of 0.086 at SATURATION 1.5. Strong
+            # evidence with a clear lead in evidence decides too.
+            first_e = -top[0][0]
+            second_e = -top[1][0] if len(top) > 1 else 0.0
+            decided = first_e >= STRONG and second_e <= LEAD_RATIO * first_e
         if decided and len(top) > 1:
             first_e, second_e = -top[0][0], -top[1][0]
             decided = not (second_e >= CONTEST_MIN and second_e >= CONTEST_RATIO * first_e)
@@ -409,12 +490,24 @@ class Router:
                 if lane in labels:
                     labels[lane].append(label)
         matched = {names[lane]: sorted(found) for lane, found in labels.items()}
+        examples = self._examples
+        words = examples.words(query, [lane for lane, _ in ranked[:3]])
+        similar = {names[lane]: found for lane, found in words.items()}
+        shown = {
+            names[lane]: examples.texts[near[lane][1]]
+            for lane, _ in ranked[:3]
+            if lane in near and near[lane][0] > NEAR_FROM
+        }
+        chosen = names[ranked[0][0]] if decided else None
         return Route(  # validating is faster than model_construct in pydantic 2
-            lane=names[ranked[0][0]] if decided else None,
+            lane=chosen,
             confidence=confidence,
             escalate=not decided,
             scores=[(names[lane], round(score, 4)) for lane, score in ranked],
             matched=matched,
+            similar=similar,
+            examples=shown,
+            decision=decide(self.roster, chosen, [names[lane] for lane, _ in ranked]),
         )
 
     def candidates(self, route: Route) -> list[Lane]:

@@ -61,6 +61,7 @@ from roster.models import NAME, Budget, Whole
 
 if TYPE_CHECKING:
     from daemon.ledger import ConsistencyProof, Entry, InclusionProof
+    from daemon.routing import Decision, Route
     from daemon.runs.state import RunView
     from daemon.service import Daemon
     from daemon.slots import PoolStatus
@@ -339,12 +340,49 @@ class LaneScore(_Out):
     score: float
 
 
+class DecisionOut(_Out):
+    lane: str | None = Field(
+        description="The lane submit will take; null when the classifier picks (one model call)."
+    )
+    source: Literal["router", "scores", "general", "classifier"] = Field(
+        description="router: the route decided; scores: it escalated and no classifier is "
+        "set, the best-scoring lane (no model call); general: no lane's evidence reached the "
+        "floor (no model call); classifier: the named tier or member picks among candidates."
+    )
+    model_call: bool
+    classifier: str | None = None
+    candidates: list[str] = []
+    summary: str = Field(description="The decision in words, as `tally route` prints it.")
+
+
 class RouteOut(_Out):
-    lane: str | None = Field(description="The chosen lane, or null when nothing matched.")
+    lane: str | None = Field(description="The lane the route decided, or null (escalated).")
     confidence: float
     escalate: bool = Field(description="True if confidence is below the roster's threshold.")
     scores: list[LaneScore]
     matched: dict[str, list[str]] = Field(description="Per lane, the words that scored.")
+    similar: dict[str, list[str]] = Field(
+        default={}, description="Per lane, the request's words that read like its examples."
+    )
+    examples: dict[str, str] = Field(
+        default={}, description="Per lane, its example nearest the request (when close)."
+    )
+    decision: DecisionOut = Field(description="What submit will do with this request.")
+
+
+def route_out(r: Route) -> RouteOut:
+    """A route as the tool (and `tally route --json`) shows it."""
+    decision = r.decision
+    return RouteOut(
+        lane=r.lane,
+        confidence=r.confidence,
+        escalate=r.escalate,
+        scores=[LaneScore(lane=lane, score=score) for lane, score in r.scores],
+        matched={k: list(v) for k, v in r.matched.items()},
+        similar={k: list(v) for k, v in r.similar.items()},
+        examples=dict(r.examples),
+        decision=decision_out(decision),
+    )
 
 
 def _ppm(x: float) -> int:
@@ -362,14 +400,84 @@ async def route(daemon: Daemon, data: RouteIn, ctx: ToolContext) -> RouteOut:
             "confidence_ppm": _ppm(r.confidence),
             "escalate": r.escalate,
             "scores_ppm": {lane: _ppm(score) for lane, score in r.scores[:5]},
+            "decision": {"lane": r.decision.lane, "source": r.decision.source},
         },
     )
-    return RouteOut(
-        lane=r.lane,
-        confidence=r.confidence,
-        escalate=r.escalate,
-        scores=[LaneScore(lane=lane, score=score) for lane, score in r.scores],
-        matched={k: list(v) for k, v in r.matched.items()},
+    return route_out(r)
+
+
+class TeachIn(_In):
+    lane: str = Field(pattern=NAME, max_length=128, description="The lane that should get it.")
+    text: str = Field(
+        min_length=1,
+        max_length=500,
+        pattern=NOT_BLANK,
+        description="A request, in the user's words, that belongs in the lane.",
+    )
+
+
+class TeachOut(_Out):
+    lane: str
+    roster: str = Field(description="The roster file that gained the example.")
+    kept_comments: bool = Field(description="False: the file had to be regenerated.")
+    examples: int = Field(description="The lane's examples now.")
+    before: DecisionOut = Field(description="What submit did with the request before.")
+    after: DecisionOut = Field(description="What submit does with it now.")
+    seq: int = Field(description="The `route.teach` entry witnessing the edit.")
+
+
+def decision_out(decision: Decision) -> DecisionOut:
+    return DecisionOut(**decision.model_dump(), summary=str(decision))
+
+
+async def route_teach(daemon: Daemon, data: TeachIn, ctx: ToolContext) -> TeachOut:
+    from daemon.teaching import teach
+
+    taught = await teach(daemon, data.lane, data.text, ctx.client.name)
+    return TeachOut(
+        lane=taught.lane,
+        roster=taught.roster,
+        kept_comments=taught.kept_comments,
+        examples=taught.examples,
+        before=decision_out(taught.before),
+        after=decision_out(taught.after),
+        seq=taught.seq,
+    )
+
+
+class SuggestIn(_In):
+    last: Annotated[int, Field(ge=1, le=10_000_000), Whole] = Field(
+        default=200_000, description="How many of the latest ledger entries to read."
+    )
+    limit: Annotated[int, Field(ge=1, le=1000), Whole] = 50
+
+
+class SuggestionOut(_Out):
+    lane: str = Field(description="The lane the user chose (submit's `lane`).")
+    text: str = Field(description="The request.")
+    router: str | None = Field(description="The router's choice then (null: a classifier's).")
+    now: str | None = Field(description="The lane the router gives it today.")
+    runs: list[str]
+    teach: str = Field(description="The command that teaches it.")
+
+
+class SuggestOut(_Out):
+    overrides: int = Field(description="Runs read whose client overrode the router.")
+    suggestions: list[SuggestionOut]
+
+
+async def route_suggest(daemon: Daemon, data: SuggestIn, ctx: ToolContext) -> SuggestOut:
+    import shlex
+
+    from daemon.teaching import suggest
+
+    found, overrides = await suggest(daemon, data.last, data.limit)
+    return SuggestOut(
+        overrides=overrides,
+        suggestions=[
+            SuggestionOut(**vars(s), teach=f"tally route --teach {s.lane} {shlex.quote(s.text)}")
+            for s in found
+        ],
     )
 
 
@@ -1370,12 +1478,32 @@ def _tools() -> list[Tool[Any, Any]]:
         Tool(
             "route",
             "Show which agent lane (backend, frontend, security, docs, ...) tally would route a "
-            "request to, with confidence, per-lane scores and the words that decided it. No "
-            "model call and nothing is run (the preview is witnessed in the ledger). Use it to "
-            "preview or debug routing before submit.",
+            "request to, with confidence, per-lane scores, the words and examples that decided "
+            "it, and `decision`: what submit will do (the lane, `general` or the best score "
+            "with no model call, or the classifier). No model call and nothing is run (the "
+            "preview is witnessed in the ledger). Use it to preview or debug routing.",
             RouteIn,
             RouteOut,
             route,
+        ),
+        Tool(
+            "route_teach",
+            "Teach routing: add a request to a lane's examples in the daemon's roster file "
+            "(comments kept, the edit witnessed), so that request and close paraphrases go "
+            "to that lane from now on. Answers the decision before and after.",
+            TeachIn,
+            TeachOut,
+            route_teach,
+            scope="admin",
+        ),
+        Tool(
+            "route_suggest",
+            "Examples worth teaching: requests whose submit named a lane other than the "
+            "router's choice, that the router still sends elsewhere, most repeated first, "
+            "each with the `tally route --teach` command. Reads the record only.",
+            SuggestIn,
+            SuggestOut,
+            route_suggest,
         ),
         Tool(
             "plan",
@@ -1639,6 +1767,7 @@ TOOLS: dict[str, Tool[Any, Any]] = {t.name: t for t in _tools()}
 # other status comes back.
 ERRORS: dict[str, tuple[type[TallyError], ...]] = {
     "route": (Unavailable,),  # the preview is witnessed: the ledger may be unwritable
+    "route_teach": (NotFound, Conflict, Unavailable),
     "submit": (NotFound, Conflict, Busy, RateLimited, Unavailable),
     "run_get": (NotFound,),
     "run_cancel": (NotFound, Unavailable),

@@ -18,7 +18,7 @@ import tomli_w
 from pydantic import BaseModel
 
 from roster.loading import RosterError, load_roster_text
-from roster.models import Member, Roster, Tiers
+from roster.models import Lane, Member, Roster, Tiers
 from roster.positions import FieldPath, PositionIndex
 
 _HEADER = re.compile(r"^[ \t]*\[\[?[ \t]*([A-Za-z0-9_.\-\"' ]+?)[ \t]*\]\]?", re.MULTILINE)
@@ -40,7 +40,8 @@ def embedded(member: Member) -> bool:
 
 class EditRefused(ValueError):
     """An edit that would not give a valid roster, or would overwrite a member unasked.
-    `code` is "conflict" or "invalid_input" (the daemon's codes for the same refusals)."""
+    `code` is "conflict", "invalid_input" or "not_found" (the daemon's codes for the same
+    refusals)."""
 
     def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -283,3 +284,104 @@ def _member_block(text: str, index: int) -> tuple[int, int] | None:
     while lines and (not lines[-1].strip() or lines[-1].lstrip().startswith("#")):
         lines.pop()
     return headers[first][0], headers[first][0] + sum(len(line) for line in lines)
+
+
+# -- teaching a lane an example (`tally route --teach`) ---------------------------------------
+
+
+class Taught(BaseModel):
+    text: str
+    roster: Roster
+    kept_comments: bool
+    lane: str
+    examples: int
+    """The lane's examples after the edit."""
+
+
+def add_example(text: str, name: str, lane: str, example: str) -> Taught:
+    """The roster `text` (from file `name`) with `example` appended to `lane`'s examples, as
+    a text edit that keeps the file's comments (or regenerated, `kept_comments` False, when
+    the edit would not load to exactly that roster). Raises RosterError if the file is not a
+    valid roster now; EditRefused "not_found" for an unknown lane, "invalid_input" for an
+    example the roster refuses (the message says why), "conflict" when a lane already has it."""
+    roster = load_roster_text(text, name)
+    index = next((i for i, item in enumerate(roster.lanes) if item.name == lane), None)
+    if index is None:
+        known = ", ".join(item.name for item in roster.lanes)
+        raise EditRefused(
+            "not_found", f"{name} has no lane {lane!r} (lanes: {known})", {"lane": lane}
+        )
+    holder = next((item.name for item in roster.lanes if example in item.examples), None)
+    if holder is not None:
+        raise EditRefused(
+            "conflict",
+            f"lane {holder!r} already has this example"
+            + ("" if holder == lane else f": remove it there first to teach it to {lane!r}"),
+            {"lane": holder},
+        )
+    lanes = list(roster.lanes)
+    try:
+        lanes[index] = Lane.model_validate(
+            {**lanes[index].model_dump(), "examples": [*lanes[index].examples, example]}
+        )
+        wanted = Roster.model_validate({**roster.model_dump(exclude={"lanes"}), "lanes": lanes})
+    except ValueError as err:
+        raise EditRefused("invalid_input", f"the example is refused: {_first_error(err)}") from None
+    for edited in _example_edits(text, index, example):
+        if _loads_to(edited, name, wanted):
+            return Taught(
+                text=edited,
+                roster=wanted,
+                kept_comments=True,
+                lane=lane,
+                examples=len(lanes[index].examples),
+            )
+    edited = regenerated(wanted)
+    if not _loads_to(edited, name, wanted):
+        raise EditRefused("invalid_input", f"teaching {lane!r} would not give a valid roster")
+    return Taught(
+        text=edited,
+        roster=wanted,
+        kept_comments=False,
+        lane=lane,
+        examples=len(lanes[index].examples),
+    )
+
+
+def _first_error(err: ValueError) -> str:
+    errors = getattr(err, "errors", None)
+    if callable(errors):
+        found = errors()
+        if found:
+            return str(found[0].get("msg", err)).removeprefix("Value error, ")
+    return str(err)
+
+
+def _example_edits(text: str, index: int, example: str) -> list[str]:
+    """Candidate texts with the example added, most comment-friendly first: a new line
+    before the array's closing bracket (its items end with a comma), or a comma and the
+    item after its last one; for a lane with no examples, a new `examples` key after its
+    `keywords`."""
+    positions = PositionIndex(text)
+    item = json.dumps(example, ensure_ascii=False)
+    span = positions.span(("lanes", index, "examples"))
+    if span is None:
+        keywords = positions.span(("lanes", index, "keywords"))
+        if keywords is None:
+            return []
+        end = text.find("\n", keywords[1])
+        end = len(text) if end < 0 else end
+        return [text[:end] + f"\nexamples = [\n    {item},\n]" + text[end:]]
+    start, end = span
+    close = text.rfind("]", start, end)
+    if close < 0:
+        return []
+    out = []
+    line_start = text.rfind("\n", start, close) + 1
+    if line_start > start and not text[line_start:close].strip():
+        out.append(text[:line_start] + f"    {item},\n" + text[line_start:])
+    body = text[start + 1 : close].rstrip()
+    last = start + 1 + len(body)
+    separator = "" if body.endswith((",", "[")) or not body.strip() else ","
+    out.append(text[:last] + f"{separator} {item}" + text[last:])
+    return out

@@ -23,7 +23,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails
 
-from roster.models import Roster
+from roster.models import MAX_EXAMPLES, Roster
 from roster.positions import FieldPath, PositionIndex, format_path
 
 _TOML_AT = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)$")
@@ -234,6 +234,8 @@ def _pydantic_problem(err: ErrorDetails, data: Any) -> tuple[FieldPath, str, boo
         message = "empty keyword list (a lane needs at least one keyword)"
     elif kind not in ("missing", "extra_forbidden"):
         value = err.get("input")
+        if isinstance(value, str) and len(value) > 60:
+            value = value[:60] + f"… ({len(value)} characters)"  # a hostile value stays short
         if isinstance(value, str | int | float | bool):
             message = f"{message} (got {value!r})"
     return path, message, kind == "extra_forbidden"
@@ -301,9 +303,18 @@ def _cross_checks(data: dict[str, Any]) -> Iterator[tuple[FieldPath, str]]:
     yield from _policy_checks(data.get("policy"), defined, members)
     yield from _fallback_checks(data.get("gateway"), defined, members, data.get("lanes"))
     lanes = data.get("lanes")
+    examples = 0
     for i, lane in enumerate(lanes if isinstance(lanes, list) else []):
         if not isinstance(lane, dict):
             continue
+        own = lane.get("examples")
+        if isinstance(own, list) and examples <= MAX_EXAMPLES < examples + len(own):
+            yield (
+                ("lanes", i, "examples"),
+                f"more than {MAX_EXAMPLES} examples across the lanes (the router indexes "
+                "every one at load): keep the ones that teach something",
+            )
+        examples += len(own) if isinstance(own, list) else 0
         tier = lane.get("tier")
         if defined is not None and isinstance(tier, str) and tier not in defined:
             yield (("lanes", i, "tier"), f"unknown tier {tier!r} (known: {_known(defined)})")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -187,6 +189,51 @@ class LaneCheck(_Strict):
         return self
 
 
+MAX_LANE_EXAMPLES = 2_000
+MAX_EXAMPLES = 20_000
+"""Examples across all lanes: the router indexes them all at load (5,000 take ~0.2 s)."""
+MAX_EXAMPLE_CHARS = 500
+# Characters an example must not hold: controls, and the invisible or reordering ones
+# (bidi overrides, zero-width joiners, BOMs, tags) that make a text read unlike its words.
+_HIDDEN = frozenset(("Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"))
+
+
+def _example(text: str) -> str:
+    if not text.strip():
+        raise ValueError("a blank example")
+    if text.isprintable():  # in C: no control, format, private, unassigned or separator
+        return _with_a_word(text)
+    for offset, char in enumerate(text):
+        if unicodedata.category(char) in _HIDDEN and char != "\t":
+            raise ValueError(
+                f"character U+{ord(char):04X} at offset {offset} is a control or invisible "
+                "character: write the request as plain text"
+            )
+    return _with_a_word(text)
+
+
+def _with_a_word(text: str) -> str:
+    if not any(char.isalnum() for char in text):
+        raise ValueError("an example needs at least one letter or digit")
+    return text
+
+
+def _few(value: Any) -> Any:
+    # Counted before each item is validated: 100,000 examples are refused at once.
+    if isinstance(value, list) and len(value) > MAX_LANE_EXAMPLES:
+        raise ValueError(
+            f"at most {MAX_LANE_EXAMPLES} examples per lane (got {len(value)}): keep the ones "
+            "that teach something"
+        )
+    return value
+
+
+Example = Annotated[
+    str, Field(min_length=1, max_length=MAX_EXAMPLE_CHARS), AfterValidator(_example)
+]
+"""One example request of a lane: plain text, at most MAX_EXAMPLE_CHARS characters."""
+
+
 class Lane(_Strict):
     name: str = Field(pattern=NAME)
     keywords: list[str] = Field(min_length=1)
@@ -197,6 +244,11 @@ class Lane(_Strict):
     max_concurrency: Annotated[int, Field(ge=1, le=65_536), Whole] | None = None
     checks: list[LaneCheck] = Field(default=[], max_length=16)
     """Checks every task of this lane gets when its run has a workspace (none elsewhere)."""
+    examples: Annotated[list[Example], BeforeValidator(_few)] = Field(
+        default=[], max_length=MAX_LANE_EXAMPLES
+    )
+    """Requests this lane should get, in users' own words: the router scores a request by its
+    likeness to them (see daemon.examples), and `tally route --teach` adds to them."""
 
 
 class Budget(_Strict):

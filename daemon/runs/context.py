@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.planning import Plan
+from daemon.routing import classifier_of
 from daemon.runs.budget import Meter
 from daemon.runs.dispatch import Capacity
 from daemon.runs.executors import Stub
@@ -113,13 +114,7 @@ class Setting:
     def classifier(self) -> str | None:
         """The roster's classifier, if it is stronger than the lanes' first rung: a tier whose
         members all serve the first rung too would add a model call and no judgment."""
-        name = self.roster.policy.classifier
-        if name is None:
-            return None
-        tiers = self.roster.tiers
-        members = set(tiers.members.get(name, [name]))
-        first = set(tiers.members.get(tiers.ladder[0], []))
-        return name if members - first else None
+        return classifier_of(self.roster)
 
     @property
     def judge(self) -> str | None:

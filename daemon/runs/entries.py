@@ -28,7 +28,10 @@ reuse: [task id] (its done tasks, taken as done: see task.reuse)}"""
 ROUTE: Final = "run.route"
 """[run.request] {lane: str|null, confidence_ppm: int, escalate: bool, source: "router"|"client",
 scores: [[lane, score_ppm], ...] (top 8), matched: {lane: [words]}}  (source "client": the
-client named the lane; confidence 1 000 000, scores [] and matched {})"""
+client named the lane; confidence 1 000 000, and since issue 31 the router's scores and matched
+words with its own choice beside it: router: {lane: str|null, source: "router"|"scores"|
+"general"|"classifier", classifier: str|null, candidates: [lane]}; before it, scores [] and
+matched {} and no `router`)"""
 
 CLASSIFY: Final = "run.classify"
 """[classifier model.reply or run.route] {lane: str, candidates: [lane], source: "model"|

@@ -90,8 +90,24 @@ class ChatReply(Protocol):
     def timings(self) -> Mapping[str, Any]: ...
 
 
+class DecisionLike(Protocol):
+    """What submit does with a route (`daemon.routing.Decision`)."""
+
+    @property
+    def lane(self) -> str | None: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def classifier(self) -> str | None: ...
+    @property
+    def candidates(self) -> Sequence[str]: ...
+
+
 class RouteResult(Protocol):
     """The router's decision (`daemon.routing.Route`), as the engine witnesses it."""
+
+    @property
+    def decision(self) -> DecisionLike: ...
 
     @property
     def lane(self) -> str | None: ...

@@ -2,12 +2,15 @@
 
 Input: a run whose request is witnessed (its view's `request_seq`). Output: (lane, seq), the
 seq being the entry the plan hangs off. Witnessed:
-- `run.route` (parent: the request) always — the client's lane (source "client"), or the
-  router's scores, confidence and deciding words (source "router");
+- `run.route` (parent: the request) always — the client's lane (source "client", with the
+  router's scores and its own choice beside it under `router`), or the router's scores,
+  confidence and deciding words (source "router");
 - `run.classify` when the router escalates (no lane, or too close to call) and the client gave
-  no plan: the classifier's choice among the best-scoring few lanes plus `general` (parent: its
-  last reply), or, with no classifier or no lane's words matched, the best score / `general`
-  without a model call. A failed classifier falls back to the best score, with its error.
+  no plan: what the route's `decision` says (`daemon.routing.decide`, the one `tally route`
+  shows): the classifier's choice among the best-scoring few lanes plus `general` (parent: its
+  last reply), or, with no classifier or no lane's evidence over the floor, the best score /
+  `general` without a model call. A failed classifier falls back to the best score, with its
+  error.
 Guarantees: the lane returned is one of the roster's lanes, except that a client's plan with
 an escalating route keeps the router's lane (or the plan's first task's) — its lanes decide.
 """
@@ -17,57 +20,69 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from daemon import routing
 from daemon.runs import entries as k
 from daemon.runs.budget import BudgetExhausted
 from daemon.runs.calls import structured
 from daemon.runs.context import Run, Setting, describe
+from daemon.runs.ports import DecisionLike
 
-GENERAL = "general"
-"""The fallback lane: a request no lane's words match goes here, with no model call."""
-CANDIDATES = 4
-"""Lanes a classifier chooses among: the best-scoring few, not every lane."""
+GENERAL = routing.GENERAL
+CANDIDATES = routing.CANDIDATES
 
 
 async def route(s: Setting, run: Run) -> tuple[str, int]:
     view = s.views[run.id]
+    decided = s.router.route(view.request)
+    scores = [[lane, _ppm(score)] for lane, score in list(decided.scores)[:8]]
+    matched = {lane: list(words) for lane, words in dict(decided.matched).items()}
     if view.lane is not None:
+        # The client named the lane: witnessed with the router's own choice beside it, so an
+        # override is a correction the record keeps (`tally route --suggest` reads them).
         body = {
             "lane": view.lane,
             "confidence_ppm": 1_000_000,
             "escalate": False,
             "source": "client",
-            "scores": [],
-            "matched": {},
+            "scores": scores,
+            "matched": matched,
+            "router": _choice(decided.decision),
         }
         return view.lane, await s.witness(run.id, k.ROUTE, body, view.request_seq)
-    decided = s.router.route(view.request)
-    scores = [[lane, _ppm(score)] for lane, score in list(decided.scores)[:8]]
     body = {
         "lane": decided.lane,
         "confidence_ppm": _ppm(decided.confidence),
         "escalate": bool(decided.escalate),
         "source": "router",
         "scores": scores,
-        "matched": {lane: list(words) for lane, words in dict(decided.matched).items()},
+        "matched": matched,
     }
     seq = await s.witness(run.id, k.ROUTE, body, view.request_seq)
     if decided.lane is not None and not decided.escalate:
         return str(decided.lane), seq
     if run.client_plan is not None:  # the client planned: its lanes decide, no model call
         return str(decided.lane or run.client_plan.tasks[0].lane), seq
-    ranked = [lane for lane, score in decided.scores if score > 0 and lane in s.lanes]
+    # What the route said submit would do (`Route.decision`, the same one `route` shows).
+    decision = decided.decision
+    if decision.source == "classifier" and decision.classifier is not None:
+        return await _classify(s, run, decision.classifier, list(decision.candidates), seq)
+    lane = str(decision.lane)
+    ranked = [name for name, score in decided.scores if name in s.lanes]
     candidates = ranked[:CANDIDATES]
     if GENERAL in s.lanes and GENERAL not in candidates:
-        candidates.append(GENERAL)  # the classifier may say that no lane fits
-    classifier = s.classifier
-    if classifier is None or not ranked:
-        # No model call: the best-scoring lane, or `general` when no lane's words match.
-        lane = ranked[0] if ranked else (GENERAL if GENERAL in s.lanes else None)
-        lane = lane or (decided.lane if decided.lane in s.lanes else s.roster.lanes[0].name)
-        source = "scores" if ranked else "general"
-        body = {"lane": lane, "candidates": candidates, "source": source, "error": None}
-        return lane, await s.witness(run.id, k.CLASSIFY, body, seq)
-    return await _classify(s, run, classifier, candidates, seq)
+        candidates.append(GENERAL)
+    body = {"lane": lane, "candidates": candidates, "source": decision.source, "error": None}
+    return lane, await s.witness(run.id, k.CLASSIFY, body, seq)
+
+
+def _choice(decision: DecisionLike) -> dict[str, Any]:
+    """The router's decision as a witnessed body holds it."""
+    return {
+        "lane": decision.lane,
+        "source": decision.source,
+        "classifier": decision.classifier,
+        "candidates": list(decision.candidates),
+    }
 
 
 async def _classify(

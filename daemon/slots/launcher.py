@@ -57,6 +57,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("-t", "--threads", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     parser.add_argument("--alias", default=None)
     parser.add_argument("--chat-template-file", default=None)
+    parser.add_argument(
+        "--embeddings", action="store_true", help="serve /v1/embeddings (as llama-server does)"
+    )
+    parser.add_argument(
+        "--pooling",
+        choices=["none", "mean", "cls", "last", "rank"],
+        default=None,
+        help="how token embeddings become one (llama-server's --pooling; /v1/embeddings "
+        "needs one other than none, and a chat model has none by default)",
+    )
     return parser.parse_args(argv)
 
 
@@ -76,6 +86,12 @@ def build_params(args: argparse.Namespace) -> Any:
     params.endpoint_props = True
     params.offline = True
     params.ui = False
+    if args.embeddings:
+        params.embedding = True
+    if args.pooling:
+        params.pooling_type = getattr(
+            xllamacpp.llama_pooling_type, f"LLAMA_POOLING_TYPE_{args.pooling.upper()}"
+        )
     if args.alias:
         params.model_alias = {args.alias}
     if args.chat_template_file:

@@ -25,15 +25,27 @@ def read_roster(path: Path | None = None) -> Roster:
 def register(commands: Any) -> None:
     parser: argparse.ArgumentParser = commands.add_parser(
         "route",
-        help="show the lane a request would be routed to",
-        description="Route request text to a lane with the keyword router (no model call). "
-        "With '-', read one request per line from stdin.",
+        help="show the lane a request would go to and what submit will do; teach routing",
+        description="Route request text to a lane (keywords, the lanes' examples; no model "
+        "call) and print `decision`, what submit will do with it. With '-', read one request "
+        "per line from stdin. --teach LANE adds the request to that lane's examples in the "
+        "daemon's roster (admin); --suggest lists requests users sent to another lane than "
+        "the router's, to teach.",
     )
-    parser.add_argument("text", help="the request text, or '-' to read one per line from stdin")
+    parser.add_argument(
+        "text", nargs="?", help="the request text, or '-' to read one per line from stdin"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON (one object per line)")
     parser.add_argument(
         "--roster", metavar="FILE", default=None, help="default: $TALLY_ROSTER or packaged"
     )
+    parser.add_argument(
+        "--teach", metavar="LANE", help="add the request to LANE's examples (via the daemon)"
+    )
+    parser.add_argument(
+        "--suggest", action="store_true", help="requests the record says to teach (via the daemon)"
+    )
+    parser.add_argument("--socket", type=Path, help="daemon socket (default: $TALLY_SOCKET)")
     parser.set_defaults(run=run)
 
 
@@ -41,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
     from daemon.routing import Router
     from roster.loading import RosterError
 
+    if args.suggest or args.teach:
+        return _on_daemon(args)
+    if args.text is None:
+        print("tally route: give the request text (or --suggest)", file=sys.stderr)
+        return 2
     try:
         roster = read_roster(roster_path(args.roster))
     except (OSError, RosterError) as error:
@@ -54,25 +71,77 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def as_json(route: Route) -> str:
-    return json.dumps(
-        {
-            "lane": route.lane,
-            "confidence": route.confidence,
-            "escalate": route.escalate,
-            "scores": [[lane, score] for lane, score in route.scores],
-            "matched": route.matched,
-        },
-        ensure_ascii=False,
+def _on_daemon(args: argparse.Namespace) -> int:
+    """--teach and --suggest: the daemon edits its roster and reads its record."""
+    from surfaces.client import DaemonClient, Endpoint, run_client
+
+    if args.teach and (args.text is None or args.text == "-"):
+        print("tally route: --teach LANE needs the request text", file=sys.stderr)
+        return 2
+    tool, body = (
+        ("route_teach", {"lane": args.teach, "text": args.text})
+        if args.teach
+        else ("route_suggest", {})
+    )
+
+    async def main() -> int:
+        async with DaemonClient(Endpoint.from_env(args.socket)) as client:
+            answer = await client.call(tool, body)
+        if args.json:
+            print(json.dumps(answer, ensure_ascii=False))
+        else:
+            print(taught_text(answer) if args.teach else suggest_text(answer))
+        return 0
+
+    return run_client(main())
+
+
+def taught_text(answer: dict[str, Any]) -> str:
+    kept = "comments kept" if answer["kept_comments"] else "REGENERATED: its comments are gone"
+    return "\n".join(
+        [
+            f"taught {answer['lane']} (now {answer['examples']} examples) in {answer['roster']}"
+            f" ({kept}); witnessed at seq {answer['seq']}",
+            f"before: {answer['before']['summary']}",
+            f"now:    {answer['after']['summary']}",
+        ]
     )
 
 
+def suggest_text(answer: dict[str, Any]) -> str:
+    found = answer["suggestions"]
+    lines = [f"{answer['overrides']} runs overrode the router; {len(found)} to teach"]
+    for s in found:
+        router = s["router"] or "classifier"
+        lines.append(f"  {len(s['runs'])}x  {s['lane']} (router: {router}, now: {s['now']})")
+        lines.append(f"      {s['teach']}")
+    return "\n".join(lines)
+
+
+def as_json(route: Route) -> str:
+    """The route tool's answer (`daemon.tools.RouteOut`: the same fields, `decision` with its
+    `summary`), scores as [lane, score] pairs; built here so `tally route` loads no HTTP stack."""
+    data = route.model_dump(mode="json")
+    data["decision"]["summary"] = str(route.decision)
+    return json.dumps(data, ensure_ascii=False)
+
+
 def as_text(route: Route) -> str:
-    head = route.lane or "(escalate: no lane is clear enough; a classifier would decide)"
-    lines = [f"lane:       {head}", f"confidence: {route.confidence:.3f}"]
+    decision = route.decision
+    if route.lane is not None:
+        how = f"decided, confidence {route.confidence:.3f}"
+    elif route.scores:
+        how = f"escalated, confidence {route.confidence:.3f} (too close to call)"
+    else:
+        how = "no lane's words or examples match"
+    lines = [f"decision:   {decision}", f"route:      {how}"]
     for lane, score in route.scores[:3]:
-        words = ", ".join(route.matched.get(lane, []))
-        lines.append(f"  {score:.3f}  {lane:<14} {words}")
-    if not route.scores:
-        lines.append("  (no keyword of any lane matched)")
+        why = []
+        if words := route.matched.get(lane):
+            why.append("keywords " + ", ".join(words))
+        if similar := route.similar.get(lane):
+            why.append("like its examples: " + ", ".join(similar))
+        if example := route.examples.get(lane):
+            why.append(f"nearest example {json.dumps(example, ensure_ascii=False)}")
+        lines.append(f"  {score:.3f}  {lane:<14} {'; '.join(why)}")
     return "\n".join(lines)

@@ -14,15 +14,25 @@ from surfaces.cli import main
 def test_route_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["route", "write pytest unit tests for the parser"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("lane:       testing\n")
-    assert "confidence:" in out
+    assert out.startswith("decision:   testing\nroute:      decided, confidence ")
     assert "unit test" in out
 
 
 def test_route_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["route", "--json", "translate this paragraph into Spanish"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert set(data) == {"lane", "confidence", "escalate", "scores", "matched"}
+    assert set(data) == {
+        "lane",
+        "confidence",
+        "escalate",
+        "scores",
+        "matched",
+        "similar",
+        "examples",
+        "decision",
+    }
+    assert data["decision"]["lane"] == "translation"
+    assert data["decision"]["source"] == "router"
     assert data["lane"] == "translation"
     assert data["escalate"] is False
     assert data["scores"][0][0] == "translation"
@@ -38,20 +48,37 @@ def test_route_stdin_one_object_per_line(
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     # one output line per input line, the blank one included, so a script can zip them
     assert [row["lane"] for row in rows] == ["summarization", None, None, "graphics"]
+    assert [row["decision"]["lane"] for row in rows] == [
+        "summarization",
+        "general",
+        "general",
+        "graphics",
+    ]
     assert rows[1] == {
         "lane": None,
         "confidence": 0.0,
         "escalate": True,
         "scores": [],
         "matched": {},
+        "similar": {},
+        "examples": {},
+        "decision": {
+            "lane": "general",
+            "source": "general",
+            "model_call": False,
+            "classifier": None,
+            "candidates": [],
+            "summary": "general (no lane's words or examples match: no model call)",
+        },
     }
 
 
 def test_route_escalation_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["route", "tell me a joke"]) == 0
     out = capsys.readouterr().out
-    assert "escalate" in out
-    assert "no keyword" in out
+    # what submit does, not "a classifier would decide": no classifier runs on this roster
+    assert out.startswith("decision:   general (no lane's words or examples match: no model call)")
+    assert "classifier" not in out
 
 
 def test_route_other_roster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,3 +126,18 @@ def test_route_defaults_to_tally_roster(
     assert "missing.toml" in capsys.readouterr().err
     # --roster still wins over the environment
     assert main(["route", "--json", "--roster", str(path), "a good pasta recipe"]) == 0
+
+
+def test_route_json_is_the_route_tool_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    """`tally route --json` and the `route` tool give the same fields and decision."""
+    from daemon.routing import Router
+    from daemon.tools import route_out
+    from surfaces.cli.route import read_roster
+
+    text = "write a changelog entry for the new export button"
+    assert main(["route", "--json", text]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    tool = route_out(Router(read_roster()).route(text)).model_dump(mode="json")
+    tool["scores"] = [[s["lane"], s["score"]] for s in tool["scores"]]
+    assert cli == tool
+    assert cli["decision"]["lane"] == "docs"

@@ -12,12 +12,14 @@ import pytest
 from daemon.routing import (
     CONTEST_MIN,
     CONTEST_RATIO,
+    FLOOR,
     GENERIC_FACTOR,
     GENERIC_WORDS,
     NEGATIVE_PENALTY,
     PHRASE_BOOST,
     SATURATION,
     Classifier,
+    Decision,
     Route,
     Router,
     normalize,
@@ -143,7 +145,7 @@ def test_negative_keyword_reduces_a_lane() -> None:
     plain = router.route("react css")
     assert plain.lane == "web"
     assert plain.scores == [("web", score(2.0))]
-    hit = router.route("react native css on ios")
+    hit = router.route("react native css in ios")
     assert hit.lane == "mobile"
     assert dict(hit.scores)["web"] == score(2.0 - NEGATIVE_PENALTY)
     assert "-native" in hit.matched["web"]
@@ -168,9 +170,11 @@ def test_idf_weights_shared_words_less() -> None:
     router = Router(roster(*lanes))
     n = 4
     weight = math.log(1 + n / 3) / math.log(1 + n)
+    assert sorted(router.evidence("shared").values()) == [pytest.approx(weight)] * 3
     route = router.route("shared")
-    assert [s for _, s in route.scores] == [score(weight)] * 3
-    assert route.lane is None  # three-way tie: escalate
+    # a word three lanes share stays below the floor: no candidate, so `general`
+    assert weight < FLOOR
+    assert (route.lane, route.scores, route.decision.source) == (None, [], "general")
     assert router.route("shared only").lane == "a"
     assert router.route("only").scores == [("a", score(1.0))]
 
@@ -207,7 +211,10 @@ def test_threshold_and_nothing_matched() -> None:
     low = router.route("alpha")
     assert (low.lane, low.escalate, low.confidence) == (None, True, 0.5)
     none = router.route("what's a good pasta recipe")
-    assert none == Route(lane=None, confidence=0.0, escalate=True, scores=[], matched={})
+    assert (none.lane, none.confidence, none.escalate) == (None, 0.0, True)
+    assert (none.scores, none.matched, none.examples) == ([], {}, {})
+    # no `general` lane in this roster: the first lane, still with no model call
+    assert none.decision == Decision(lane="a", source="general", model_call=False)
     assert router.route("").scores == []
 
 
@@ -231,13 +238,22 @@ def test_route_crosses_to_json() -> None:
         "escalate": False,
         "scores": [["a", 0.5]],
         "matched": {"a": ["alpha"]},
+        "similar": {"a": []},
+        "examples": {},
+        "decision": {
+            "lane": "a",
+            "source": "router",
+            "model_call": False,
+            "classifier": None,
+            "candidates": [],
+        },
     }
     assert Route.model_validate_json(route.model_dump_json()) == route
 
 
 def test_top_k_limits_scores() -> None:
-    lanes = [lane(f"l{i}", ["shared"]) for i in range(8)]
-    route = Router(roster(*lanes), top_k=3).route("shared")
+    lanes = [lane(f"l{i}", [f"own{i}"]) for i in range(8)]
+    route = Router(roster(*lanes), top_k=3).route(" ".join(f"own{i}" for i in range(8)))
     assert len(route.scores) == 3
     assert set(route.matched) == {"l0", "l1", "l2"}
 
@@ -261,7 +277,9 @@ def test_generic_word_alone_does_not_decide() -> None:
     assert "plan" in GENERIC_WORDS
     alone = router.route("plan my vacation")
     assert (alone.lane, alone.escalate) == (None, True)
-    assert alone.scores == [("plan", score(GENERIC_FACTOR))]
+    assert list(router.evidence("plan my vacation").values()) == [pytest.approx(GENERIC_FACTOR)]
+    assert GENERIC_FACTOR < FLOOR  # alone it is no candidate: `general`
+    assert (alone.scores, alone.decision.source) == ([], "general")
     assert router.route("plan the next sprint").lane == "plan"  # a second word decides
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from daemon.ledger.entry import NO_BODY, Body
 from daemon.ledger.log import check_append
+from daemon.routing import Decision, decide
 from roster.models import Roster
 
 
@@ -245,19 +246,24 @@ class Route:
     escalate: bool
     scores: list[tuple[str, float]]
     matched: dict[str, list[str]]
+    decision: Decision
 
 
 class KeywordRouter:
-    """Picks the lane whose name appears in the text; escalates when none does."""
+    """Picks the lane whose name appears in the text; escalates when none does. What submit
+    then does is the real `daemon.routing.decide`, as with the real router."""
 
     def __init__(self, roster: Roster) -> None:
+        self.roster = roster
         self.lanes = [lane.name for lane in roster.lanes]
 
     def route(self, text: str) -> Route:
         hits = [lane for lane in self.lanes if lane in text.lower()]
         if hits:
-            return Route(hits[0], 0.9, False, [(hits[0], 0.9)], {hits[0]: [hits[0]]})
-        return Route(None, 0.0, True, [(lane, 0.1) for lane in self.lanes], {})
+            decision = decide(self.roster, hits[0], hits)
+            return Route(hits[0], 0.9, False, [(hits[0], 0.9)], {hits[0]: [hits[0]]}, decision)
+        scores = [(lane, 0.1) for lane in self.lanes]
+        return Route(None, 0.0, True, scores, {}, decide(self.roster, None, self.lanes))
 
 
 def make_roster(**policy: Any) -> Roster:

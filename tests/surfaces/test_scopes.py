@@ -26,6 +26,8 @@ from tests.surfaces.test_tcp import ROOT, Tcp
 SAMPLES: dict[str, dict[str, Any]] = {
     "health": {},
     "route": {"text": "add tests for the parser"},
+    "route_teach": {"lane": "no-such-lane", "text": "x"},
+    "route_suggest": {"limit": 1},
     "plan": {"plan": {"tasks": [{"id": "a", "lane": "backend", "instruction": "x"}]}},
     "submit": {"request": "x", "lane": "no-such-lane"},
     "run_get": {"run_id": "nope"},

@@ -29,6 +29,7 @@ import asyncio
 import time
 from typing import Any
 
+from daemon.errors import TallyError
 from daemon.runs import entries as k
 from daemon.runs import guard
 from daemon.runs.context import Run, Setting, describe
@@ -99,7 +100,7 @@ async def call(
             if not lost and exc.seq is None:
                 # No member could take the call before any was lost: the pool already climbed
                 # the ladder and names each member; a run does not wait on servers known down.
-                raise exc.error from None
+                raise _what_to_do(run, exc.error) from None
             lost.append(exc)
             if len(lost) > s.options.lost_call_retries:
                 raise _given_up(run, target, lost) from exc.error
@@ -121,6 +122,17 @@ async def call(
             parent = await s.witness(run.id, k.MODEL_RETRY, body, exc.seq or parent)
             await asyncio.sleep(wait_s)
             deadline = time.monotonic() + s.options.lost_call_wait_s
+
+
+def _what_to_do(run: Run, error: Exception) -> Exception:
+    """The pool's own words on why no member could serve, and what the user can do about it."""
+    if isinstance(error, TallyError) and "tally retry" not in error.message:
+        error.message += (
+            f"; check the members' servers (`tally slots`, `tally doctor`), then "
+            f"`tally retry {run.id}`"
+        )
+        error.args = (error.message,)
+    return error
 
 
 def _given_up(run: Run, target: str, lost: list[_Lost]) -> SlotLost:

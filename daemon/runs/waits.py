@@ -24,6 +24,10 @@ from daemon.runs.state import STOPPED, RunView
 
 T = TypeVar("T")
 
+GRACE_S = 0.05
+"""A wait shorter than this is not shown: a person could not see it, and each change of a
+live state is an event for every listener."""
+
 Changed = Callable[[str, "str | None", bool], None]
 """Told (run id, task id or None for the run itself, waiting now) on every change."""
 
@@ -36,26 +40,55 @@ class Waits:
     @contextmanager
     def waiting(self, run_id: str, task: str | None) -> Iterator[None]:
         """Mark `task` of the run (None: the run itself) as waiting while the block lasts."""
+        self._begin(run_id, task)
+        try:
+            yield
+        finally:
+            self._end(run_id, task)
+
+    @asynccontextmanager
+    async def after_grace(self, run_id: str, task: str | None) -> AsyncIterator[None]:
+        """`waiting` for a block that usually ends at once (a free slot, an open gate): it is
+        marked only once it has lasted GRACE_S, so a wait nobody could see is not reported
+        (no `waiting` events, no queued/running flicker) and costs one timer."""
+        marked = False
+
+        def mark() -> None:
+            nonlocal marked
+            marked = True
+            self._begin(run_id, task)
+
+        timer = asyncio.get_running_loop().call_later(GRACE_S, mark)
+        try:
+            yield
+        finally:
+            timer.cancel()
+            if marked:
+                self._end(run_id, task)
+
+    def _begin(self, run_id: str, task: str | None) -> None:
         held = self._by_run.setdefault(run_id, Counter())
         held[task] += 1
         if held[task] == 1:
             self._tell(run_id, task, True)
-        try:
-            yield
-        finally:
-            held[task] -= 1
-            if held[task] <= 0:
-                del held[task]
-                if not held:
-                    self._by_run.pop(run_id, None)
-                self._tell(run_id, task, False)
+
+    def _end(self, run_id: str, task: str | None) -> None:
+        held = self._by_run.get(run_id)
+        if held is None or held[task] <= 0:
+            return
+        held[task] -= 1
+        if held[task] <= 0:
+            del held[task]
+            if not held:
+                self._by_run.pop(run_id, None)
+            self._tell(run_id, task, False)
 
     @asynccontextmanager
     async def lease(
         self, run_id: str, task: str | None, lease: AbstractAsyncContextManager[T]
     ) -> AsyncIterator[T]:
         """Enter `lease` (a slot lease), waiting while it queues; hold it for the block."""
-        with self.waiting(run_id, task):
+        async with self.after_grace(run_id, task):
             held = await lease.__aenter__()
         try:
             yield held
@@ -68,7 +101,7 @@ class Waits:
     @asynccontextmanager
     async def gate(self, run_id: str, gate: asyncio.Semaphore) -> AsyncIterator[None]:
         """Pass the run gate, the run waiting (queued) until it may."""
-        with self.waiting(run_id, None):
+        async with self.after_grace(run_id, None):
             await gate.acquire()
         try:
             yield

@@ -21,7 +21,11 @@ from tests.runs.model_server import ScriptedServer, settings_for
 
 
 def roster(a_url: str, b_url: str) -> str:
+    # One attempt per rung: these tests are about lost calls, not informed retry.
     return f"""version = 1
+[policy]
+attempts_per_rung = 1
+
 [policy.budget]
 wall_s = 600
 

@@ -26,7 +26,11 @@ from tests.slots.fake_server import FakeServer
 
 
 def one_member(member: str) -> str:
+    # One attempt per rung: these tests are about lost calls, not informed retry.
     return f"""version = 1
+[policy]
+attempts_per_rung = 1
+
 [policy.budget]
 wall_s = 120
 
@@ -182,7 +186,7 @@ async def test_a_failed_run_keeps_its_partial_work_and_retry_finishes_it(
         default="summary",
     )
     await server.start()
-    daemon = Daemon(settings_for(tmp_path, roster_toml(server.url)))
+    daemon = Daemon(settings_for(tmp_path, roster_toml(server.url, attempts_per_rung=1)))
     await daemon.start()
     try:
         first = await daemon.engine.submit("two things", plan=two_tasks())
@@ -240,7 +244,7 @@ async def test_a_failed_run_keeps_its_partial_work_and_retry_finishes_it(
 async def test_a_run_out_of_budget_answers_with_the_work_it_did(tmp_path: Path) -> None:
     server = ScriptedServer([("write the docs page", "the docs are written", 0.0)], "x")
     await server.start()
-    daemon = Daemon(settings_for(tmp_path, roster_toml(server.url)))
+    daemon = Daemon(settings_for(tmp_path, roster_toml(server.url, attempts_per_rung=1)))
     await daemon.start()
     try:
         view = await daemon.engine.submit("two things", plan=two_tasks(), budget={"model_calls": 1})
@@ -264,7 +268,7 @@ async def test_a_run_out_of_budget_answers_with_the_work_it_did(tmp_path: Path) 
 async def test_a_client_chooses_the_tier_or_member_of_one_run(tmp_path: Path) -> None:
     server = ScriptedServer([], default="ok")
     await server.start()
-    daemon = Daemon(settings_for(tmp_path, roster_toml(server.url)))
+    daemon = Daemon(settings_for(tmp_path, roster_toml(server.url, attempts_per_rung=1)))
     await daemon.start()
     try:
         plain = await daemon.engine.wait((await daemon.engine.submit("the backend")).id, 20)

@@ -118,10 +118,12 @@ async def test_a_failed_run_shows_its_work_its_attempts_and_how_to_retry(
     t2 = out.split("task T2 ", 1)[1]
     assert "attempt 1 on cheap" in t2
     assert "call to tiny" in t2
+    assert "failed → retry" in t2  # [policy] attempts_per_rung = 2: the same rung, told why
+    assert "attempt 2 on cheap" in t2
     assert "failed → escalate" in t2
     assert "zzz" in t2  # the failed check, in its own words
     assert "climbs cheap → capable" in t2
-    assert "attempt 2 on capable" in t2
+    assert "attempt 3 on capable" in t2
     assert "told: " in t2  # the second attempt's feedback
     assert "failed → failed" in t2
     t1_part = out.split("task T1 ", 1)[1].split("task T2 ", 1)[0]

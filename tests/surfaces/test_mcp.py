@@ -91,7 +91,7 @@ async def _call_progress_and_errors(mcp_session: ClientSession, daemon: Daemon) 
     assert seen[-1][2] == "done: 2/2 tasks done"
     # MCP: every notification's progress is greater than the one before
     assert all(a[0] < b[0] for a, b in itertools.pairwise(seen)), seen
-    assert len({p[2] for p in seen}) == len(seen)  # and each says something new
+    assert len({p[2] for p in seen}) == len(seen), seen  # and each says something new
     # streamed tokens arrive as progress messages naming the task that writes them
     assert any((p[2] or "").startswith("T1 writing: …t0") for p in seen), seen
 

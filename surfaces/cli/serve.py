@@ -30,7 +30,15 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         help="judge chat output with this tier or member (roster: [policy] judge)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_tls_options(p)
     p.set_defaults(run=run_serve)
+
+    c = commands.add_parser("cert", help="print the TCP listener's TLS certificate and fingerprint")
+    c.add_argument("--state", type=Path, help="state directory (its self-signed certificate)")
+    c.add_argument("--tls-cert", type=Path, metavar="FILE", help="this certificate instead")
+    c.add_argument("--fingerprint", action="store_true", help="print only the sha256: pin")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(run=run_cert)
 
     t = commands.add_parser("token", help="print the bearer token for the TCP listener")
     t.add_argument("--state", type=Path, help="state directory")
@@ -43,6 +51,70 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         "--install", action="store_true", help="write ~/.config/systemd/user/tallyd.service"
     )
     u.set_defaults(run=run_unit)
+
+
+def add_tls_options(p: argparse.ArgumentParser) -> None:
+    """Serving beyond loopback (`serve`'s; `tally unit` takes the same)."""
+    p.add_argument(
+        "--tls", action="store_true", help="serve --tcp over HTTPS (TLS 1.2+; see --tls-cert)"
+    )
+    p.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="FILE",
+        help="certificate chain (PEM); without it --tls makes a self-signed one in the state dir",
+    )
+    p.add_argument("--tls-key", type=Path, metavar="FILE", help="the --tls-cert's key (PEM)")
+    p.add_argument(
+        "--host-name",
+        action="append",
+        metavar="NAME",
+        help="a name clients reach the daemon by (Host check, certificate); repeatable",
+    )
+    p.add_argument(
+        "--insecure-http",
+        action="store_true",
+        help="allow plain HTTP on a non-loopback --tcp (witnessed in the ledger)",
+    )
+
+
+def _tls_settings(args: argparse.Namespace) -> dict[str, Any]:
+    from daemon.tls import check_host_name
+
+    found: dict[str, Any] = {}
+    if getattr(args, "tls", False):
+        found["tls"] = True
+    if getattr(args, "insecure_http", False):
+        found["insecure_http"] = True
+    for key in ("tls_cert", "tls_key"):
+        if getattr(args, key, None) is not None:
+            found[key] = getattr(args, key)
+    names = getattr(args, "host_name", None)
+    if names:
+        found["host_names"] = tuple(dict.fromkeys(check_host_name(n) for n in names))
+    return found
+
+
+def tls_paths(settings: Any) -> tuple[Path, Path] | None:
+    """The listener's (certificate, key), made in the state dir if none is given; None = plain
+    HTTP. ValueError for options that do not go together."""
+    from daemon.tls import ensure_self_signed
+
+    given = (settings.tls_cert, settings.tls_key)
+    if not settings.tls:
+        if given != (None, None):
+            raise ValueError("--tls-cert/--tls-key need --tls")
+        return None
+    if settings.tcp is None:
+        raise ValueError("--tls serves the TCP listener: give --tcp ADDR:PORT too")
+    if settings.insecure_http:
+        raise ValueError("--tls and --insecure-http contradict each other")
+    if (given[0] is None) != (given[1] is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if given[0] is not None and given[1] is not None:
+        return Path(given[0]), Path(given[1])
+    host = settings.tcp.rpartition(":")[0]
+    return ensure_self_signed(Path(settings.state_dir), [host, *settings.host_names])
 
 
 def settings_from(args: argparse.Namespace) -> Any:
@@ -60,6 +132,7 @@ def settings_from(args: argparse.Namespace) -> Any:
         value = getattr(args, attr, None)
         if value is not None:
             overrides[key] = value
+    overrides.update(_tls_settings(args))
     return Settings.from_env(**overrides)
 
 
@@ -76,10 +149,17 @@ def run_serve(args: argparse.Namespace) -> int:
     from surfaces.http import HttpOptions, Listen, log_to_stderr, parse_tcp, serve
 
     log_to_stderr(logging.DEBUG if args.verbose else logging.INFO)
+    from daemon.tls import bind_refusal, fingerprint
+
     try:
         if args.tcp:
             parse_tcp(args.tcp)
         settings = settings_from(args)
+        if settings.tcp:  # refused before anything starts
+            refusal = bind_refusal(parse_tcp(settings.tcp)[0], settings.tls, settings.insecure_http)
+            if refusal is not None:
+                raise ValueError(refusal)
+        tls = tls_paths(settings)
     except (ValueError, TallyError) as exc:
         print(f"tally serve: {exc}", file=sys.stderr)
         return 2
@@ -92,6 +172,9 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"tally: state in {settings.state_dir}", file=sys.stderr)
         if token:
             print("tally: TCP needs `Authorization: Bearer $(tally token)`", file=sys.stderr)
+        if tls is not None:
+            pin = fingerprint(tls[0].read_bytes())
+            print(f"tally: TLS certificate {tls[0]} ({pin}; `tally cert`)", file=sys.stderr)
         print("tally: MCP config for your IDE (mcpServers):", file=sys.stderr)
         print(mcp_config_block(sys.executable, socket_path), file=sys.stderr)
 
@@ -103,12 +186,14 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"tally serve: {exc}", file=sys.stderr)
         return 2
     options = HttpOptions(
-        token=token, body_limit=int(getattr(settings, "body_limit", 1 << 20)), limits=limits
+        token=token,
+        body_limit=int(getattr(settings, "body_limit", 1 << 20)),
+        limits=limits,
+        host_names=settings.host_names,
     )
+    listen = Listen(socket_path, settings.tcp, tls=tls, insecure_http=settings.insecure_http)
     try:
-        asyncio.run(
-            serve(Daemon(settings), Listen(socket_path, settings.tcp), options, announce=announce)
-        )
+        asyncio.run(serve(Daemon(settings), listen, options, announce=announce))
     except TallyError as exc:
         print(f"tally serve: {exc.message}", file=sys.stderr)
         return 1
@@ -125,6 +210,60 @@ def run_token(args: argparse.Namespace) -> int:
     token = load_or_create_token(Path(state))
     print(json.dumps({"token": token}) if args.json else token)
     return 0
+
+
+def run_cert(args: argparse.Namespace) -> int:
+    """The certificate clients pin: the one given, the running daemon's, or the state dir's."""
+    from daemon.tls import fingerprint, self_signed_paths
+
+    path = args.tls_cert or _served_cert(args)
+    if path is None:
+        state = args.state or Path(settings_from(args).state_dir)
+        path = self_signed_paths(Path(state))[0]
+    try:
+        pem = Path(path).read_bytes()
+        pin = fingerprint(pem)
+    except FileNotFoundError:
+        print(
+            f"tally cert: no certificate at {path}: `tally serve --tcp ADDR:PORT --tls` makes "
+            "one on its first start",
+            file=sys.stderr,
+        )
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"tally cert: {path}: not a PEM certificate ({exc})", file=sys.stderr)
+        return 1
+    first = pem.decode("ascii", "replace")
+    end = first.find("-----END CERTIFICATE-----")
+    cert = first[first.find("-----BEGIN CERTIFICATE-----") : end + 25] + "\n"
+    if args.json:
+        print(json.dumps({"path": str(path), "fingerprint": pin, "pem": cert}))
+    elif args.fingerprint:
+        print(pin)
+    else:
+        print(cert, end="")
+        print(pin)  # outside the PEM block: a PEM reader skips it
+    return 0
+
+
+def _served_cert(args: argparse.Namespace) -> Path | None:
+    """The running daemon's certificate (its `health`), when it serves TLS and answers."""
+    if args.state is not None:
+        return None  # the state dir asked for is the one to read
+    import asyncio
+
+    from surfaces.client import DaemonClient, DaemonDown, DaemonError, Endpoint
+
+    async def ask() -> dict[str, Any]:
+        async with DaemonClient(Endpoint.from_env(None)) as client:
+            return await client.call("health", {})
+
+    try:
+        listener = asyncio.run(ask()).get("listener") or {}
+    except (DaemonDown, DaemonError, OSError):
+        return None
+    path = listener.get("cert_path")
+    return Path(path) if isinstance(path, str) else None
 
 
 def run_unit(args: argparse.Namespace) -> int:

@@ -140,6 +140,13 @@ class DaemonClient:
         except (aiohttp.ClientConnectionError, FileNotFoundError, ConnectionRefusedError) as exc:
             if isinstance(exc, aiohttp.ServerDisconnectedError):
                 raise DaemonError(503, "disconnected", "the daemon closed the connection") from None
+            if isinstance(exc, aiohttp.ServerFingerprintMismatch):
+                got = "sha256:" + exc.got.hex()
+                message = f"{self.endpoint.where} presents a certificate ({got}) that is not "
+                raise DaemonError(0, "tls", message + "TALLY_TLS_FINGERPRINT") from None
+            if isinstance(exc, aiohttp.ClientSSLError):
+                message = f"TLS with {self.endpoint.where} failed: {exc} (pin its certificate: "
+                raise DaemonError(0, "tls", message + "TALLY_TLS_FINGERPRINT)") from None
             raise DaemonDown(self.endpoint.where) from None
 
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import aiohttp
 import httpx
 import openai
 import pytest
+from cryptography.hazmat.primitives.serialization import Encoding
 from pydantic import ValidationError
 
 from daemon.remotes import verify_remote
@@ -160,7 +161,7 @@ async def test_the_self_signed_certificate_and_tally_cert(served: Served) -> Non
     assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == [HOST]
     assert san.get_values_for_type(x509.DNSName) == [NAME]
     pin = fingerprint(served.cert.read_bytes())
-    der = cert.public_bytes(serialization_der())
+    der = cert.public_bytes(Encoding.DER)
     assert pin == "sha256:" + hashlib.sha256(der).hexdigest()
     # kept across starts: the same names reuse it, so a pinned fingerprint stays valid
     assert ensure_self_signed(served.daemon.settings.state_dir, [HOST, NAME])[0] == served.cert
@@ -183,12 +184,6 @@ async def test_the_self_signed_certificate_and_tally_cert(served: Served) -> Non
     assert listener.tls_fingerprint == pin
     assert listener.url == f"https://{NAME}:{served.port}"
     assert not listener.insecure_http
-
-
-def serialization_der() -> object:
-    from cryptography.hazmat.primitives.serialization import Encoding
-
-    return Encoding.DER
 
 
 # ---------------------------------------------------------------- clients
@@ -262,6 +257,7 @@ async def test_host_names_listed_are_accepted_and_rebinding_names_refused(
     served: Served,
 ) -> None:
     assert served.cert is not None
+    pin = _pin(served.cert)
     token = served.daemon.clients.add("reader", "read")
     auth = {"Authorization": f"Bearer {token}"}
     port = served.port
@@ -270,7 +266,7 @@ async def test_host_names_listed_are_accepted_and_rebinding_names_refused(
         async def status(host: str, origin: str | None = None) -> int:
             headers = auth | {"Host": host} | ({"Origin": origin} if origin else {})
             url = f"{served.origin}/v1/tools"
-            async with http.get(url, headers=headers, ssl=_pin(served.cert)) as resp:
+            async with http.get(url, headers=headers, ssl=pin) as resp:
                 return resp.status
 
         for host in (f"{NAME}:{port}", NAME, f"{HOST}:{port}", f"localhost:{port}"):
@@ -370,3 +366,23 @@ def test_a_tls_pin_needs_an_https_member() -> None:
     ):
         with pytest.raises(ValidationError, match=problem):
             Member.model_validate({"name": "m", **fields})
+
+
+async def test_the_tally_client_pins_the_certificate(served: Served) -> None:
+    """What `TALLY_URL` + `TALLY_TOKEN` + `TALLY_TLS_FINGERPRINT` give the CLI and MCP adapter."""
+    from surfaces.client import DaemonClient, DaemonError, Endpoint
+
+    assert served.cert is not None
+    token = served.daemon.clients.add("cli", "read")
+    pin = fingerprint(served.cert.read_bytes())
+    endpoint = Endpoint(url=served.origin, token=token, tls_fingerprint=pin)
+    async with DaemonClient(endpoint) as client:
+        health = await client.call("health", {})
+    assert health["listener"]["tls_fingerprint"] == pin
+    async with DaemonClient(Endpoint(url=served.origin, token=token, tls_ca=served.cert)) as c:
+        assert (await c.call("health", {}))["status"] == "ok"
+    wrong = Endpoint(url=served.origin, token=token, tls_fingerprint="sha256:" + "0" * 64)
+    async with DaemonClient(wrong) as client:
+        with pytest.raises(DaemonError, match="not TALLY_TLS_FINGERPRINT") as refused:
+            await client.call("health", {})
+    assert pin in refused.value.message

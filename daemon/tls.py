@@ -56,9 +56,12 @@ def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    # a peer of a dual-stack `::` listener comes as ::ffff:a.b.c.d (3.11 calls that not loopback)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 def bind_refusal(host: str, tls: bool, insecure_http: bool) -> str | None:

@@ -149,7 +149,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from surfaces.http import HttpOptions, Listen, log_to_stderr, parse_tcp, serve
 
     log_to_stderr(logging.DEBUG if args.verbose else logging.INFO)
-    from daemon.tls import bind_refusal, fingerprint
+    from daemon.tls import bind_refusal, fingerprint, is_loopback
 
     try:
         if args.tcp:
@@ -172,6 +172,12 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"tally: state in {settings.state_dir}", file=sys.stderr)
         if token:
             print("tally: TCP needs `Authorization: Bearer $(tally token)`", file=sys.stderr)
+        if settings.tcp and not is_loopback(parse_tcp(settings.tcp)[0]):
+            print(
+                "tally: clients on other machines need their own token: "
+                "`tally client add NAME --scope submit` (`tally token` works from this one only)",
+                file=sys.stderr,
+            )
         if tls is not None:
             pin = fingerprint(tls[0].read_bytes())
             print(f"tally: TLS certificate {tls[0]} ({pin}; `tally cert`)", file=sys.stderr)

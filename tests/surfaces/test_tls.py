@@ -118,10 +118,13 @@ def _pin(cert: Path) -> aiohttp.Fingerprint:
 
 
 def test_beyond_loopback_plain_http_is_refused_unless_asked() -> None:
-    for host in ("127.0.0.1", HOST, "::1", "[::1]", "localhost", "127.255.0.9"):
+    for host in ("127.0.0.1", HOST, "::1", "[::1]", "localhost", "127.255.0.9", "::ffff:127.0.0.1"):
         assert is_loopback(host)
         assert bind_refusal(host, tls=False, insecure_http=False) is None
-    for host in ("0.0.0.0", "::", "172.17.0.1", "192.168.1.20", "tally.example", "localhost.evil"):
+    for host in (
+        *("0.0.0.0", "::", "172.17.0.1", "192.168.1.20", "::ffff:10.0.0.1"),
+        *("tally.example", "localhost.evil"),
+    ):
         assert not is_loopback(host)
         refusal = bind_refusal(host, tls=False, insecure_http=False)
         assert refusal is not None

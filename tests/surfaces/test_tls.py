@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from daemon.remotes import verify_remote
 from daemon.service import Daemon
+from daemon.slots.discovery import connection_problem
 from daemon.slots.process import free_port
 from daemon.tls import bind_refusal, ensure_self_signed, fingerprint, is_loopback
 from roster.loading import load_roster_text
@@ -219,11 +220,16 @@ async def test_a_wrong_certificate_is_refused(served: Served, tmp_path: Path) ->
     async with aiohttp.ClientSession() as http:
         async with http.get(f"{served.origin}/healthz", ssl=right) as resp:
             assert resp.status == 200
-        with pytest.raises(aiohttp.ServerFingerprintMismatch):
+        with pytest.raises(aiohttp.ServerFingerprintMismatch) as mismatch:
             await http.get(f"{served.origin}/healthz", ssl=wrong)
+        # what a member's status and the member check say
+        said = connection_problem(mismatch.value, served.origin, 5)
+        assert said.endswith("is not the pinned tls_fingerprint"), said
+        assert fingerprint(served.cert.read_bytes()) in said
         # no pin and no CA: the system's CAs do not vouch for a self-signed certificate
-        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+        with pytest.raises(aiohttp.ClientConnectorCertificateError) as unverified:
             await http.get(f"{served.origin}/healthz")
+        assert "set tls_fingerprint or tls_ca" in connection_problem(unverified.value, "u", 5)
     # the openai SDK trusting another self-signed certificate (same names) is refused too
     other, _ = ensure_self_signed(tmp_path / "other", [HOST, NAME])
     async with httpx.AsyncClient(verify=pinned_context(other), timeout=10) as http:

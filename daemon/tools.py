@@ -317,8 +317,16 @@ async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
         members=len(daemon.roster.models),
         command_sandbox=command_sandbox(daemon),
         loop_lag_worst_s=round(daemon.lag.worst(), 6),
-        listener=daemon.listener,
+        listener=_listener_for(daemon, ctx),
     )
+
+
+def _listener_for(daemon: Daemon, ctx: ToolContext) -> Listener | None:
+    """The listener as the caller may see it: where the state dir is is the admin's business."""
+    listener = daemon.listener
+    if listener is None or ctx.client.allows("admin"):
+        return listener
+    return listener.model_copy(update={"cert_path": None})
 
 
 # ---------------------------------------------------------------- route and plan

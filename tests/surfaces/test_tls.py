@@ -388,6 +388,7 @@ async def test_the_tally_client_pins_the_certificate(served: Served) -> None:
     async with DaemonClient(endpoint) as client:
         health = await client.call("health", {})
     assert health["listener"]["tls_fingerprint"] == pin
+    assert health["listener"]["cert_path"] is None  # the state dir's place is the admin's
     async with DaemonClient(Endpoint(url=served.origin, token=token, tls_ca=served.cert)) as c:
         assert (await c.call("health", {}))["status"] == "ok"
     wrong = Endpoint(url=served.origin, token=token, tls_fingerprint="sha256:" + "0" * 64)

@@ -69,6 +69,8 @@ class Daemon:
         self.restored_from: int | None = None
         """The ledger size the start-up snapshot covered (None: the whole ledger was replayed)."""
         self.start_seconds = 0.0
+        self.listener: Listener | None = None
+        """The TCP listener, once it listens (`health` shows it; None = unix socket only)."""
         self.clients = ClientStore(settings.state_dir)
         self.quotas = Quotas()
         """Named clients' rate limits and token budgets, enforced on the gateway and on runs."""
@@ -77,8 +79,6 @@ class Daemon:
         """Latency histograms (/metrics), fed by the engine as it witnesses run entries."""
         self._tracer: Any = None
         self._memory_cgroup: MemoryCgroup | None = None
-        self.listener: Listener | None = None
-        """The TCP listener, once it listens (`health` shows it; None = unix socket only)."""
 
     # The parts exist only between start() and stop(); asking earlier is a programming error.
     @property

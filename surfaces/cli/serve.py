@@ -120,7 +120,7 @@ def tls_paths(settings: Any) -> tuple[Path, Path] | None:
 def settings_from(args: argparse.Namespace) -> Any:
     from daemon.config import Settings
 
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, Any] = _tls_settings(args)  # --tls, --host-name, …
     for key, attr in (
         ("state_dir", "state"),
         ("socket_path", "socket"),
@@ -132,7 +132,6 @@ def settings_from(args: argparse.Namespace) -> Any:
         value = getattr(args, attr, None)
         if value is not None:
             overrides[key] = value
-    overrides.update(_tls_settings(args))
     return Settings.from_env(**overrides)
 
 
@@ -218,6 +217,34 @@ def run_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_unit(args: argparse.Namespace) -> int:
+    from surfaces.units import system_unit, user_unit
+
+    exe = shutil.which("tally") or str(Path(sys.executable).with_name("tally"))
+    exe = os.path.abspath(exe)
+    text = system_unit(exe) if args.system else user_unit(exe)
+    if not args.install:
+        print(text, end="")
+        return 0
+    if args.system:
+        print(
+            "tally unit: install the system unit as root: "
+            "tally unit --system > /etc/systemd/system/tallyd.service",
+            file=sys.stderr,
+        )
+        return 2
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    target = base / "systemd" / "user" / "tallyd.service"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    print(
+        f"wrote {target}\nnow: systemctl --user daemon-reload && "
+        "systemctl --user enable --now tallyd",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def run_cert(args: argparse.Namespace) -> int:
     """The certificate clients pin: the one given, the running daemon's, or the state dir's."""
     from daemon.tls import fingerprint, self_signed_paths
@@ -270,31 +297,3 @@ def _served_cert(args: argparse.Namespace) -> Path | None:
         return None
     path = listener.get("cert_path")
     return Path(path) if isinstance(path, str) else None
-
-
-def run_unit(args: argparse.Namespace) -> int:
-    from surfaces.units import system_unit, user_unit
-
-    exe = shutil.which("tally") or str(Path(sys.executable).with_name("tally"))
-    exe = os.path.abspath(exe)
-    text = system_unit(exe) if args.system else user_unit(exe)
-    if not args.install:
-        print(text, end="")
-        return 0
-    if args.system:
-        print(
-            "tally unit: install the system unit as root: "
-            "tally unit --system > /etc/systemd/system/tallyd.service",
-            file=sys.stderr,
-        )
-        return 2
-    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    target = base / "systemd" / "user" / "tallyd.service"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
-    print(
-        f"wrote {target}\nnow: systemctl --user daemon-reload && "
-        "systemctl --user enable --now tallyd",
-        file=sys.stderr,
-    )
-    return 0

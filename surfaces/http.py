@@ -786,13 +786,17 @@ def create_app(daemon: Daemon, options: HttpOptions | None = None) -> web.Applic
     return app
 
 
-def parse_tcp(value: str) -> tuple[str, int]:
-    """`ADDR:PORT` (`[v6]:PORT` for IPv6). Whether the address may be served without TLS is
-    `daemon.tls.bind_refusal`'s to say."""
+def parse_tcp(value: str, *, tls: bool = False, insecure_http: bool = False) -> tuple[str, int]:
+    """`ADDR:PORT` (`[v6]:PORT` for IPv6), refused beyond loopback unless it is served with
+    `tls` or `insecure_http` is asked for (`daemon.tls.bind_refusal`): a caller that does not
+    say gets loopback only, as before."""
     host, sep, port = value.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"--tcp wants ADDR:PORT (e.g. 127.0.0.1:8765), got {value!r}")
+    refusal = bind_refusal(host, tls, insecure_http)
+    if refusal is not None:
+        raise ValueError(refusal)
     return host, int(port)
 
 
@@ -886,10 +890,12 @@ async def _start_tcp(
     """Refuse clear text beyond loopback (unless asked), listen (over TLS when given), and
     tell the daemon what it listens as (`health`; `--insecure-http` witnessed). The URL."""
     assert listen.tcp is not None
-    host, port = parse_tcp(listen.tcp)
-    refusal = bind_refusal(host, listen.tls is not None, listen.insecure_http)
-    if refusal is not None:
-        raise TallyError(refusal)
+    try:
+        host, port = parse_tcp(
+            listen.tcp, tls=listen.tls is not None, insecure_http=listen.insecure_http
+        )
+    except ValueError as exc:
+        raise TallyError(str(exc)) from None
     context = server_context(*listen.tls) if listen.tls is not None else None
     site = GatedTCPSite(runner, host, port, runner.app[GATE], ssl_context=context)
     await site.start()

@@ -148,16 +148,14 @@ def run_serve(args: argparse.Namespace) -> int:
     from surfaces.http import HttpOptions, Listen, log_to_stderr, parse_tcp, serve
 
     log_to_stderr(logging.DEBUG if args.verbose else logging.INFO)
-    from daemon.tls import bind_refusal, fingerprint, is_loopback
+    from daemon.tls import fingerprint, is_loopback
 
     try:
         if args.tcp:
-            parse_tcp(args.tcp)
+            parse_tcp(args.tcp, tls=args.tls, insecure_http=args.insecure_http)
         settings = settings_from(args)
-        if settings.tcp:  # refused before anything starts
-            refusal = bind_refusal(parse_tcp(settings.tcp)[0], settings.tls, settings.insecure_http)
-            if refusal is not None:
-                raise ValueError(refusal)
+        if settings.tcp:  # $TALLY_TCP too: refused before anything starts
+            parse_tcp(settings.tcp, tls=settings.tls, insecure_http=settings.insecure_http)
         tls = tls_paths(settings)
     except (ValueError, TallyError) as exc:
         print(f"tally serve: {exc}", file=sys.stderr)
@@ -171,7 +169,7 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"tally: state in {settings.state_dir}", file=sys.stderr)
         if token:
             print("tally: TCP needs `Authorization: Bearer $(tally token)`", file=sys.stderr)
-        if settings.tcp and not is_loopback(parse_tcp(settings.tcp)[0]):
+        if settings.tcp and not is_loopback(settings.tcp.rpartition(":")[0]):
             print(
                 "tally: clients on other machines need their own token: "
                 "`tally client add NAME --scope submit` (`tally token` works from this one only)",

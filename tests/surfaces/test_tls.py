@@ -34,7 +34,7 @@ from daemon.slots.process import free_port
 from daemon.tls import bind_refusal, ensure_self_signed, fingerprint, is_loopback
 from roster.loading import load_roster_text
 from roster.models import Member
-from surfaces.http import HttpOptions, Listen, serve
+from surfaces.http import HttpOptions, Listen, parse_tcp, serve
 from tests.runs.model_server import roster_toml, settings_for
 from tests.slots.fake_server import FakeServer
 from tests.surfaces.test_federation import TOKEN_ENV, _run, _second_roster
@@ -133,6 +133,12 @@ def test_beyond_loopback_plain_http_is_refused_unless_asked() -> None:
         assert "--insecure-http" in refusal
         assert bind_refusal(host, tls=True, insecure_http=False) is None
         assert bind_refusal(host, tls=False, insecure_http=True) is None
+    # what `serve` and `unit` parse: loopback only unless the caller says TLS or insecure
+    with pytest.raises(ValueError, match="not a loopback address"):
+        parse_tcp("0.0.0.0:8443")
+    assert parse_tcp("[::]:8443", tls=True) == ("::", 8443)
+    assert parse_tcp("172.17.0.1:80", insecure_http=True) == ("172.17.0.1", 80)
+    assert parse_tcp(f"{HOST}:80") == (HOST, 80)
 
 
 async def test_tally_serve_refuses_a_non_loopback_bind_before_starting(tmp_path: Path) -> None:

@@ -402,3 +402,32 @@ async def test_the_tally_client_pins_the_certificate(served: Served) -> None:
         with pytest.raises(DaemonError, match="not TALLY_TLS_FINGERPRINT") as refused:
             await client.call("health", {})
     assert pin in refused.value.message
+
+
+async def test_the_console_logs_in_from_its_https_origin(served: Served) -> None:
+    """The console's login URL names the TLS listener by its --host-name, and its login is
+    accepted from that page's own origin (https://name:port) only."""
+    assert served.cert is not None
+    pin = _pin(served.cert)
+    admin = served.daemon.clients.add("ops", "admin")
+    host = f"{NAME}:{served.port}"
+    async with aiohttp.ClientSession(headers={"Host": host}) as http:
+
+        async def login(code: str, origin: str) -> int:
+            headers = {"Origin": origin, "Sec-Fetch-Site": "same-origin"}
+            url = f"{served.origin}/console/login"
+            async with http.post(url, json={"code": code}, headers=headers, ssl=pin) as resp:
+                return resp.status
+
+        async def mint() -> str:
+            url = f"{served.origin}/v1/console/code"
+            auth = {"Authorization": f"Bearer {admin}"}
+            async with http.post(url, json={}, headers=auth, ssl=pin) as resp:
+                assert resp.status == 200, await resp.text()
+                body = await resp.json()
+            assert body["url"].startswith(f"https://{host}/console/login#code=")
+            return str(body["url"].partition("#code=")[2])
+
+        assert await login(await mint(), f"http://{host}") == 403  # not the page's scheme
+        assert await login(await mint(), f"https://evil.example:{served.port}") == 403
+        assert await login(await mint(), f"https://{host}") == 200

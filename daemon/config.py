@@ -53,8 +53,18 @@ class Settings(BaseModel):
     state_dir: Path
     runtime_dir: Path
     socket_path: Path
-    tcp: str | None = Field(default=None, pattern=r"^127\.0\.0\.1:\d{1,5}$")
-    """Opt-in TCP bind ("127.0.0.1:PORT"); None = unix socket only."""
+    tcp: str | None = Field(default=None, pattern=r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):\d{1,5}$")
+    """Opt-in TCP bind ("ADDR:PORT"); None = unix socket only. Beyond loopback it needs `tls`
+    or `insecure_http` (`daemon.tls.bind_refusal`)."""
+    tls: bool = False
+    """Serve the TCP listener over TLS (HTTPS)."""
+    tls_cert: Path | None = None
+    """The operator's certificate chain (PEM); None with `tls` = the state dir's self-signed."""
+    tls_key: Path | None = None
+    host_names: tuple[str, ...] = ()
+    """Names clients reach the listener by (the Host check and the certificate's SANs)."""
+    insecure_http: bool = False
+    """Serve plain HTTP beyond loopback (witnessed at start, shown in `health`)."""
     roster_path: Path | None = None
     """None = the packaged default roster."""
     roster_dirs: tuple[Path, ...] = ()

@@ -33,6 +33,7 @@ from daemon.ledger.checkpoint import CheckpointError, verify_note
 from daemon.ledger.entry import Entry
 from daemon.ledger.merkle import leaf_hash, verify_inclusion
 from daemon.slots.discovery import split_url
+from daemon.tls import client_ssl
 from roster import Member
 
 if TYPE_CHECKING:
@@ -79,6 +80,8 @@ class _Remote:
         token = os.environ.get(env) if env else None
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.session = session
+        # an https member: its pinned certificate or CA, exactly as the pool's calls check it
+        self.ssl = client_ssl(member.tls_fingerprint, member.tls_ca)
         self._checkpoint: Any = None
         self.broken: str | None = None
         self.checkpoint_failed = False
@@ -88,7 +91,12 @@ class _Remote:
         url = f"{self.root}/v1/tools/{name}"
         timeout = aiohttp.ClientTimeout(total=_TIMEOUT_S)
         async with self.session.post(
-            url, json=arguments, headers=self.headers, timeout=timeout, allow_redirects=False
+            url,
+            json=arguments,
+            headers=self.headers,
+            timeout=timeout,
+            allow_redirects=False,
+            ssl=self.ssl,
         ) as resp:
             if resp.status != 200:
                 text = (await resp.content.read(200)).decode("utf-8", "replace")
@@ -221,6 +229,11 @@ async def _checked(remote: _Remote, check: RemoteCheck, text: str) -> RemoteChec
         return await check_call(remote, check.seq, check.remote_seq, text)
     except TimeoutError:
         remote.broken = f"{name} did not answer within {_TIMEOUT_S:g} s (not asked again)"
+        return _failed(check, remote.broken)
+    except aiohttp.ServerFingerprintMismatch as err:
+        got = "sha256:" + err.got.hex()
+        why = f"asking {name} failed: its TLS certificate ({got}) is not the pinned one"
+        remote.broken = why + " (not asked again)"
         return _failed(check, remote.broken)
     except (aiohttp.ClientError, ValueError) as err:
         why = f"asking {name} failed: {_short(err)}"

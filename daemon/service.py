@@ -45,6 +45,7 @@ from daemon.runs.executors import watch_children_with_pidfd
 from daemon.runs.limits import MemoryCgroup, detect_memory_cgroup
 from daemon.runs.sandbox import Confinement, clear_task_dirs, tasks_root
 from daemon.slots import Pool, PoolOptions, SlotEvent
+from daemon.tls import Listener
 from roster.loading import RosterError, default_roster_path, load_roster
 from roster.models import Roster
 
@@ -68,6 +69,8 @@ class Daemon:
         self.restored_from: int | None = None
         """The ledger size the start-up snapshot covered (None: the whole ledger was replayed)."""
         self.start_seconds = 0.0
+        self.listener: Listener | None = None
+        """The TCP listener, once it listens (`health` shows it; None = unix socket only)."""
         self.clients = ClientStore(settings.state_dir)
         self.quotas = Quotas()
         """Named clients' rate limits and token budgets, enforced on the gateway and on runs."""
@@ -290,6 +293,18 @@ class Daemon:
                 kind="policy.unsandboxed",
                 body={"roster": str(self.roster_path), "command": policy.model_dump()},
             )
+
+    async def witness_listener(self, listener: Listener) -> None:
+        """The TCP listener listens; plain HTTP beyond loopback is an explicit choice
+        (`--insecure-http`): put it on the record."""
+        if listener.insecure_http:
+            log.warning("serving plain HTTP on %s (--insecure-http)", listener.url)
+            await self.ledger.append(
+                actor="daemon",
+                kind="serve.insecure_http",
+                body={"url": listener.url, "host_names": listener.host_names},
+            )
+        self.listener = listener
 
     async def write_snapshot(self) -> None:
         """Write the run-state snapshot if the ledger grew since the last one (the views match

@@ -56,6 +56,7 @@ from daemon.runs import entries as k
 from daemon.runs.replay import replay
 from daemon.runs.state import STOPPED as TERMINAL
 from daemon.runs.state import TASK_ENDED, RunState
+from daemon.tls import Listener
 from daemon.version import package_version
 from roster.models import NAME, Budget, Whole
 
@@ -303,6 +304,12 @@ class HealthOut(_Out):
         description="The longest the event loop was late in the last minute (all requests "
         "wait that long).",
     )
+    listener: Listener | None = Field(
+        default=None,
+        description="The TCP listener: its URL, whether it is TLS (and the certificate's "
+        "fingerprint clients pin), and whether plain HTTP beyond loopback was asked for "
+        "(`--insecure-http`). Null: unix socket only.",
+    )
 
 
 def command_sandbox(daemon: Daemon) -> Literal["bwrap", "none", "off"]:
@@ -325,7 +332,16 @@ async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
         members=len(daemon.roster.models),
         command_sandbox=command_sandbox(daemon),
         loop_lag_worst_s=round(daemon.lag.worst(), 6),
+        listener=_listener_for(daemon, ctx),
     )
+
+
+def _listener_for(daemon: Daemon, ctx: ToolContext) -> Listener | None:
+    """The listener as the caller may see it: where the state dir is is the admin's business."""
+    listener = daemon.listener
+    if listener is None or ctx.client.allows("admin"):
+        return listener
+    return listener.model_copy(update={"cert_path": None})
 
 
 # ---------------------------------------------------------------- route and plan

@@ -88,6 +88,11 @@ class Member(_Strict):
     where that daemon's ledger has it, and `tally ledger verify --remote` proves it there."""
     tally_key: str | None = Field(default=None, max_length=512)
     """That daemon's checkpoint verifier key (`tally ledger key` prints it), pinned here."""
+    tls_fingerprint: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
+    """An https `url`'s certificate, pinned: exactly this one is accepted (self-signed is
+    fine); `tally cert` on that machine prints it."""
+    tls_ca: str | None = Field(default=None, max_length=4096)
+    """An https `url` is verified against this CA bundle (an absolute path) and its name."""
 
     @field_validator("command")
     @classmethod
@@ -140,6 +145,13 @@ class Member(_Strict):
             )
         if self.tally_key is not None and not _VKEY.match(self.tally_key):
             raise ValueError("'tally_key' must be a C2SP verifier key: name+hexid+base64")
+        if self.tls_fingerprint is not None or self.tls_ca is not None:
+            if self.url is None or not self.url.startswith("https://"):
+                raise ValueError("'tls_fingerprint' and 'tls_ca' need an https:// 'url'")
+            if self.tls_fingerprint is not None and self.tls_ca is not None:
+                raise ValueError("give one of 'tls_fingerprint' (a pin) or 'tls_ca' (a CA)")
+            if self.tls_ca is not None and not Path(self.tls_ca).is_absolute():
+                raise ValueError("'tls_ca' must be an absolute path to a PEM CA bundle")
         return self
 
     @property

@@ -56,11 +56,20 @@ class Endpoint:
     socket_path: Path | None = None
     url: str | None = None
     token: str | None = None
+    # an https daemon's certificate: pinned (`sha256:…`, TALLY_TLS_FINGERPRINT) or verified
+    # against a CA bundle (TALLY_CACERT); neither = the system's CAs
+    tls_fingerprint: str | None = None
+    tls_ca: Path | None = None
 
     @classmethod
     def from_env(cls, socket_path: Path | None = None) -> Endpoint:
         if socket_path is None and os.environ.get("TALLY_URL"):
-            return cls(url=os.environ["TALLY_URL"].rstrip("/"), token=os.environ.get("TALLY_TOKEN"))
+            return cls(
+                url=os.environ["TALLY_URL"].rstrip("/"),
+                token=os.environ.get("TALLY_TOKEN"),
+                tls_fingerprint=os.environ.get("TALLY_TLS_FINGERPRINT") or None,
+                tls_ca=Path(os.environ["TALLY_CACERT"]) if os.environ.get("TALLY_CACERT") else None,
+            )
         env = os.environ.get("TALLY_SOCKET")
         return cls(socket_path=socket_path or (Path(env) if env else default_socket_path()))
 
@@ -92,7 +101,17 @@ class DaemonClient:
         if self._session is None or self._session.closed:
             connector: aiohttp.BaseConnector
             if self.endpoint.url:
-                connector = aiohttp.TCPConnector(limit=64)
+                from daemon.tls import FINGERPRINT, client_ssl
+
+                pin = self.endpoint.tls_fingerprint
+                if pin is not None and not FINGERPRINT.match(pin):
+                    raise DaemonError(
+                        0,
+                        "bad_fingerprint",
+                        "TALLY_TLS_FINGERPRINT must be sha256: + 64 hex digits",
+                    )
+                check = client_ssl(pin, self.endpoint.tls_ca)
+                connector = aiohttp.TCPConnector(limit=64, ssl=check)
             else:
                 connector = aiohttp.UnixConnector(path=str(self.endpoint.socket_path), limit=64)
             headers = {}
@@ -131,6 +150,13 @@ class DaemonClient:
         except (aiohttp.ClientConnectionError, FileNotFoundError, ConnectionRefusedError) as exc:
             if isinstance(exc, aiohttp.ServerDisconnectedError):
                 raise DaemonError(503, "disconnected", "the daemon closed the connection") from None
+            if isinstance(exc, aiohttp.ServerFingerprintMismatch):
+                got = "sha256:" + exc.got.hex()
+                message = f"{self.endpoint.where} presents a certificate ({got}) that is not "
+                raise DaemonError(0, "tls", message + "TALLY_TLS_FINGERPRINT") from None
+            if isinstance(exc, aiohttp.ClientSSLError):
+                message = f"TLS with {self.endpoint.where} failed: {exc} (pin its certificate: "
+                raise DaemonError(0, "tls", message + "TALLY_TLS_FINGERPRINT)") from None
             raise DaemonDown(self.endpoint.where) from None
 
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import resource
+import ssl
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -252,8 +253,15 @@ class GatedTCPSite(web.TCPSite):
     """`web.TCPSite` whose connections pass `gate` first (aiohttp offers no hook for it: the
     site's `start` is the one place the protocol factory is chosen)."""
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, gate: Gate) -> None:
-        super().__init__(runner, host, port)
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        gate: Gate,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        super().__init__(runner, host, port, ssl_context=ssl_context)
         self.gate = gate
 
     async def start(self) -> None:
@@ -265,6 +273,10 @@ class GatedTCPSite(web.TCPSite):
             self.gate.factory(server),
             self._host,
             self._port,
+            ssl=self._ssl_context,
+            # a TLS handshake not done by then is closed: it holds a descriptor before the
+            # gate can count it (the gate sees a connection once its handshake is done)
+            ssl_handshake_timeout=self.gate.limits.auth_timeout_s if self._ssl_context else None,
             backlog=self._backlog,
             reuse_address=self._reuse_address,
             reuse_port=self._reuse_port,

@@ -39,6 +39,7 @@ from pydantic_core import to_jsonable_python
 from daemon.clients import DEFAULT, OWNER, Client, Scope
 from daemon.errors import Busy, TallyError
 from daemon.runs.feed import OVERRUN
+from daemon.tls import Listener, bind_refusal, fingerprint, is_loopback, server_context
 from surfaces import console, metrics
 from surfaces.auth import bearer_ok
 from surfaces.connections import (
@@ -81,6 +82,8 @@ class HttpOptions:
     idle_timeout_s: float = 30.0
     body_timeout_s: float = 30.0  # a request body not received in full by then gets a 408
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)  # TCP conns, SSE
+    # Names TCP clients reach the daemon by, beside loopback and the bind address (`--host-name`).
+    host_names: tuple[str, ...] = ()
 
 
 DAEMON: web.AppKey[Daemon] = web.AppKey("daemon")
@@ -134,6 +137,8 @@ class Peer:
     unix: bool
     hosts: frozenset[str]  # acceptable Host header values (lowercase)
     foreign_uid: bool
+    origins: frozenset[str] = frozenset()  # acceptable Origin hosts beside loopback's
+    remote_loopback: bool = True  # the TCP peer's address is on this machine
 
 
 _PEERS: weakref.WeakKeyDictionary[Any, Peer] = weakref.WeakKeyDictionary()
@@ -153,12 +158,46 @@ def _peer(request: web.Request, options: HttpOptions) -> Peer:
     else:
         sockname = transport.get_extra_info("sockname") if transport else None
         port = sockname[1] if isinstance(sockname, tuple) and len(sockname) > 1 else None
-        names = ("localhost", "127.0.0.1", "[::1]")
-        hosts = frozenset((*names, *(f"{n}:{port}" for n in names if port is not None)))
-        peer = Peer(False, hosts, False)
+        bound = sockname[0] if isinstance(sockname, tuple) and sockname else None
+        peername = transport.get_extra_info("peername") if transport else None
+        remote = peername[0] if isinstance(peername, tuple) and peername else "?"
+        peer = tcp_peer(bound, port, options.host_names, is_loopback(str(remote)))
     if transport is not None:
         _PEERS[transport] = peer
     return peer
+
+
+def tcp_peer(
+    bound: str | None, port: int | None, host_names: tuple[str, ...], remote_loopback: bool
+) -> Peer:
+    """What a TCP connection accepts as Host: loopback's names, the address the listener is
+    bound to and the operator's `--host-name`s, each bare or with the listener's port. Any
+    other name (a DNS-rebinding attacker's) is refused. Origins: loopback's on any port (as
+    before), the others only on this listener's port."""
+    extra = [_host_form(n) for n in (bound, *host_names) if n and not _unspecified(n)]
+    names = (*LOOPBACK, *extra)
+    hosts = frozenset((*names, *(f"{n}:{port}" for n in names if port is not None)))
+    origins = frozenset(f"{n}:{port}" for n in extra if port is not None)
+    return Peer(False, hosts, False, origins, remote_loopback)
+
+
+def _host_form(name: str) -> str:
+    """How a Host header writes `name`: an IPv6 address in brackets, lowercase."""
+    name = name.strip("[]").lower()
+    return f"[{name}]" if ":" in name else name
+
+
+def _unspecified(name: str) -> bool:
+    return name.strip("[]") in ("0.0.0.0", "::")
+
+
+def origin_ok(origin: str, peer: Peer) -> bool:
+    """A browser's Origin is this daemon's: a loopback name (any port), or a name the listener
+    answers to on its own port, over http or https."""
+    if _ORIGIN.match(origin):
+        return True
+    scheme, sep, rest = origin.lower().partition("://")
+    return bool(sep) and scheme in ("http", "https") and rest in peer.origins
 
 
 def _peer_uid(sock: socket.socket) -> int | None:
@@ -176,9 +215,14 @@ def _refuse(request: web.Request, options: HttpOptions) -> web.Response | None:
     """Host/Origin (DNS rebinding), peer and token checks, body limit: None = let it through."""
     peer = _peer(request, options)
     if request.headers.get("Host", "").lower() not in peer.hosts:
-        return error_response(421, "bad_host", "Host header is not this daemon's loopback address")
+        return error_response(
+            421,
+            "bad_host",
+            "Host header is not this daemon's address (loopback, the bind address, or a "
+            "`tally serve --host-name`)",
+        )
     origin = request.headers.get("Origin")
-    if origin is not None and not _ORIGIN.match(origin):
+    if origin is not None and not origin_ok(origin, peer):
         return error_response(403, "forbidden_origin", "cross-origin requests are not allowed")
     if peer.unix:
         if peer.foreign_uid:
@@ -186,6 +230,16 @@ def _refuse(request: web.Request, options: HttpOptions) -> web.Response | None:
         request[CLIENT] = OWNER
     else:
         client = _bearer_client(request, options)
+        if client is DEFAULT and not peer.remote_loopback:
+            refused = error_response(
+                401,
+                "unauthorized",
+                "the default token (`tally token`) works only from this machine: give a "
+                "client on another machine its own token (`tally client add NAME --scope S`)",
+                headers={"WWW-Authenticate": 'Bearer realm="tally"'},
+            )
+            refused.force_close()
+            return refused
         key = f"client:{client.name}" if client is not None else ""
         if client is None and console.HEADER in request.headers:
             known = {r.name for r in request.app[DAEMON].clients.records()}
@@ -732,11 +786,17 @@ def create_app(daemon: Daemon, options: HttpOptions | None = None) -> web.Applic
     return app
 
 
-def parse_tcp(value: str) -> tuple[str, int]:
+def parse_tcp(value: str, *, tls: bool = False, insecure_http: bool = False) -> tuple[str, int]:
+    """`ADDR:PORT` (`[v6]:PORT` for IPv6), refused beyond loopback unless it is served with
+    `tls` or `insecure_http` is asked for (`daemon.tls.bind_refusal`): a caller that does not
+    say gets loopback only, as before."""
     host, sep, port = value.rpartition(":")
     host = host.strip("[]")
-    if not sep or not port.isdigit() or host not in ("127.0.0.1", "::1", "localhost"):
-        raise ValueError(f"--tcp wants 127.0.0.1:PORT (loopback only), got {value!r}")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--tcp wants ADDR:PORT (e.g. 127.0.0.1:8765), got {value!r}")
+    refusal = bind_refusal(host, tls, insecure_http)
+    if refusal is not None:
+        raise ValueError(refusal)
     return host, int(port)
 
 
@@ -744,6 +804,9 @@ def parse_tcp(value: str) -> tuple[str, int]:
 class Listen:
     socket_path: Path | None
     tcp: str | None = None
+    # TLS for the TCP listener: (certificate chain, key); None = plain HTTP
+    tls: tuple[Path, Path] | None = None
+    insecure_http: bool = False  # plain HTTP beyond loopback, asked for (`--insecure-http`)
 
 
 def _prepare_socket_path(path: Path) -> None:
@@ -800,10 +863,9 @@ async def serve(
             os.chmod(listen.socket_path, 0o600)
             where.append(f"unix:{listen.socket_path}")
         if listen.tcp is not None:
-            host, port = parse_tcp(listen.tcp)
-            await GatedTCPSite(runner, host, port, runner.app[GATE]).start()
-            where.append(f"http://{listen.tcp}")
-            console.set_base(runner.app, f"http://{listen.tcp}")
+            base = await _start_tcp(runner, daemon, listen, options)
+            where.append(base)
+            console.set_base(runner.app, base)
         if announce is not None:
             announce(where)
         sd_notify(f"READY=1\nSTATUS=listening on {', '.join(where)}")
@@ -822,6 +884,38 @@ async def serve(
         if bound_socket and listen.socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 listen.socket_path.unlink()
+
+
+async def _start_tcp(
+    runner: web.AppRunner, daemon: Daemon, listen: Listen, options: HttpOptions
+) -> str:
+    """Refuse clear text beyond loopback (unless asked), listen (over TLS when given), and
+    tell the daemon what it listens as (`health`; `--insecure-http` witnessed). The URL."""
+    assert listen.tcp is not None
+    try:
+        host, port = parse_tcp(
+            listen.tcp, tls=listen.tls is not None, insecure_http=listen.insecure_http
+        )
+    except ValueError as exc:
+        raise TallyError(str(exc)) from None
+    context = server_context(*listen.tls) if listen.tls is not None else None
+    site = GatedTCPSite(runner, host, port, runner.app[GATE], ssl_context=context)
+    await site.start()
+    scheme = "https" if context is not None else "http"
+    name = options.host_names[0] if options.host_names else host
+    base = f"{scheme}://{_host_form(name)}:{site.port}"
+    cert = listen.tls[0] if listen.tls is not None else None
+    await daemon.witness_listener(
+        Listener(
+            url=base,
+            tls=context is not None,
+            tls_fingerprint=fingerprint(cert.read_bytes()) if cert is not None else None,
+            cert_path=str(cert) if cert is not None else None,
+            insecure_http=context is None and listen.insecure_http,
+            host_names=list(options.host_names),
+        )
+    )
+    return base
 
 
 def _say_stopping(daemon: Daemon) -> None:

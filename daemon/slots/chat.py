@@ -17,9 +17,11 @@ from __future__ import annotations
 import contextlib
 import inspect
 import socket
+import ssl
 import struct
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp.http_exceptions import LineTooLong
@@ -165,6 +167,16 @@ class ChatClient:
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
+        # How each https origin's certificate is checked (a member's `tls_fingerprint` or
+        # `tls_ca`); other origins get aiohttp's default (the system's CAs).
+        self._tls: dict[str, ssl.SSLContext | aiohttp.Fingerprint | bool] = {}
+
+    def pin(self, url: str, check: ssl.SSLContext | aiohttp.Fingerprint | bool) -> None:
+        """Check `url`'s origin's certificate with `check` on every call to it."""
+        self._tls[_origin(url)] = check
+
+    def _ssl(self, url: str) -> ssl.SSLContext | aiohttp.Fingerprint | bool:
+        return self._tls.get(_origin(url), True) if self._tls else True
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -186,7 +198,9 @@ class ChatClient:
         """GET a JSON endpoint: (status, parsed body, or None when it is not JSON or is over
         SMALL_BODY bytes). The timeout bounds the whole exchange, body included."""
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with self.session.get(url, timeout=timeout, headers=headers) as resp:
+        async with self.session.get(
+            url, timeout=timeout, headers=headers, ssl=self._ssl(url)
+        ) as resp:
             if resp.status != 200:
                 return resp.status, None
             try:
@@ -203,7 +217,7 @@ class ChatClient:
     ) -> dict[str, Any]:
         """POST a JSON body and read a JSON object of at most `limit` bytes back (embeddings);
         ModelError on >= 400, BadReply on an answer that is too large or not a JSON object."""
-        async with self.session.post(url, json=body, headers=headers) as resp:
+        async with self.session.post(url, json=body, headers=headers, ssl=self._ssl(url)) as resp:
             if resp.status >= 400:
                 text = (await resp.content.read(2000)).decode("utf-8", "replace")
                 raise ModelError(
@@ -234,11 +248,11 @@ class ChatClient:
         `reply_cap(body)`); BadReply when the reply breaks a bound or is not JSON."""
         cap = reply_cap(body) if limit is None else limit
         try:
-            resp = await self.session.post(url, json=body, headers=headers)
+            resp = await self.session.post(url, json=body, headers=headers, ssl=self._ssl(url))
         except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
             # A pooled keep-alive connection the server had already closed (cpp-httplib ends
             # one after a few requests): the request never ran, so send it once more.
-            resp = await self.session.post(url, json=body, headers=headers)
+            resp = await self.session.post(url, json=body, headers=headers, ssl=self._ssl(url))
         try:
             if resp.status >= 400:
                 text = (await resp.content.read(2000)).decode("utf-8", "replace")
@@ -262,6 +276,11 @@ class ChatClient:
             raise
         resp.release()
         return result
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower()
 
 
 def _line_limit(cap: int) -> int:

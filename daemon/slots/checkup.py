@@ -28,6 +28,7 @@ from daemon.slots.errors import ModelError
 from daemon.slots.options import PoolOptions
 from daemon.slots.pool import Pool
 from daemon.slots.process import log_tail
+from daemon.tls import client_ssl
 from roster import Member, Roster, resolve_model_path
 
 PROBE = [{"role": "user", "content": "Say OK."}]
@@ -134,7 +135,12 @@ async def _ask_server(
                 f"api_key_env {member.api_key_env} is not set in this environment",
                 f"export {member.api_key_env}=<key> where tally runs, or drop api_key_env",
             )
-    found = await probe_server(session, member.url, timeout_s, headers=headers)
+    if member.tls_fingerprint or member.tls_ca:  # its pinned certificate or CA, as the pool
+        check = client_ssl(member.tls_fingerprint, member.tls_ca)
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=check)) as pinned:
+            found = await probe_server(pinned, member.url, timeout_s, headers=headers)
+    else:
+        found = await probe_server(session, member.url, timeout_s, headers=headers)
     report.reachable = found.found
     if not found.found:
         report.add("error", found.problem or "no answer", _reach_fix(found))

@@ -69,6 +69,12 @@ def connection_problem(exc: BaseException, url: str, timeout_s: float) -> str:
     """One line saying why `url` could not be asked."""
     if isinstance(exc, TimeoutError):
         return f"no answer from {url} within {timeout_s:g} s"
+    if isinstance(exc, aiohttp.ServerFingerprintMismatch):
+        got = "sha256:" + exc.got.hex()
+        return f"{url}: its TLS certificate ({got}) is not the pinned tls_fingerprint"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        why = str(exc.certificate_error)[:150]
+        return f"{url}: its TLS certificate does not verify ({why}): set tls_fingerprint or tls_ca"
     if isinstance(exc, aiohttp.ClientConnectorError):
         errno = exc.os_error.errno if exc.os_error else None
         why = os.strerror(errno) if errno and errno > 0 else str(exc.os_error or exc)

@@ -28,6 +28,7 @@ from daemon.slots.errors import NoHealthyMember, PoolBusy
 from daemon.slots.instance import Instance, Slot
 from daemon.slots.queue import Waiter, WaitQueue
 from daemon.slots.records import MemberStatus, StopReason
+from daemon.tls import client_ssl
 from roster import Member
 
 log = logging.getLogger("tally.slots")
@@ -40,6 +41,8 @@ class MemberRuntime:
         self.ctx = ctx
         self.spec = spec
         self.name = spec.name
+        if spec.url is not None and (spec.tls_fingerprint or spec.tls_ca):
+            ctx.client.pin(spec.url, client_ssl(spec.tls_fingerprint, spec.tls_ca))
         self.instances = [Instance(self, i) for i in range(spec.instances)]
         self.free: dict[Slot, None] = {}
         # pool-wide, so a lane's last slot is one slot even when it moved between members

@@ -92,7 +92,32 @@ async def _through_daemon(args: argparse.Namespace) -> dict[str, Any]:
     from surfaces.client import DaemonClient, Endpoint
 
     async with DaemonClient(Endpoint.from_env(args.socket)) as client:
-        return await client.call(args.call, _arguments(args))
+        body = await client.call(args.call, _arguments(args))
+        if args.call == "client_add":
+            listener = (await client.call("health", {})).get("listener") or {}
+            body["connect"] = connect_info(listener)
+        return body
+
+
+def connect_info(listener: dict[str, Any]) -> dict[str, Any]:
+    """What a client on another machine needs beside its token: the URL and, when the daemon
+    serves TLS, the certificate's fingerprint to pin (from the daemon's `health`)."""
+    return {
+        "url": listener.get("url"),
+        "tls_fingerprint": listener.get("tls_fingerprint"),
+    }
+
+
+def _offline_connect(state: Path) -> dict[str, Any]:
+    """With the daemon stopped: the state dir's self-signed certificate, if one was made."""
+    from daemon.tls import fingerprint, self_signed_paths
+
+    cert = self_signed_paths(state)[0]
+    try:
+        pin = fingerprint(cert.read_bytes())
+    except (OSError, ValueError):
+        pin = None
+    return {"url": None, "tls_fingerprint": pin}
 
 
 def _offline(args: argparse.Namespace) -> dict[str, Any]:
@@ -105,7 +130,8 @@ def _offline(args: argparse.Namespace) -> dict[str, Any]:
         limits = _limits(args)
         token = store.add(args.name, args.scope, Limits(**limits) if limits else None)
         record = next(r for r in store.records() if r.name == args.name)
-        return {**record.model_dump(exclude=strip), "token": token}
+        connect = _offline_connect(args.state or default_state_dir())
+        return {**record.model_dump(exclude=strip), "token": token, "connect": connect}
     if args.call == "client_revoke":
         return store.revoke(args.name).model_dump(exclude=strip)
     return {"clients": [r.model_dump(exclude=strip) for r in store.records()]}
@@ -150,6 +176,15 @@ def run(args: argparse.Namespace) -> int:
             "hash is kept. Use it as TALLY_TOKEN with TALLY_URL.",
             file=sys.stderr,
         )
+        connect = body.get("connect") or {}
+        lines = [
+            f"  TALLY_URL={connect.get('url') or 'http(s)://ADDR:PORT of `tally serve --tcp`'}"
+        ]
+        lines.append(f"  TALLY_TOKEN={body['token']}")
+        if connect.get("tls_fingerprint"):
+            lines.append(f"  TALLY_TLS_FINGERPRINT={connect['tls_fingerprint']}")
+            lines.append("  (pin that certificate: `tally cert` prints it, PEM, for curl --cacert)")
+        print("what the client needs:\n" + "\n".join(lines), file=sys.stderr)
     else:
         print(f"revoked {body['name']!r}")
     return 0

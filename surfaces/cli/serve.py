@@ -44,7 +44,15 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     p = commands.add_parser("serve", help="run the daemon in the foreground (HTTP on a socket)")
     serve_options(p)
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_tls_options(p)
     p.set_defaults(run=run_serve)
+
+    c = commands.add_parser("cert", help="print the TCP listener's TLS certificate and fingerprint")
+    c.add_argument("--state", type=Path, help="state directory (its self-signed certificate)")
+    c.add_argument("--tls-cert", type=Path, metavar="FILE", help="this certificate instead")
+    c.add_argument("--fingerprint", action="store_true", help="print only the sha256: pin")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(run=run_cert)
 
     t = commands.add_parser("token", help="print the bearer token for the TCP listener")
     t.add_argument("--state", type=Path, help="state directory")
@@ -71,10 +79,74 @@ UNIT_SKIPS = frozenset({"help", "verbose"})
 """Serve options a unit does not carry (-v: the unit's log level is the default)."""
 
 
+def add_tls_options(p: argparse.ArgumentParser) -> None:
+    """Serving beyond loopback (`serve`'s; `tally unit` takes the same)."""
+    p.add_argument(
+        "--tls", action="store_true", help="serve --tcp over HTTPS (TLS 1.2+; see --tls-cert)"
+    )
+    p.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="FILE",
+        help="certificate chain (PEM); without it --tls makes a self-signed one in the state dir",
+    )
+    p.add_argument("--tls-key", type=Path, metavar="FILE", help="the --tls-cert's key (PEM)")
+    p.add_argument(
+        "--host-name",
+        action="append",
+        metavar="NAME",
+        help="a name clients reach the daemon by (Host check, certificate); repeatable",
+    )
+    p.add_argument(
+        "--insecure-http",
+        action="store_true",
+        help="allow plain HTTP on a non-loopback --tcp (witnessed in the ledger)",
+    )
+
+
+def _tls_settings(args: argparse.Namespace) -> dict[str, Any]:
+    from daemon.tls import check_host_name
+
+    found: dict[str, Any] = {}
+    if getattr(args, "tls", False):
+        found["tls"] = True
+    if getattr(args, "insecure_http", False):
+        found["insecure_http"] = True
+    for key in ("tls_cert", "tls_key"):
+        if getattr(args, key, None) is not None:
+            found[key] = getattr(args, key)
+    names = getattr(args, "host_name", None)
+    if names:
+        found["host_names"] = tuple(dict.fromkeys(check_host_name(n) for n in names))
+    return found
+
+
+def tls_paths(settings: Any) -> tuple[Path, Path] | None:
+    """The listener's (certificate, key), made in the state dir if none is given; None = plain
+    HTTP. ValueError for options that do not go together."""
+    from daemon.tls import ensure_self_signed
+
+    given = (settings.tls_cert, settings.tls_key)
+    if not settings.tls:
+        if given != (None, None):
+            raise ValueError("--tls-cert/--tls-key need --tls")
+        return None
+    if settings.tcp is None:
+        raise ValueError("--tls serves the TCP listener: give --tcp ADDR:PORT too")
+    if settings.insecure_http:
+        raise ValueError("--tls and --insecure-http contradict each other")
+    if (given[0] is None) != (given[1] is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if given[0] is not None and given[1] is not None:
+        return Path(given[0]), Path(given[1])
+    host = settings.tcp.rpartition(":")[0]
+    return ensure_self_signed(Path(settings.state_dir), [host, *settings.host_names])
+
+
 def settings_from(args: argparse.Namespace) -> Any:
     from daemon.config import Settings
 
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, Any] = _tls_settings(args)  # --tls, --host-name, …
     for key, attr in (
         ("state_dir", "state"),
         ("socket_path", "socket"),
@@ -105,10 +177,15 @@ def run_serve(args: argparse.Namespace) -> int:
     from surfaces.http import HttpOptions, Listen, log_to_stderr, parse_tcp, serve
 
     log_to_stderr(logging.DEBUG if args.verbose else logging.INFO)
+    from daemon.tls import fingerprint, is_loopback
+
     try:
         if args.tcp:
-            parse_tcp(args.tcp)
+            parse_tcp(args.tcp, tls=args.tls, insecure_http=args.insecure_http)
         settings = settings_from(args)
+        if settings.tcp:  # $TALLY_TCP too: refused before anything starts
+            parse_tcp(settings.tcp, tls=settings.tls, insecure_http=settings.insecure_http)
+        tls = tls_paths(settings)
     except (ValueError, TallyError) as exc:
         print(f"tally serve: {exc}", file=sys.stderr)
         return 2
@@ -122,6 +199,15 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"tally: state in {settings.state_dir}", file=sys.stderr)
         if token:
             print("tally: TCP needs `Authorization: Bearer $(tally token)`", file=sys.stderr)
+        if settings.tcp and not is_loopback(settings.tcp.rpartition(":")[0]):
+            print(
+                "tally: clients on other machines need their own token: "
+                "`tally client add NAME --scope submit` (`tally token` works from this one only)",
+                file=sys.stderr,
+            )
+        if tls is not None:
+            pin = fingerprint(tls[0].read_bytes())
+            print(f"tally: TLS certificate {tls[0]} ({pin}; `tally cert`)", file=sys.stderr)
         print("tally: MCP config for your IDE (mcpServers):", file=sys.stderr)
         print(mcp_config_block(sys.executable, socket_path), file=sys.stderr)
 
@@ -133,12 +219,14 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"tally serve: {exc}", file=sys.stderr)
         return 2
     options = HttpOptions(
-        token=token, body_limit=int(getattr(settings, "body_limit", 1 << 20)), limits=limits
+        token=token,
+        body_limit=int(getattr(settings, "body_limit", 1 << 20)),
+        limits=limits,
+        host_names=settings.host_names,
     )
+    listen = Listen(socket_path, settings.tcp, tls=tls, insecure_http=settings.insecure_http)
     try:
-        asyncio.run(
-            serve(Daemon(settings), Listen(socket_path, settings.tcp), options, announce=announce)
-        )
+        asyncio.run(serve(Daemon(settings), listen, options, announce=announce))
     except TallyError as exc:
         print(f"tally serve: {exc.message}", file=sys.stderr)
         return 1
@@ -264,3 +352,57 @@ def run_unit(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def run_cert(args: argparse.Namespace) -> int:
+    """The certificate clients pin: the one given, the running daemon's, or the state dir's."""
+    from daemon.tls import fingerprint, self_signed_paths
+
+    path = args.tls_cert or _served_cert(args)
+    if path is None:
+        state = args.state or Path(settings_from(args).state_dir)
+        path = self_signed_paths(Path(state))[0]
+    try:
+        pem = Path(path).read_bytes()
+        pin = fingerprint(pem)
+    except FileNotFoundError:
+        print(
+            f"tally cert: no certificate at {path}: `tally serve --tcp ADDR:PORT --tls` makes "
+            "one on its first start",
+            file=sys.stderr,
+        )
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"tally cert: {path}: not a PEM certificate ({exc})", file=sys.stderr)
+        return 1
+    first = pem.decode("ascii", "replace")
+    end = first.find("-----END CERTIFICATE-----")
+    cert = first[first.find("-----BEGIN CERTIFICATE-----") : end + 25] + "\n"
+    if args.json:
+        print(json.dumps({"path": str(path), "fingerprint": pin, "pem": cert}))
+    elif args.fingerprint:
+        print(pin)
+    else:
+        print(cert, end="")
+        print(pin)  # outside the PEM block: a PEM reader skips it
+    return 0
+
+
+def _served_cert(args: argparse.Namespace) -> Path | None:
+    """The running daemon's certificate (its `health`), when it serves TLS and answers."""
+    if args.state is not None:
+        return None  # the state dir asked for is the one to read
+    import asyncio
+
+    from surfaces.client import DaemonClient, DaemonDown, DaemonError, Endpoint
+
+    async def ask() -> dict[str, Any]:
+        async with DaemonClient(Endpoint.from_env(None)) as client:
+            return await client.call("health", {})
+
+    try:
+        listener = asyncio.run(ask()).get("listener") or {}
+    except (DaemonDown, DaemonError, OSError):
+        return None
+    path = listener.get("cert_path")
+    return Path(path) if isinstance(path, str) else None

@@ -167,7 +167,8 @@ def session_client(request: web.Request, known: set[str]) -> tuple[Client, str] 
 
 def same_origin(request: web.Request) -> bool:
     """The request comes from the console's own page (its Origin names this listener)."""
-    return request.headers.get("Origin") == f"http://{request.headers.get('Host', '')}"
+    # `request.scheme` is https on a TLS listener: its page's origin is https://name:port
+    return request.headers.get("Origin") == f"{request.scheme}://{request.headers.get('Host', '')}"
 
 
 def cross_site(request: web.Request) -> bool:

@@ -16,7 +16,12 @@ from daemon.errors import TallyError
 def serve_options(p: argparse.ArgumentParser) -> None:
     """The daemon's options. `tally unit` takes every option of `serve` (it copies the serve
     parser's actions, so an option added here or beside it reaches the unit's ExecStart)."""
-    p.add_argument("--tcp", metavar="127.0.0.1:PORT", help="also listen on loopback TCP (token)")
+    p.add_argument(
+        "--tcp",
+        metavar="ADDR:PORT",
+        help="also listen on TCP (a token per client); beyond loopback only with --tls "
+        "(or --insecure-http)",
+    )
     p.add_argument("--state", type=Path, help="state directory (ledger, keys, token)")
     p.add_argument("--socket", type=Path, help="unix socket path")
     p.add_argument("--roster", type=Path, help="roster TOML file (default: the packaged one)")
@@ -304,7 +309,7 @@ def run_unit(args: argparse.Namespace) -> int:
         from surfaces.http import parse_tcp
 
         try:
-            parse_tcp(args.tcp)
+            parse_tcp(args.tcp, tls=args.tls, insecure_http=args.insecure_http)
         except ValueError as exc:
             print(f"tally unit: --tcp: {exc}", file=sys.stderr)
             return 2

@@ -223,6 +223,9 @@ def test_the_unit_carries_serve_options_and_verifies(tmp_path: Path) -> None:
     bad = _unit_from_cli(tmp_path, "--tcp", "0.0.0.0:80")
     assert bad.returncode == 2
     assert "loopback" in bad.stderr
+    served = _unit_from_cli(tmp_path, "--tcp", "0.0.0.0:8443", "--tls", "--host-name", "tally.lan")
+    assert served.returncode == 0, served.stderr
+    assert "--tcp 0.0.0.0:8443 --tls --host-name tally.lan" in served.stdout
 
 
 @needs_systemd

@@ -45,6 +45,9 @@ REPLY_OVERHEAD = 64 * 1024
 """The rest of a reply: ids, usage, timings, the finish reason."""
 DEFAULT_CEILING = 16 * 2**20
 """A member's `max_reply_mb` default, in bytes."""
+MAX_TOOL_CALLS = 128
+"""The most tool calls one streamed reply may hold (a delta without an index opens a new one)."""
+_CALL_BYTES = 64  # what an opened tool call counts against the cap, its fields empty
 MAX_LINE = 4 * 2**20
 """The longest SSE line read (a chunk carrying a whole tool call may be long)."""
 
@@ -344,9 +347,12 @@ def _merge_tool_calls(calls: list[dict[str, Any]], deltas: Any) -> int:
         if not isinstance(delta, dict):
             continue
         index = delta.get("index")
-        index = index if isinstance(index, int) and 0 <= index < 128 else len(calls)
+        index = index if isinstance(index, int) and 0 <= index < MAX_TOOL_CALLS else len(calls)
+        if index >= MAX_TOOL_CALLS:  # a delta with no index is a new call: no end to them
+            raise BadReply(f"the streamed reply has more than {MAX_TOOL_CALLS} tool calls")
         while len(calls) <= index:
             calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            kept += _CALL_BYTES
         call = calls[index]
         if isinstance(delta.get("id"), str):
             call["id"] = delta["id"]

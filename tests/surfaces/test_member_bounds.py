@@ -219,3 +219,41 @@ async def test_a_400_mib_embeddings_answer_fails_at_the_members_ceiling(
     assert "over its limit" in failed["error"]
     resp = await client.post("/v1/embeddings", json={"model": "tiny", "input": "hello"})
     assert resp.status == 200, await resp.text()
+
+
+async def test_a_reply_small_in_bytes_but_huge_parsed_is_a_bad_reply(
+    daemon: Daemon, model: FakeServer, client: TestClient[Any, Any]
+) -> None:
+    # 15 MiB of `[],` (under the 16 MiB ceiling of a call with no max_tokens) is 5.2M lists:
+    # about 400 MB once parsed. Refused by its count of values, before parsing.
+    await _fault(model, mode="wide", bytes=15 * MIB, count=2)
+    before = _rss_kb("VmRSS")
+    _reset_peak()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    resp = await client.post("/v1/chat/completions", json=body)
+    answer = await resp.json()
+    grew_mb = (_rss_kb("VmHWM") - before) / 1024
+    print(f"RSS high-water grew {grew_mb:.1f} MB")
+    assert resp.status == 502, answer
+    assert answer["error"]["code"] == "bad_reply"
+    assert "JSON values" in answer["error"]["message"]
+    assert grew_mb < 150, f"RSS grew {grew_mb:.0f} MB"
+    assert len(await _failed_replies(daemon)) == 2
+    await _next_call_answers(model, client)
+
+
+async def test_tool_call_deltas_without_an_index_cannot_grow_without_bound(
+    daemon: Daemon, model: FakeServer, client: TestClient[Any, Any]
+) -> None:
+    # each `{}` in a delta's tool_calls (no index) would open one more call, counted as nothing
+    await _fault(model, mode="calls", per=1000, count=2, stream_only=True)
+    started = time.monotonic()
+    status, text = await _chat(client, stream=True)
+    assert time.monotonic() - started < 10
+    assert status in (200, 502)  # 502 when its first chunk already crossed the bound
+    assert "more than 128 tool calls" in text, text[-500:]
+    assert "data: [DONE]" not in text
+    failed = await _failed_replies(daemon)
+    assert failed
+    assert all("128 tool calls" in f["error"] for f in failed)
+    await _next_call_answers(model, client)

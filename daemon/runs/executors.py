@@ -163,7 +163,11 @@ async def run_command(
         )
         watch = _Watch(
             quota=DiskQuota(workdir, policy.disk_mb * MB, policy.disk_files),
-            probe=TmpfsProbe(sandbox.tmpfs_sizes(policy), policy.disk_files) if sandboxed else None,
+            probe=TmpfsProbe(
+                sandbox.tmpfs_sizes(policy), policy.disk_files, memory_mb=policy.memory_mb
+            )
+            if sandboxed
+            else None,
             info=info,
             memory_max_mb=policy.memory_mb if cgroup is not None else None,
         )
@@ -238,7 +242,7 @@ class _Watch:
         disk = asyncio.ensure_future(self.quota.watch(exceeded))
         try:
             while not disk.done():
-                if self.probe is not None and (message := self.probe.too_many_inodes()):
+                if self.probe is not None and (message := self.probe.over_limit()):
                     exceeded(message)
                     return
                 await asyncio.wait([disk], timeout=limits.WATCH_INTERVAL_S)

@@ -17,7 +17,9 @@ Contract, for `sandbox = "bwrap"` (the default):
   (`/tmp`, `/dev/shm`, `/run`) a `--size`, together `tmpfs_mb`; each process's address space
   gets the rest. The sandbox's root and `/dev` are remounted read-only, so no unsized tmpfs is
   writable. Its working dir is on disk, counted by `daemon.runs.limits.DiskQuota` while it runs;
-  where a cgroup v2 memory controller answers, `MemoryMax` bounds the whole task.
+  where a cgroup v2 memory controller answers, `MemoryMax` bounds the whole task. A seccomp
+  filter (`daemon.runs.seccomp`) refuses `memfd_create`, `shmget` and `msgget`: memory that
+  neither a tmpfs size nor RLIMIT_AS counts.
 - The environment is cleared and rebuilt from the allow-list; rlimits (address space, processes,
   file size) are applied by `prlimit` inside the sandbox, so they bind the task, not bwrap.
 `sandbox = "none"` runs the same argv with the same rlimits and env, unconfined: an explicit
@@ -43,6 +45,7 @@ from pathlib import Path
 
 from daemon.errors import InvalidInput
 from daemon.planning import Plan
+from daemon.runs import seccomp
 from daemon.runs.limits import MemoryCgroup
 from roster.models import CommandPolicy
 
@@ -243,7 +246,8 @@ def wrap(
     args += ["--remount-ro", "/", "--chdir", str(workdir), "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
-    return [*args, "--", *limited]
+    # inside, a seccomp filter refuses the calls that hold memory no limit counts (memfd, SysV)
+    return [*args, "--", *seccomp.argv(), *limited]
 
 
 def admit_commands(plan: Plan, policy: CommandPolicy, hidden: Sequence[Path] = ()) -> None:

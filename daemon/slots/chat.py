@@ -9,7 +9,8 @@ What a member sends is bounded (daemon.intake): a reply's bytes (non-streamed: t
 the text and tool-call fragments kept) by `reply_cap` — the request's `max_tokens` times
 REPLY_TOKEN_BYTES plus REPLY_OVERHEAD, at most the member's `max_reply_mb` — an SSE line by
 the same cap (at most MAX_LINE), a GET's answer by SMALL_BODY, an embeddings answer by the
-ceiling; JSON nesting by MAX_DEPTH. Past a bound the call fails with `BadReply` (502).
+ceiling; JSON nesting by MAX_DEPTH. Past a bound the call fails with `BadReply` (502). A
+redirect is never followed (BadReply too): it would carry the prompt wherever the member says.
 """
 
 from __future__ import annotations
@@ -189,7 +190,9 @@ class ChatClient:
         """GET a JSON endpoint: (status, parsed body, or None when it is not JSON or is over
         SMALL_BODY bytes). The timeout bounds the whole exchange, body included."""
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with self.session.get(url, timeout=timeout, headers=headers) as resp:
+        async with self.session.get(
+            url, timeout=timeout, headers=headers, allow_redirects=False
+        ) as resp:
             if resp.status != 200:
                 return resp.status, None
             try:
@@ -206,7 +209,10 @@ class ChatClient:
     ) -> dict[str, Any]:
         """POST a JSON body and read a JSON object of at most `limit` bytes back (embeddings);
         ModelError on >= 400, BadReply on an answer that is too large or not a JSON object."""
-        async with self.session.post(url, json=body, headers=headers) as resp:
+        async with self.session.post(
+            url, json=body, headers=headers, allow_redirects=False
+        ) as resp:
+            _refuse_redirect(resp)
             if resp.status >= 400:
                 text = (await resp.content.read(2000)).decode("utf-8", "replace")
                 raise ModelError(
@@ -237,12 +243,13 @@ class ChatClient:
         `reply_cap(body)`); BadReply when the reply breaks a bound or is not JSON."""
         cap = reply_cap(body) if limit is None else limit
         try:
-            resp = await self.session.post(url, json=body, headers=headers)
+            resp = await self.session.post(url, json=body, headers=headers, allow_redirects=False)
         except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
             # A pooled keep-alive connection the server had already closed (cpp-httplib ends
             # one after a few requests): the request never ran, so send it once more.
-            resp = await self.session.post(url, json=body, headers=headers)
+            resp = await self.session.post(url, json=body, headers=headers, allow_redirects=False)
         try:
+            _refuse_redirect(resp)
             if resp.status >= 400:
                 text = (await resp.content.read(2000)).decode("utf-8", "replace")
                 raise ModelError(
@@ -265,6 +272,18 @@ class ChatClient:
             raise
         resp.release()
         return result
+
+
+def _refuse_redirect(resp: aiohttp.ClientResponse) -> None:
+    """A member's redirect is not followed: it would send the request (the prompt, the
+    member's own headers on the same host) wherever the member says, another local port
+    included. BadReply, the member's fault."""
+    if 300 <= resp.status < 400:
+        where = resp.headers.get("Location", "")[:200]
+        raise BadReply(
+            f"the model server answered {resp.status}, a redirect to {where!r}: "
+            "not followed (set the member's url to where it serves)"
+        )
 
 
 def _line_limit(cap: int) -> int:

@@ -16,7 +16,7 @@ held) with an honest Content-Length, or chunked with `chunked`; "flood" streams 
 text in 64 KiB deltas; "deep" answers JSON nested `depth` levels; "drip" streams one token
 every `interval` seconds and never ends; "wide" answers `bytes` of `[[],[],...]` (small in
 bytes, huge parsed); "calls" streams tool-call deltas with no index, `per` to a chunk, for
-ever (each opens a new call); with `stream_only` only streamed requests count,
+ever (each opens a new call); "redirect" answers 307 to `to`; with `stream_only` only streamed requests count,
 with `embeddings` embeddings requests (instead of chat requests).
 `--ready-file PATH`
 keeps it "loading" until PATH exists (a spawned server a test can fix from outside).
@@ -175,7 +175,7 @@ class FakeServer:
             self.fail_status = int(body.get("status", 500))
         elif mode == "die":
             self.dying = str(body.get("how", "cut"))
-        elif mode in ("huge", "flood", "deep", "drip", "wide", "calls"):
+        elif mode in ("huge", "flood", "deep", "drip", "wide", "calls", "redirect"):
             self.hostile = body
             self.hostile_left = int(body.get("count", 1))
         elif mode == "exit":
@@ -258,6 +258,8 @@ class FakeServer:
         if kind == "deep":
             n = int(mode.get("depth", 100_000))
             return web.Response(body=b"[" * n + b"]" * n, content_type="application/json")
+        if kind == "redirect":
+            raise web.HTTPTemporaryRedirect(str(mode["to"]))
         if kind == "wide":
             n = int(mode["bytes"]) // 3
             return web.Response(body=b"[" + b"[]," * n + b"[]]", content_type="application/json")

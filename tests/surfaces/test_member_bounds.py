@@ -257,3 +257,37 @@ async def test_tool_call_deltas_without_an_index_cannot_grow_without_bound(
     assert failed
     assert all("128 tool calls" in f["error"] for f in failed)
     await _next_call_answers(model, client)
+
+
+async def test_a_redirect_is_not_followed_to_another_port(
+    daemon: Daemon, model: FakeServer, client: TestClient[Any, Any]
+) -> None:
+    """A member's 307 would re-send the prompt to wherever it points (another local service)."""
+    from aiohttp import web
+
+    caught: list[str] = []
+
+    async def catch(request: web.Request) -> web.Response:
+        caught.append(await request.text())
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_route("*", "/{path:.*}", catch)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        for stream in (False, True):
+            await _fault(model, mode="redirect", to=f"http://127.0.0.1:{port}/steal", count=2)
+            status, answer = await _chat(client, stream=stream)
+            assert status == 502, answer
+            assert "a redirect to" in str(answer), answer
+        assert caught == []
+        failed = await _failed_replies(daemon)
+        assert len(failed) == 4
+        assert all("not followed" in f["error"] for f in failed)
+        await _next_call_answers(model, client)
+    finally:
+        await runner.cleanup()

@@ -16,8 +16,8 @@ held) with an honest Content-Length, or chunked with `chunked`; "flood" streams 
 text in 64 KiB deltas; "deep" answers JSON nested `depth` levels; "drip" streams one token
 every `interval` seconds and never ends; "wide" answers `bytes` of `[[],[],...]` (small in
 bytes, huge parsed); "calls" streams tool-call deltas with no index, `per` to a chunk, for
-ever (each opens a new call); "redirect" answers 307 to `to`; with `stream_only` only streamed requests count,
-with `embeddings` embeddings requests (instead of chat requests).
+ever (each opens a new call); "redirect" answers 307 to `to`; with `stream_only` only
+streamed requests count, with `embeddings` embeddings requests (instead of chat requests).
 `--ready-file PATH`
 keeps it "loading" until PATH exists (a spawned server a test can fix from outside).
 `--models a,b` sets what /v1/models lists; `--ollama` answers as Ollama does (/api/version;

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ from daemon.runs.sandbox import (
     TASK_NICENESS,
     SandboxUnavailable,
     python_prefixes,
+    task_nofile,
     tasks_root,
     tmpfs_sizes,
 )
@@ -367,6 +369,37 @@ async def test_memory_no_limit_counts_is_refused(sandboxed: Make) -> None:
     assert "shmget -1 1" in lines, body
     assert "msgget -1 1" in lines, body
     assert "held 0" in lines, body
+
+
+SOCKET_BUFFERS = r"""
+import resource, socket
+pairs, queued = [], 0
+try:
+    for i in range(3000):
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        pairs.append((a, b))
+        try:
+            while True:
+                queued += a.send(bytes(65536))
+        except BlockingIOError:
+            pass
+except OSError as err:
+    print("stopped", err.errno)
+print("nofile", resource.getrlimit(resource.RLIMIT_NOFILE)[0], "queued", queued)
+"""
+
+
+async def test_descriptors_are_bounded_by_memory_mb(sandboxed: Make) -> None:
+    """Socket buffers are kernel memory no tmpfs size, rlimit or PSS counts, one per descriptor:
+    with the daemon's raised descriptor limit inherited, 3000 socket pairs held 667 MiB under
+    memory_mb = 64. A task's RLIMIT_NOFILE is memory_mb / 512 KiB (at least 256)."""
+    daemon = await sandboxed("memory_mb = 64\nfile_size_mb = 1024")
+    _, body = await run_to_end(daemon, sys.executable, "-c", SOCKET_BUFFERS)
+    out = body["stdout"].split()
+    assert out[:2] == ["stopped", str(errno.EMFILE)], body
+    assert int(out[out.index("nofile") + 1]) == task_nofile(daemon.roster.policy.command) == 256
+    assert int(out[out.index("queued") + 1]) < 64 * MB
 
 
 FORK_FILL = r"""

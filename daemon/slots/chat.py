@@ -5,12 +5,13 @@ stream that ends with neither [DONE] nor a finish_reason was cut short and is an
 Any exception while a request is open (including cancellation) closes its connection rather
 than returning it to the pool, so llama-server notices and stops generating.
 
-What a member sends is bounded (daemon.intake): a reply's bytes (non-streamed: the body; streamed:
-the text and tool-call fragments kept) by `reply_cap` — the request's `max_tokens` times
-REPLY_TOKEN_BYTES plus REPLY_OVERHEAD, at most the member's `max_reply_mb` — an SSE line by
-the same cap (at most MAX_LINE), a GET's answer by SMALL_BODY, an embeddings answer by the
-ceiling; JSON nesting by MAX_DEPTH. Past a bound the call fails with `BadReply` (502). A
-redirect is never followed (BadReply too): it would carry the prompt wherever the member says.
+What a member sends is bounded (daemon.intake): a reply's bytes (non-streamed: the body;
+streamed: every line, and the text and tool-call fragments kept) by `reply_cap` — the
+request's `max_tokens` times REPLY_TOKEN_BYTES plus REPLY_OVERHEAD, at most the member's
+`max_reply_mb` — an SSE line by the same cap (at most MAX_LINE), a GET's answer by
+SMALL_BODY, an embeddings answer by the ceiling; JSON nesting by MAX_DEPTH. Past a bound the
+call fails with `BadReply` (502). A redirect is never followed (BadReply too): it would carry
+the prompt wherever the member says.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ DEFAULT_CEILING = 16 * 2**20
 MAX_TOOL_CALLS = 128
 """The most tool calls one streamed reply may hold (a delta without an index opens a new one)."""
 _CALL_BYTES = 64  # what an opened tool call counts against the cap, its fields empty
+_LINE_COST = 32  # what a stream's line counts against the cap besides its bytes
 MAX_LINE = 4 * 2**20
 """The longest SSE line read (a chunk carrying a whole tool call may be long)."""
 
@@ -398,12 +400,16 @@ async def _read_stream(
     result = Completion()
     parts: list[str] = []
     kept = 0
+    read = 0  # every line's bytes and a cost per line: what the stream made this loop do
     done = False
     max_line = _line_limit(cap)
     while True:
         raw = await resp.content.readline(max_line_length=max_line)
         if not raw:
             break
+        read += len(raw) + _LINE_COST
+        if read > cap:  # chunks of junk fields or empty deltas, blank lines: relayed, not kept
+            raise TooLarge("the streamed reply", cap)
         line = raw.strip()
         if not line.startswith(b"data:"):
             continue

@@ -291,3 +291,23 @@ async def test_a_redirect_is_not_followed_to_another_port(
         await _next_call_answers(model, client)
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("size", [16 * 1024, 0], ids=["junk-fields", "blank-lines"])
+async def test_a_stream_of_chunks_that_keep_nothing_is_cut_at_the_cap(
+    daemon: Daemon, model: FakeServer, client: TestClient[Any, Any], size: int
+) -> None:
+    """Empty deltas with a junk field (relayed to the gateway's client, never kept) or blank
+    lines, for ever: every line counts against the cap (max_tokens 16: 128 KiB), or the
+    member keeps the daemon's loop busy parsing and relaying until the 300 s timeout."""
+    await _fault(model, mode="junk", bytes=size, count=2, stream_only=True)
+    started = time.monotonic()
+    status, text = await _chat(client, stream=True)
+    assert time.monotonic() - started < 10
+    assert status in (200, 502)
+    assert "reply_too_large" in text, text[-300:]
+    assert len(text) < 512 * 1024
+    failed = await _failed_replies(daemon)
+    assert failed
+    assert all("over its limit" in f["error"] for f in failed)
+    await _next_call_answers(model, client)

@@ -26,9 +26,11 @@ MAX_DEPTH = 64
 """No OpenAI, llama.cpp or tally answer nests deeper than a dozen levels."""
 
 MAX_VALUES = 1 << 20
-"""The most containers and separated items one body may hold (about 72 MB parsed at worst,
-where 16 MiB of `[],` is 400 MB). An honest reply is far below: 4096 tokens of logprobs with
-20 alternatives is about 500k, 800 embeddings of 1024 floats about 820k."""
+"""The most containers and separated items a body may hold, or one per VALUE_BYTES of it if
+that is more (a member allowed a larger reply): about 72 MB parsed at worst, or 4.5 times
+the body, where 16 MiB of `[],` is 400 MB. An honest reply is far below: 4096 tokens of
+logprobs with 20 alternatives is about 500k values, an embedding's float about 20 bytes."""
+VALUE_BYTES = 16
 
 SMALL_BODY = 1 << 20
 """The cap of an answer that is not a model's output: /health, /props, /v1/models, /slots."""
@@ -122,18 +124,19 @@ def values(data: bytes) -> int:
 def _bounded(raw: bytes, what: str) -> None:
     """Malformed if `raw` nests past MAX_DEPTH or holds past MAX_VALUES values; the strings
     are stripped (the slow part) at most once, and only when the cheap counts cannot decide."""
+    limit = max(MAX_VALUES, len(raw) // VALUE_BYTES)
     opened = raw.count(b"[") + raw.count(b"{")
     rough = opened + raw.count(b",")
-    if opened <= MAX_DEPTH and rough <= MAX_VALUES:
+    if opened <= MAX_DEPTH and rough <= limit:
         return
     # Each string is a value, and only its two unescaped quotes count: past the bound on
     # quotes alone, refused before the strip (which is slow for millions of short strings).
-    if (raw.count(b'"') - raw.count(b'\\"')) // 2 > MAX_VALUES:
-        raise Malformed(f"{what} holds more than {MAX_VALUES} JSON values")
+    if (raw.count(b'"') - raw.count(b'\\"')) // 2 > limit:
+        raise Malformed(f"{what} holds more than {limit} JSON values")
     bare = _STRING.sub(b"", raw) if b'"' in raw else raw
     # the count first: the walk for the depth is a Python loop over every bracket
-    if rough > MAX_VALUES and _items(bare) > MAX_VALUES:
-        raise Malformed(f"{what} holds more than {MAX_VALUES} JSON values")
+    if rough > limit and _items(bare) > limit:
+        raise Malformed(f"{what} holds more than {limit} JSON values")
     if opened > MAX_DEPTH and _depth_of(bare) > MAX_DEPTH:
         raise Malformed(f"{what} nests deeper than {MAX_DEPTH} levels")
 

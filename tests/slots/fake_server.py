@@ -270,9 +270,9 @@ class FakeServer:
             await resp.prepare(request)
             size = int(mode.get("bytes", 0))
             junk = {"choices": [{"index": 0, "delta": {}}], "junk": "j" * size}
-            line = f"data: {json.dumps(junk)}\n\n".encode() if size else b"\n" * 4096
+            frame = f"data: {json.dumps(junk)}\n\n".encode() if size else b"\n" * 4096
             while True:
-                await resp.write(line)
+                await resp.write(frame)
                 await asyncio.sleep(0)
         if kind == "calls":
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

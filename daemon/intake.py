@@ -8,6 +8,8 @@ parsed: it may be huge (an honest Content-Length of 400 MiB), never end, or nest
 - `loads` parses JSON whose nesting is at most `MAX_DEPTH` (checked before parsing, on the
   brackets outside strings, so nothing downstream can recurse past it) and refuses NaN and
   Infinity (no ledger body holds them). Every failure is a `Malformed`, a ValueError.
+  It also bounds how many values the text holds (`MAX_VALUES`, counted before parsing): a
+  body small in bytes can be huge in memory (16 MiB of `[],` is 5.6M lists, 400 MB parsed).
 
 A caller turns `TooLarge` and `Malformed` into its own error: the slot pool's `BadReply`
 (the member's fault), a `failed` remote check, a server that "answered something that is
@@ -22,6 +24,13 @@ from typing import Any, Protocol
 
 MAX_DEPTH = 64
 """No OpenAI, llama.cpp or tally answer nests deeper than a dozen levels."""
+
+MAX_VALUES = 1 << 20
+"""The most containers and separated items a body may hold, or one per VALUE_BYTES of it if
+that is more (a member allowed a larger reply): about 72 MB parsed at worst, or 4.5 times
+the body, where 16 MiB of `[],` is 400 MB. An honest reply is far below: 4096 tokens of
+logprobs with 20 alternatives is about 500k values, an embedding's float about 20 bytes."""
+VALUE_BYTES = 16
 
 SMALL_BODY = 1 << 20
 """The cap of an answer that is not a model's output: /health, /props, /v1/models, /slots."""
@@ -81,9 +90,13 @@ def depth(data: bytes) -> int:
     opened = data.count(b"[") + data.count(b"{")
     if opened <= MAX_DEPTH:
         return opened  # it cannot nest deeper than it has brackets
-    brackets = _STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    return _depth_of(_STRING.sub(b"", data))
+
+
+def _depth_of(bare: bytes) -> int:
+    """How deep text with its strings removed nests."""
     level = deepest = 0
-    for byte in brackets:
+    for byte in bare.translate(None, _NOT_BRACKETS):
         if byte in b"[{":
             level += 1
             if level > deepest:
@@ -95,6 +108,39 @@ def depth(data: bytes) -> int:
     return deepest
 
 
+def _items(data: bytes) -> int:
+    return data.count(b",") + data.count(b"[") + data.count(b"{")
+
+
+def values(data: bytes) -> int:
+    """An upper bound on how many JSON values the text holds: its containers and the commas
+    between items, outside strings (each value past a container's first follows a comma)."""
+    rough = _items(data)
+    if rough <= MAX_VALUES:
+        return rough  # strings only add to the rough count
+    return _items(_STRING.sub(b"", data))
+
+
+def _bounded(raw: bytes, what: str) -> None:
+    """Malformed if `raw` nests past MAX_DEPTH or holds past MAX_VALUES values; the strings
+    are stripped (the slow part) at most once, and only when the cheap counts cannot decide."""
+    limit = max(MAX_VALUES, len(raw) // VALUE_BYTES)
+    opened = raw.count(b"[") + raw.count(b"{")
+    rough = opened + raw.count(b",")
+    if opened <= MAX_DEPTH and rough <= limit:
+        return
+    # Each string is a value, and only its two unescaped quotes count: past the bound on
+    # quotes alone, refused before the strip (which is slow for millions of short strings).
+    if (raw.count(b'"') - raw.count(b'\\"')) // 2 > limit:
+        raise Malformed(f"{what} holds more than {limit} JSON values")
+    bare = _STRING.sub(b"", raw) if b'"' in raw else raw
+    # the count first: the walk for the depth is a Python loop over every bracket
+    if rough > limit and _items(bare) > limit:
+        raise Malformed(f"{what} holds more than {limit} JSON values")
+    if opened > MAX_DEPTH and _depth_of(bare) > MAX_DEPTH:
+        raise Malformed(f"{what} nests deeper than {MAX_DEPTH} levels")
+
+
 def _constant(name: str) -> Any:
     raise Malformed(f"{name} is not a JSON number a ledger can hold")
 
@@ -102,9 +148,7 @@ def _constant(name: str) -> Any:
 def loads(data: bytes | str, what: str = "the answer") -> Any:
     """Parse untrusted JSON; Malformed (a ValueError) names `what` and why."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    nested = depth(raw)
-    if nested > MAX_DEPTH:
-        raise Malformed(f"{what} nests deeper than {MAX_DEPTH} levels")
+    _bounded(raw, what)
     try:
         return json.loads(raw, parse_constant=_constant)
     except Malformed:

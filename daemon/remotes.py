@@ -246,7 +246,11 @@ async def _checked(remote: _Remote, check: RemoteCheck, text: str) -> RemoteChec
 
 
 def _short(err: BaseException) -> str:
+    """The error's text, short and printable: it may quote the member (an error body), and a
+    control character in it (a terminal escape) would rewrite the screen that shows it."""
     text = str(err) or type(err).__name__
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return text if len(text) <= 300 else text[:299] + "…"
 
 

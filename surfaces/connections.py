@@ -6,7 +6,9 @@ connections. aiohttp has no connection limit of its own, so the TCP site's proto
 wrapped here (`Gate.factory`) and every accepted connection passes the gate first:
 
 - at most `max_connections` TCP connections at once, and never more than the descriptor limit
-  less `fd_reserve`: the rest of the daemon always has that many descriptors;
+  less `fd_reserve`: the rest of the daemon always has that many descriptors; at that cap a
+  new connection closes the oldest one that has not authenticated, if any, so connections
+  held from many loopback addresses cannot keep a client with a token out;
 - at most `max_pending_per_peer` connections per peer address that have not yet made an
   authenticated request;
 - a connection that has made no authenticated request `auth_timeout_s` after it was accepted is
@@ -143,11 +145,30 @@ class Gate:
         return lambda: _Gated(self, inner)
 
     def _admit(self, peer: str) -> str | None:
-        if len(self.conns) >= self.max_connections:
-            return "total"
         if self.pending[peer] >= self.limits.max_pending_per_peer:
             return "pending_per_peer"
+        if len(self.conns) >= self.max_connections and not self._evict_oldest_pending():
+            return "total"
         return None
+
+    def _evict_oldest_pending(self) -> bool:
+        """At the total cap, make room by closing the oldest connection that has not
+        authenticated (answered 503): loopback has millions of peer addresses, so holders
+        spread over them would otherwise keep every new client out, a token or not; the
+        newest connection gets its chance to send its request. False if none is pending."""
+        for transport, conn in self.conns.items():
+            if conn.timer is None:
+                continue
+            conn.timer.cancel()
+            conn.timer = None
+            self._unpend(conn.peer)
+            del self.conns[transport]  # its connection_lost finds it gone
+            self.refused["total"] += 1
+            if isinstance(transport, asyncio.WriteTransport):
+                transport.write(_refusal("too many connections (total)"))
+            transport.close()
+            return True
+        return False
 
     def authenticated(self, transport: asyncio.BaseTransport | None) -> None:
         """The guard resolved a client on this connection: it is no longer pending."""

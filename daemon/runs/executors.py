@@ -175,7 +175,11 @@ async def run_command(
             quota=DiskQuota(
                 workdir, base.bytes + policy.disk_mb * MB, base.entries + policy.disk_files
             ),
-            probe=TmpfsProbe(sandbox.tmpfs_sizes(policy), policy.disk_files) if sandboxed else None,
+            probe=TmpfsProbe(
+                sandbox.tmpfs_sizes(policy), policy.disk_files, memory_mb=policy.memory_mb
+            )
+            if sandboxed
+            else None,
             info=info,
             memory_max_mb=policy.memory_mb if cgroup is not None else None,
         )
@@ -253,7 +257,7 @@ class _Watch:
         disk = asyncio.ensure_future(self.quota.watch(exceeded))
         try:
             while not disk.done():
-                if self.probe is not None and (message := self.probe.too_many_inodes()):
+                if self.probe is not None and (message := self.probe.over_limit()):
                     exceeded(message)
                     return
                 await asyncio.wait([disk], timeout=limits.WATCH_INTERVAL_S)

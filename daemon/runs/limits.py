@@ -167,6 +167,12 @@ class TmpfsProbe:
     setting: str = "[policy.command] tmpfs_mb, a share of memory_mb"
     inodes_setting: str = "[policy.command] disk_files"
     fds: dict[str, int] = field(default_factory=dict)
+    memory_mb: int | None = None
+    """The task's whole budget: its processes' private memory plus its tmpfs use, checked
+    every MEMORY_INTERVAL_S (RLIMIT_AS binds each process: 30 forks of 30 MiB held 900 MiB
+    under memory_mb = 64). None: not checked (a cgroup's MemoryMax counts it instead)."""
+    pid: int | None = None
+    _memory_checked: float = 0.0
 
     def attach(self, pid: int) -> bool:
         """Open the mounts not yet open; True once all are."""
@@ -182,7 +188,42 @@ class TmpfsProbe:
                 self.fds[mount] = fd
             else:
                 os.close(fd)  # still the host's: the sandbox is being set up
-        return len(self.fds) == len(self.sizes)
+        if len(self.fds) == len(self.sizes):
+            self.pid = pid
+            return True
+        return False
+
+    def over_limit(self) -> str | None:
+        """The first limit the running task is past (its tmpfs inodes, its memory), or None."""
+        return self.too_many_inodes() or self.too_much_memory()
+
+    def too_much_memory(self) -> str | None:
+        """Past `memory_mb`: the anonymous memory of every process in the sandbox (its PSS:
+        pages a fork shares count once) plus what its tmpfs mounts hold."""
+        now = time.monotonic()
+        if self.memory_mb is None or self.pid is None:
+            return None
+        if now - self._memory_checked < MEMORY_INTERVAL_S:
+            return None
+        self._memory_checked = now
+        held = sum(
+            (st.f_blocks - st.f_bfree) * st.f_frsize
+            for st in (os.fstatvfs(fd) for fd in self.fds.values())
+        )
+        proc = f"/proc/{self.pid}/root/proc"
+        try:
+            pids = [name for name in os.listdir(proc) if name.isdigit()]
+        except OSError:
+            return None  # the task is gone
+        for name in pids[:MAX_PROCESSES_READ]:
+            held += _pss_anon(f"{proc}/{name}/smaps_rollup")
+        if held > self.memory_mb * MB:
+            return (
+                f"the task held {_mib(held)} of memory, over its memory_mb of "
+                f"{_mib(self.memory_mb * MB)} ([policy.command] memory_mb, its processes and "
+                "in-memory dirs together)"
+            )
+        return None
 
     def too_many_inodes(self) -> str | None:
         for mount, fd in self.fds.items():
@@ -210,6 +251,23 @@ class TmpfsProbe:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds.clear()
+
+
+MEMORY_INTERVAL_S = 0.25
+MAX_PROCESSES_READ = 4096  # a bound on one check's work (RLIMIT_NPROC bounds the rest)
+
+
+def _pss_anon(path: str) -> int:
+    """A process's proportional share of its anonymous memory, in bytes (0 if it is gone)."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(8192)
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if line.startswith(b"Pss_Anon:"):
+            return int(line.split()[1]) * 1024
+    return 0
 
 
 def read_child_pid(info: bytes) -> int | None:

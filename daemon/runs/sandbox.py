@@ -17,9 +17,12 @@ Contract, for `sandbox = "bwrap"` (the default):
   (`/tmp`, `/dev/shm`, `/run`) a `--size`, together `tmpfs_mb`; each process's address space
   gets the rest. The sandbox's root and `/dev` are remounted read-only, so no unsized tmpfs is
   writable. Its working dir is on disk, counted by `daemon.runs.limits.DiskQuota` while it runs;
-  where a cgroup v2 memory controller answers, `MemoryMax` bounds the whole task.
+  where a cgroup v2 memory controller answers, `MemoryMax` bounds the whole task. A seccomp
+  filter (`daemon.runs.seccomp`) refuses `memfd_create`, `shmget` and `msgget`: memory that
+  neither a tmpfs size nor RLIMIT_AS counts.
 - The environment is cleared and rebuilt from the allow-list; rlimits (address space, processes,
-  file size) are applied by `prlimit` inside the sandbox, so they bind the task, not bwrap.
+  file size, descriptors: `task_nofile`) are applied by `prlimit` inside the sandbox, so they
+  bind the task, not bwrap.
 `sandbox = "none"` runs the same argv with the same rlimits and env, unconfined: an explicit
 roster opt-in that the daemon witnesses at start-up (no tmpfs: its processes get `memory_mb`).
 Either way a task runs `TASK_NICENESS` steps nicer than the daemon (`nice`, when installed), so
@@ -43,6 +46,7 @@ from pathlib import Path
 
 from daemon.errors import InvalidInput
 from daemon.planning import Plan
+from daemon.runs import seccomp
 from daemon.runs.limits import MemoryCgroup
 from roster.models import CommandPolicy
 
@@ -146,12 +150,25 @@ def address_space_mb(policy: CommandPolicy) -> int:
     return policy.memory_mb - policy.tmpfs_total_mb
 
 
+FD_KERNEL_BYTES = 512 * 1024
+"""What one descriptor can hold in kernel buffers no other limit counts: a pipe grown to 1 MiB
+(two ends), a socket's send buffer (3000 socket pairs held 667 MiB under memory_mb = 64)."""
+MIN_NOFILE = 256
+
+
+def task_nofile(policy: CommandPolicy) -> int:
+    """A task's RLIMIT_NOFILE: `memory_mb` over FD_KERNEL_BYTES, at least MIN_NOFILE (the
+    daemon raised its own soft limit to the hard one, and a task would inherit it)."""
+    return min(1 << 16, max(MIN_NOFILE, policy.memory_mb * MB // FD_KERNEL_BYTES))
+
+
 def prlimit_argv(policy: CommandPolicy) -> list[str]:
     prlimit = _which("prlimit") or "/usr/bin/prlimit"
     return [
         prlimit,
         f"--as={address_space_mb(policy) * MB}",
         f"--nproc={policy.processes}",
+        f"--nofile={task_nofile(policy)}",
         # one file never outgrows the task dir's quota, whatever the watcher's pace
         f"--fsize={min(policy.file_size_mb, policy.disk_mb) * MB}",
         "--",
@@ -243,7 +260,8 @@ def wrap(
     args += ["--remount-ro", "/", "--chdir", str(workdir), "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
-    return [*args, "--", *limited]
+    # inside, a seccomp filter refuses the calls that hold memory no limit counts (memfd, SysV)
+    return [*args, "--", *seccomp.argv(), *limited]
 
 
 def admit_commands(plan: Plan, policy: CommandPolicy, hidden: Sequence[Path] = ()) -> None:

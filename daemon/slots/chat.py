@@ -5,11 +5,13 @@ stream that ends with neither [DONE] nor a finish_reason was cut short and is an
 Any exception while a request is open (including cancellation) closes its connection rather
 than returning it to the pool, so llama-server notices and stops generating.
 
-What a member sends is bounded (daemon.intake): a reply's bytes (non-streamed: the body; streamed:
-the text and tool-call fragments kept) by `reply_cap` — the request's `max_tokens` times
-REPLY_TOKEN_BYTES plus REPLY_OVERHEAD, at most the member's `max_reply_mb` — an SSE line by
-the same cap (at most MAX_LINE), a GET's answer by SMALL_BODY, an embeddings answer by the
-ceiling; JSON nesting by MAX_DEPTH. Past a bound the call fails with `BadReply` (502).
+What a member sends is bounded (daemon.intake): a reply's bytes (non-streamed: the body;
+streamed: every line, and the text and tool-call fragments kept) by `reply_cap` — the
+request's `max_tokens` times REPLY_TOKEN_BYTES plus REPLY_OVERHEAD, at most the member's
+`max_reply_mb` — an SSE line by the same cap (at most MAX_LINE), a GET's answer by
+SMALL_BODY, an embeddings answer by the ceiling; JSON nesting by MAX_DEPTH. Past a bound the
+call fails with `BadReply` (502). A redirect is never followed (BadReply too): it would carry
+the prompt wherever the member says.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ REPLY_OVERHEAD = 64 * 1024
 """The rest of a reply: ids, usage, timings, the finish reason."""
 DEFAULT_CEILING = 16 * 2**20
 """A member's `max_reply_mb` default, in bytes."""
+MAX_TOOL_CALLS = 128
+"""The most tool calls one streamed reply may hold (a delta without an index opens a new one)."""
+_CALL_BYTES = 64  # what an opened tool call counts against the cap, its fields empty
+_LINE_COST = 32  # what a stream's line counts against the cap besides its bytes
 MAX_LINE = 4 * 2**20
 """The longest SSE line read (a chunk carrying a whole tool call may be long)."""
 
@@ -199,7 +205,7 @@ class ChatClient:
         SMALL_BODY bytes). The timeout bounds the whole exchange, body included."""
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with self.session.get(
-            url, timeout=timeout, headers=headers, ssl=self._ssl(url)
+            url, timeout=timeout, headers=headers, ssl=self._ssl(url), allow_redirects=False
         ) as resp:
             if resp.status != 200:
                 return resp.status, None
@@ -217,7 +223,10 @@ class ChatClient:
     ) -> dict[str, Any]:
         """POST a JSON body and read a JSON object of at most `limit` bytes back (embeddings);
         ModelError on >= 400, BadReply on an answer that is too large or not a JSON object."""
-        async with self.session.post(url, json=body, headers=headers, ssl=self._ssl(url)) as resp:
+        async with self.session.post(
+            url, json=body, headers=headers, ssl=self._ssl(url), allow_redirects=False
+        ) as resp:
+            _refuse_redirect(resp)
             if resp.status >= 400:
                 text = (await resp.content.read(2000)).decode("utf-8", "replace")
                 raise ModelError(
@@ -248,12 +257,17 @@ class ChatClient:
         `reply_cap(body)`); BadReply when the reply breaks a bound or is not JSON."""
         cap = reply_cap(body) if limit is None else limit
         try:
-            resp = await self.session.post(url, json=body, headers=headers, ssl=self._ssl(url))
+            resp = await self.session.post(
+                url, json=body, headers=headers, ssl=self._ssl(url), allow_redirects=False
+            )
         except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
             # A pooled keep-alive connection the server had already closed (cpp-httplib ends
             # one after a few requests): the request never ran, so send it once more.
-            resp = await self.session.post(url, json=body, headers=headers, ssl=self._ssl(url))
+            resp = await self.session.post(
+                url, json=body, headers=headers, ssl=self._ssl(url), allow_redirects=False
+            )
         try:
+            _refuse_redirect(resp)
             if resp.status >= 400:
                 text = (await resp.content.read(2000)).decode("utf-8", "replace")
                 raise ModelError(
@@ -281,6 +295,18 @@ class ChatClient:
 def _origin(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+def _refuse_redirect(resp: aiohttp.ClientResponse) -> None:
+    """A member's redirect is not followed: it would send the request (the prompt, the
+    member's own headers on the same host) wherever the member says, another local port
+    included. BadReply, the member's fault."""
+    if 300 <= resp.status < 400:
+        where = resp.headers.get("Location", "")[:200]
+        raise BadReply(
+            f"the model server answered {resp.status}, a redirect to {where!r}: "
+            "not followed (set the member's url to where it serves)"
+        )
 
 
 def _line_limit(cap: int) -> int:
@@ -363,9 +389,12 @@ def _merge_tool_calls(calls: list[dict[str, Any]], deltas: Any) -> int:
         if not isinstance(delta, dict):
             continue
         index = delta.get("index")
-        index = index if isinstance(index, int) and 0 <= index < 128 else len(calls)
+        index = index if isinstance(index, int) and 0 <= index < MAX_TOOL_CALLS else len(calls)
+        if index >= MAX_TOOL_CALLS:  # a delta with no index is a new call: no end to them
+            raise BadReply(f"the streamed reply has more than {MAX_TOOL_CALLS} tool calls")
         while len(calls) <= index:
             calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            kept += _CALL_BYTES
         call = calls[index]
         if isinstance(delta.get("id"), str):
             call["id"] = delta["id"]
@@ -392,12 +421,16 @@ async def _read_stream(
     result = Completion()
     parts: list[str] = []
     kept = 0
+    read = 0  # every line's bytes and a cost per line: what the stream made this loop do
     done = False
     max_line = _line_limit(cap)
     while True:
         raw = await resp.content.readline(max_line_length=max_line)
         if not raw:
             break
+        read += len(raw) + _LINE_COST
+        if read > cap:  # chunks of junk fields or empty deltas, blank lines: relayed, not kept
+            raise TooLarge("the streamed reply", cap)
         line = raw.strip()
         if not line.startswith(b"data:"):
             continue

@@ -99,12 +99,17 @@ def _count(value: Any) -> bool:
 
 
 def model_ids(body: Any) -> list[str]:
-    """The ids of an OpenAI `/v1/models` list (`{"data": [{"id": …}]}`); strings only."""
+    """The ids of an OpenAI `/v1/models` list (`{"data": [{"id": …}]}`): printable strings
+    only (an id with a terminal escape would rewrite the screen that lists it), at most
+    MAX_MODELS of them (1 MiB of answer is 70k tiny entries)."""
     data = body.get("data") if isinstance(body, dict) else None
     if not isinstance(data, list):
         return []
     ids = [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
-    return [i[:200] for i in ids]
+    return [i[:200] for i in ids if i and i.isprintable()][:MAX_MODELS]
+
+
+MAX_MODELS = 1000
 
 
 async def get_json(

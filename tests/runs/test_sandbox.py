@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ from daemon.runs.sandbox import (
     TASK_NICENESS,
     SandboxUnavailable,
     python_prefixes,
+    task_nofile,
     tasks_root,
     tmpfs_sizes,
 )
@@ -297,7 +299,9 @@ async def test_a_python_install_under_tmp_stays_visible(
     prefix = tmp_path / "venv"
     prefix.mkdir()
     (prefix / "marker").write_text("here")
-    monkeypatch.setattr("daemon.runs.sandbox.python_prefixes", lambda: (str(prefix),))
+    # the daemon's own interpreter stays bound: the sandbox's seccomp filter is loaded by it
+    own = python_prefixes()
+    monkeypatch.setattr("daemon.runs.sandbox.python_prefixes", lambda: (*own, str(prefix)))
     daemon = await sandboxed()
     body = await run(daemon, "cat", str(prefix / "marker"))
     assert (body["exit_code"], body["stdout"]) == (0, "here")
@@ -334,6 +338,93 @@ async def test_an_in_memory_dir_holds_its_share_of_memory_mb(sandboxed: Make, mo
     for named in (mount, "tmpfs_mb", "memory_mb"):
         assert named in error, error
     assert body["limit"] == error.split(": ", 1)[1]
+
+
+HOLD_UNCOUNTED = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+held = 0
+try:
+    for i in range(40):  # 400 MiB in memfds, each file under RLIMIT_FSIZE
+        fd = os.memfd_create("x")
+        for j in range(10):
+            os.write(fd, bytes(1 << 20))
+            held += 1
+except OSError as err:
+    print("memfd", err.errno)
+for call, args in (("shmget", (0, 10 << 20, 0o1600)), ("msgget", (0, 0o1600))):
+    print(call, getattr(libc, call)(*args), ctypes.get_errno())
+print("held", held)
+"""
+
+
+async def test_memory_no_limit_counts_is_refused(sandboxed: Make) -> None:
+    """memfd files, System V shared memory (it outlives its detach) and message queues count
+    against no tmpfs size and no RLIMIT_AS: with memory_mb = 64 a task held 400 MiB each way.
+    The sandbox's seccomp filter refuses them (EPERM)."""
+    daemon = await sandboxed("memory_mb = 64\nfile_size_mb = 1024")
+    _, body = await run_to_end(daemon, sys.executable, "-c", HOLD_UNCOUNTED)
+    lines = body["stdout"].split("\n")
+    assert "memfd 1" in lines, body
+    assert "shmget -1 1" in lines, body
+    assert "msgget -1 1" in lines, body
+    assert "held 0" in lines, body
+
+
+SOCKET_BUFFERS = r"""
+import resource, socket
+pairs, queued = [], 0
+try:
+    for i in range(3000):
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        pairs.append((a, b))
+        try:
+            while True:
+                queued += a.send(bytes(65536))
+        except BlockingIOError:
+            pass
+except OSError as err:
+    print("stopped", err.errno)
+print("nofile", resource.getrlimit(resource.RLIMIT_NOFILE)[0], "queued", queued)
+"""
+
+
+async def test_descriptors_are_bounded_by_memory_mb(sandboxed: Make) -> None:
+    """Socket buffers are kernel memory no tmpfs size, rlimit or PSS counts, one per descriptor:
+    with the daemon's raised descriptor limit inherited, 3000 socket pairs held 667 MiB under
+    memory_mb = 64. A task's RLIMIT_NOFILE is memory_mb / 512 KiB (at least 256)."""
+    daemon = await sandboxed("memory_mb = 64\nfile_size_mb = 1024")
+    _, body = await run_to_end(daemon, sys.executable, "-c", SOCKET_BUFFERS)
+    out = body["stdout"].split()
+    assert out[:2] == ["stopped", str(errno.EMFILE)], body
+    assert int(out[out.index("nofile") + 1]) == task_nofile(daemon.roster.policy.command) == 256
+    assert int(out[out.index("queued") + 1]) < 64 * MB
+
+
+FORK_FILL = r"""
+import os, time
+for i in range(30):
+    if os.fork() == 0:
+        b = bytearray(30 << 20)  # under each process's RLIMIT_AS, touched
+        time.sleep(5)
+        os._exit(0)
+time.sleep(5)
+print("held 900 MiB")
+"""
+
+
+async def test_forks_that_fill_are_killed_at_memory_mb_naming_it(sandboxed: Make) -> None:
+    """RLIMIT_AS binds each process: 30 forks of 30 MiB held 900 MiB under memory_mb = 64.
+    Without a cgroup, the watch sums the sandbox's anonymous memory (PSS) and its tmpfs use."""
+    daemon = await sandboxed("memory_mb = 64\nfile_size_mb = 1024")
+    if daemon.engine.options.confinement.memory_cgroup is not None:
+        pytest.skip("a cgroup MemoryMax bounds the task here (the kernel kills it)")
+    done, body = await run_to_end(daemon, sys.executable, "-c", FORK_FILL)
+    assert "held 900" not in body["stdout"]
+    assert done.state == "failed"
+    error = done.task("t").error
+    assert "over its memory_mb of 64 MiB" in error, error
 
 
 async def test_no_unsized_or_resizable_tmpfs_is_left_writable(sandboxed: Make) -> None:

@@ -156,3 +156,45 @@ async def test_the_start_snapshot_is_written_sealed_by_the_warm_up(fleet: Factor
     assert daemon.ledger.check_mac(snapshots.message(body), mac)
     assert daemon.ledger.check_signature(snapshots.message(body), sig)
     assert not daemon.ledger.check_mac(snapshots.message(body + b" "), mac)
+
+
+async def test_an_older_sealed_snapshot_put_back_serves_the_ledgers_truth(
+    fleet: Factory,
+) -> None:
+    """A replay: the daemon's own earlier snapshot (a valid seal) put back over the newer one.
+    It covers a prefix the ledger still holds, so it is trusted for that prefix only: what came
+    after it (a run interrupted in it, resumed and finished since) comes from the ledger."""
+    daemon, server = await fleet([("Design the API", "never", 60.0), ("Combine", "combined", 0.0)])
+    hanging = await daemon.engine.submit("backend api 1", plan=DAG)
+    for _ in range(500):
+        if server.in_flight():
+            break
+        await asyncio.sleep(0.01)
+    await daemon.stop()  # the older snapshot: `hanging` interrupted, its plan to resume
+    state = daemon.settings.state_dir
+    path = state / snapshots.FILE
+    older = path.read_bytes()
+    server.rules = [("Combine", "combined", 0.0)]
+    again = await restarted(daemon)
+    await again.engine.resume(hanging.id)
+    assert (await again.engine.wait(hanging.id, timeout=20)).state == "done"
+    other = await again.engine.submit("backend api 2", plan=DAG)
+    assert (await again.engine.wait(other.id, timeout=20)).state == "done"
+    await again.stop()
+    assert path.read_bytes() != older
+    path.write_bytes(older)
+    code, out = await verify(state)
+    assert code == 0, out
+    third = await restarted(daemon)
+    try:
+        assert third.restored_from is not None  # trusted, for its prefix
+        truth = await replay(third.ledger)
+        for run_id in (hanging.id, other.id):
+            served = await third.engine.find(run_id)
+            assert served.state == truth[run_id].state == "done"
+            assert served.answer == truth[run_id].answer
+            assert served.plan == truth[run_id].plan
+        listed = {v.id: v.state for v in third.engine.list(limit=100)}
+        assert listed == {k: v.state for k, v in truth.items()}
+    finally:
+        await third.stop()

@@ -14,8 +14,12 @@ then on every request gets 502, as from a proxy whose backend is gone. Hostile r
 the next `count` chat requests: "huge" answers `bytes` of valid JSON (made as it is sent, never
 held) with an honest Content-Length, or chunked with `chunked`; "flood" streams `bytes` of
 text in 64 KiB deltas; "deep" answers JSON nested `depth` levels; "drip" streams one token
-every `interval` seconds and never ends; with `stream_only` only streamed requests count,
-with `embeddings` embeddings requests (instead of chat requests).
+every `interval` seconds and never ends; "wide" answers `bytes` of `[[],[],...]` (small in
+bytes, huge parsed); "calls" streams tool-call deltas with no index, `per` to a chunk, for
+ever (each opens a new call); "redirect" answers 307 to `to`; "junk" streams chunks with an
+empty delta and a `bytes`-long junk field for ever (`bytes` 0: blank lines); with
+`stream_only` only streamed requests count, with `embeddings` embeddings requests (instead of
+chat requests).
 `--ready-file PATH`
 keeps it "loading" until PATH exists (a spawned server a test can fix from outside).
 `--models a,b` sets what /v1/models lists; `--ollama` answers as Ollama does (/api/version;
@@ -173,7 +177,7 @@ class FakeServer:
             self.fail_status = int(body.get("status", 500))
         elif mode == "die":
             self.dying = str(body.get("how", "cut"))
-        elif mode in ("huge", "flood", "deep", "drip"):
+        elif mode in ("huge", "flood", "deep", "drip", "wide", "calls", "redirect", "junk"):
             self.hostile = body
             self.hostile_left = int(body.get("count", 1))
         elif mode == "exit":
@@ -256,6 +260,28 @@ class FakeServer:
         if kind == "deep":
             n = int(mode.get("depth", 100_000))
             return web.Response(body=b"[" * n + b"]" * n, content_type="application/json")
+        if kind == "redirect":
+            raise web.HTTPTemporaryRedirect(str(mode["to"]))
+        if kind == "wide":
+            n = int(mode["bytes"]) // 3
+            return web.Response(body=b"[" + b"[]," * n + b"[]]", content_type="application/json")
+        if kind == "junk":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            size = int(mode.get("bytes", 0))
+            junk = {"choices": [{"index": 0, "delta": {}}], "junk": "j" * size}
+            frame = f"data: {json.dumps(junk)}\n\n".encode() if size else b"\n" * 4096
+            while True:
+                await resp.write(frame)
+                await asyncio.sleep(0)
+        if kind == "calls":
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            empty = ",".join(["{}"] * int(mode.get("per", 1000)))
+            line = f'data: {{"choices":[{{"index":0,"delta":{{"tool_calls":[{empty}]}}}}]}}\n\n'
+            while True:
+                await resp.write(line.encode())
+                await asyncio.sleep(0)
         if kind in ("flood", "drip"):
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)

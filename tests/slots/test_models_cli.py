@@ -422,3 +422,23 @@ async def test_doctor_and_the_daemon_resolve_a_relative_model_path_alike(
             pass
     finally:
         await daemon.stop()
+
+
+def test_a_models_list_keeps_printable_ids_and_at_most_max_models() -> None:
+    from daemon.slots.discovery import MAX_MODELS, model_ids
+
+    hostile = {
+        "data": [
+            {"id": "good"},
+            {"id": "\x1b]0;pwned\x07"},
+            {"id": "line\nbreak"},
+            {"id": ""},
+            {"id": 7},
+            "not an object",
+            *({"id": f"m{i}"} for i in range(100_000)),
+        ]
+    }
+    ids = model_ids(hostile)
+    assert ids[0] == "good"
+    assert len(ids) == MAX_MODELS
+    assert all(i.isprintable() and i for i in ids)

@@ -158,6 +158,17 @@ async def test_idle_unauthenticated_connections_leave_the_owner_its_descriptors(
             assert 'tally_limit{limit="tcp_connections"} 768' in text
             assert 'tally_tcp_refused_total{limit="total"} 0' not in text
             assert 'tally_tcp_refused_total{limit="pending_per_peer"} 0' not in text
+            # while the flood holds the total cap, from 18 addresses: a client with a token
+            # gets in (the oldest unauthenticated connection makes room), five times over
+            headers = {"Authorization": f"Bearer {served.token()}"}
+            started = time.monotonic()
+            for _ in range(5):
+                async with (
+                    aiohttp.ClientSession() as http,
+                    http.post(f"{served.url}/v1/tools/health", json={}, headers=headers) as r,
+                ):
+                    assert r.status == 200, await r.text()
+            assert time.monotonic() - started < 2.0
             # unauthenticated connections are closed after TALLY_AUTH_TIMEOUT_S
             await asyncio.sleep(5.5)
             assert len(_answered(held)) == len(held)

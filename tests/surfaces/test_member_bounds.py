@@ -219,3 +219,95 @@ async def test_a_400_mib_embeddings_answer_fails_at_the_members_ceiling(
     assert "over its limit" in failed["error"]
     resp = await client.post("/v1/embeddings", json={"model": "tiny", "input": "hello"})
     assert resp.status == 200, await resp.text()
+
+
+async def test_a_reply_small_in_bytes_but_huge_parsed_is_a_bad_reply(
+    daemon: Daemon, model: FakeServer, client: TestClient[Any, Any]
+) -> None:
+    # 15 MiB of `[],` (under the 16 MiB ceiling of a call with no max_tokens) is 5.2M lists:
+    # about 400 MB once parsed. Refused by its count of values, before parsing.
+    await _fault(model, mode="wide", bytes=15 * MIB, count=2)
+    before = _rss_kb("VmRSS")
+    _reset_peak()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    resp = await client.post("/v1/chat/completions", json=body)
+    answer = await resp.json()
+    grew_mb = (_rss_kb("VmHWM") - before) / 1024
+    print(f"RSS high-water grew {grew_mb:.1f} MB")
+    assert resp.status == 502, answer
+    assert answer["error"]["code"] == "bad_reply"
+    assert "JSON values" in answer["error"]["message"]
+    assert grew_mb < 150, f"RSS grew {grew_mb:.0f} MB"
+    assert len(await _failed_replies(daemon)) == 2
+    await _next_call_answers(model, client)
+
+
+async def test_tool_call_deltas_without_an_index_cannot_grow_without_bound(
+    daemon: Daemon, model: FakeServer, client: TestClient[Any, Any]
+) -> None:
+    # each `{}` in a delta's tool_calls (no index) would open one more call, counted as nothing
+    await _fault(model, mode="calls", per=1000, count=2, stream_only=True)
+    started = time.monotonic()
+    status, text = await _chat(client, stream=True)
+    assert time.monotonic() - started < 10
+    assert status in (200, 502)  # 502 when its first chunk already crossed the bound
+    assert "more than 128 tool calls" in text, text[-500:]
+    assert "data: [DONE]" not in text
+    failed = await _failed_replies(daemon)
+    assert failed
+    assert all("128 tool calls" in f["error"] for f in failed)
+    await _next_call_answers(model, client)
+
+
+async def test_a_redirect_is_not_followed_to_another_port(
+    daemon: Daemon, model: FakeServer, client: TestClient[Any, Any]
+) -> None:
+    """A member's 307 would re-send the prompt to wherever it points (another local service)."""
+    from aiohttp import web
+
+    caught: list[str] = []
+
+    async def catch(request: web.Request) -> web.Response:
+        caught.append(await request.text())
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_route("*", "/{path:.*}", catch)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        for stream in (False, True):
+            await _fault(model, mode="redirect", to=f"http://127.0.0.1:{port}/steal", count=2)
+            status, answer = await _chat(client, stream=stream)
+            assert status == 502, answer
+            assert "a redirect to" in str(answer), answer
+        assert caught == []
+        failed = await _failed_replies(daemon)
+        assert len(failed) == 4
+        assert all("not followed" in f["error"] for f in failed)
+        await _next_call_answers(model, client)
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("size", [16 * 1024, 0], ids=["junk-fields", "blank-lines"])
+async def test_a_stream_of_chunks_that_keep_nothing_is_cut_at_the_cap(
+    daemon: Daemon, model: FakeServer, client: TestClient[Any, Any], size: int
+) -> None:
+    """Empty deltas with a junk field (relayed to the gateway's client, never kept) or blank
+    lines, for ever: every line counts against the cap (max_tokens 16: 128 KiB), or the
+    member keeps the daemon's loop busy parsing and relaying until the 300 s timeout."""
+    await _fault(model, mode="junk", bytes=size, count=2, stream_only=True)
+    started = time.monotonic()
+    status, text = await _chat(client, stream=True)
+    assert time.monotonic() - started < 10
+    assert status in (200, 502)
+    assert "reply_too_large" in text, text[-300:]
+    assert len(text) < 512 * 1024
+    failed = await _failed_replies(daemon)
+    assert failed
+    assert all("over its limit" in f["error"] for f in failed)
+    await _next_call_answers(model, client)

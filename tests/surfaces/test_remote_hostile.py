@@ -96,6 +96,14 @@ class Proxy:
                 await resp.write(b"a")
                 await asyncio.sleep(0.05)
             return resp
+        if mode == "error_deep":  # a 500 whose body nests deep and would rewrite a terminal
+            n = 100_000
+            body = b"\x1b]0;pwned\x07\x1b[2J" + b"[" * n + b"]" * n
+            return web.Response(body=body, status=500, content_type="application/json")
+        if mode == "redirect":
+            raise web.HTTPTemporaryRedirect(self.upstream + request.path_qs)
+        if mode == "html" and tool == "ledger_checkpoint":
+            return web.Response(body=b"<html>\x1b[31mno</html>", content_type="text/html")
         if mode == "types" and tool == "ledger_checkpoint":
             return web.json_response({"checkpoint": [1, 2, 3]})
         if mode == "nan" and tool == "ledger_checkpoint":
@@ -172,6 +180,9 @@ HOSTILE = [
     ("path", "not a list of hex hashes"),
     ("forged", "inclusion proof fails"),
     ("entry", "not a valid ledger entry"),
+    ("error_deep", "HTTP 500"),
+    ("redirect", "HTTP 307"),
+    ("html", "not valid JSON"),
     ("silent", "did not answer within"),
     ("drip", "did not answer within"),
 ]
@@ -191,3 +202,4 @@ async def test_a_hostile_member_fails_its_call_and_the_others_are_checked(
         assert by_member["first"]["status"] == "ok", (mode, by_member)
         assert by_member["evil"]["status"] == "failed", (mode, by_member)
         assert reason in by_member["evil"]["reason"], (mode, by_member["evil"])
+        assert by_member["evil"]["reason"].isprintable(), (mode, by_member["evil"])

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from daemon.runs import limits, sandbox
+from daemon.runs import limits, sandbox, seccomp
 from daemon.runs.limits import DiskQuota, DiskUsage, TmpfsProbe, disk_usage
 from daemon.runs.sandbox import Confinement
 from roster.models import CommandPolicy
@@ -155,6 +155,7 @@ async def run_command(
         base = await asyncio.to_thread(disk_usage, workdir)
     sandboxed = policy.sandbox == "bwrap"
     info = _InfoPipe() if sandboxed else None
+    filter_fd = seccomp.pipe() if sandboxed else None
     removed = False
     cgroup = confinement.memory_cgroup if sandboxed else None
     try:
@@ -169,6 +170,7 @@ async def run_command(
             hidden=confinement.hidden,
             info_fd=info.write if info is not None else None,
             memory_cgroup=cgroup,
+            seccomp_fd=filter_fd,
         )
         watch = _Watch(
             # A view's quota is what the task may add to what the view held before it.
@@ -182,6 +184,7 @@ async def run_command(
             else None,
             info=info,
             memory_max_mb=policy.memory_mb if cgroup is not None else None,
+            seccomp_fd=filter_fd,
         )
         launch_env = env | dict(cgroup.env) if cgroup is not None else env
         outcome = await _supervise(
@@ -198,6 +201,9 @@ async def run_command(
     finally:
         if info is not None:
             info.close()
+        if filter_fd is not None:
+            with contextlib.suppress(OSError):  # closed once the child had it
+                os.close(filter_fd)
         if own and not removed:
             await asyncio.to_thread(sandbox.remove_task_dir, workdir)
 
@@ -240,6 +246,8 @@ class _Watch:
     info: _InfoPipe | None
     memory_max_mb: int | None = None
     """The cgroup `MemoryMax` the task runs under, if one is in force."""
+    seccomp_fd: int | None = None
+    """The seccomp program bwrap reads (`--seccomp`): the child inherits it."""
     limit: str | None = None
 
     async def run(self, proc: asyncio.subprocess.Process) -> None:
@@ -405,7 +413,11 @@ async def _supervise(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
-        pass_fds=(watch.info.write,) if watch.info is not None else (),
+        pass_fds=tuple(
+            fd
+            for fd in (watch.info.write if watch.info is not None else None, watch.seccomp_fd)
+            if fd is not None
+        ),
     )
     if watch.info is not None:
         watch.info.close_write()

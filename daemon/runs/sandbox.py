@@ -227,12 +227,15 @@ def wrap(
     hidden: Sequence[Path],
     info_fd: int | None = None,
     memory_cgroup: MemoryCgroup | None = None,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """The argv that runs `argv` confined as the module docstring says.
 
     `info_fd`: a descriptor the child inherits, on which bwrap writes the sandbox init's pid
     (for `limits.TmpfsProbe`). `memory_cgroup`: run the sandbox in a scope whose `MemoryMax`
-    is `memory_mb` (its `env` must then be in the environment `systemd-run` starts with)."""
+    is `memory_mb` (its `env` must then be in the environment `systemd-run` starts with).
+    `seccomp_fd`: a descriptor the child inherits holding the seccomp program
+    (`seccomp.pipe`); without one, the daemon's interpreter loads it inside (`seccomp.argv`)."""
     limited = [*prlimit_argv(policy), *argv]
     if policy.sandbox == "none":
         return [*nice_argv(), *limited]
@@ -260,7 +263,9 @@ def wrap(
     args += ["--remount-ro", "/", "--chdir", str(workdir), "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
-    # inside, a seccomp filter refuses the calls that hold memory no limit counts (memfd, SysV)
+    # a seccomp filter refuses the calls that hold memory no limit counts (memfd, SysV)
+    if seccomp_fd is not None:
+        return [*args, "--seccomp", str(seccomp_fd), "--", *limited]
     return [*args, "--", *seccomp.argv(), *limited]
 
 

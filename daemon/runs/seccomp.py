@@ -8,15 +8,19 @@ outlives its last detach: attach, fill, detach, repeat) and a System V message q
 `memory_mb = 64` a task held 400 MiB each way. So the sandbox refuses those calls with `EPERM`:
 a program that needs shared memory uses POSIX `shm_open`, which lives in the sized `/dev/shm`.
 
-The filter is a classic BPF program (no library: libseccomp has no Python binding here) that
-`INSTALL` loads with `prctl` inside the sandbox before it execs the task's argv, so it binds
-the task and everything it starts. It checks the architecture: x86-64 (its x32 numbers too),
-i386 (the compat entry a 32-bit binary can use, `ipc` included) and aarch64.
+The filter is a classic BPF program (no library: libseccomp has no Python binding here). The
+command executor hands it to bubblewrap on a pipe (`pipe`, bwrap's `--seccomp FD`), which loads
+it right before it execs the task's argv, so it binds the task and everything it starts at no
+cost of its own; `argv` (`INSTALL`, loaded with `prctl` by the daemon's interpreter inside the
+sandbox) is the way for a caller that cannot pass a descriptor. It checks the architecture:
+x86-64 (its x32 numbers too), i386 (the compat entry a 32-bit binary can use, `ipc` included)
+and aarch64.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import struct
 import sys
 
@@ -71,6 +75,17 @@ INSTALL = (
     "os.execv(sys.argv[2],sys.argv[2:])\n"
 )
 """Run as `python -I -S -c INSTALL HEX ARGV...`: loads the filter, then execs ARGV."""
+
+
+def pipe() -> int:
+    """A descriptor (close-on-exec: pass it with `pass_fds`) that reads the filter's program,
+    for bwrap's `--seccomp FD`; the program (a few hundred bytes) fits the pipe's buffer."""
+    read, write = os.pipe2(os.O_CLOEXEC)
+    try:
+        os.write(write, program())
+    finally:
+        os.close(write)
+    return read
 
 
 def argv() -> list[str]:

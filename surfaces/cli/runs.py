@@ -328,11 +328,13 @@ def _ending(run: dict[str, Any], as_json: bool, tokens: Any = None) -> int:
             print(run["answer"])
         print(f"run {run['id']} ended {run['state']}: {run.get('error') or ''}", file=sys.stderr)
         if run["state"] in ("failed", "cancelled", "budget_exhausted"):
-            print(
-                f"tally: `tally run {run['id']}` shows each attempt; "
-                f"`tally retry {run['id']}` runs what is not done again",
-                file=sys.stderr,
+            # retry refuses a workspace run (engine.retry): point at what does work
+            again = (
+                f"`tally submit --workspace {run['workspace']} …` runs it again"
+                if run.get("workspace")
+                else f"`tally retry {run['id']}` runs what is not done again"
             )
+            print(f"tally: `tally run {run['id']}` shows each attempt; {again}", file=sys.stderr)
         elif run["state"] == "interrupted":
             print(f"tally: `tally resume {run['id']}` goes on", file=sys.stderr)
     return 0 if run["state"] == "done" else 1

@@ -102,6 +102,21 @@ def test_a_patch_applies_once_and_refuses_a_workspace_changed_under_it(tmp_path:
     assert workspace_patch.apply(ws, body, check=False).already
 
 
+def test_a_committed_change_still_refuses_and_the_advice_is_stash_not_commit(
+    tmp_path: Path,
+) -> None:
+    # The check compares the files with the snapshot, so committing a change leaves it stale:
+    # the message must not send the user to commit (a new user tried that; it still refused).
+    ws = project(tmp_path)
+    body = _patch_for(tmp_path, ws)
+    (ws / "calc.py").write_text("def add(a, b):\n    return 0\n")
+    git(ws, "commit", "-qam", "mine")
+    with pytest.raises(workspace_patch.ApplyRefused) as refused:
+        workspace_patch.apply(ws, body, check=True)
+    assert "git stash" in str(refused.value)
+    assert "committing them does not help" in str(refused.value)
+
+
 def _evil(name: str) -> PatchBody:
     diff = (
         f"diff --git a/{name} b/{name}\nnew file mode 100644\n--- /dev/null\n+++ b/{name}\n"

@@ -1,0 +1,25 @@
+"""What the CLI tells a user after a run on a workspace fails: a command that works."""
+
+from __future__ import annotations
+
+import pytest
+
+from surfaces.cli import runs
+
+
+def test_a_failed_workspace_run_points_at_submit_not_retry(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # engine.retry refuses a workspace run; the hint once sent the user straight into that wall.
+    run = {"id": "r1", "state": "failed", "error": "boom", "workspace": "/src/shop"}
+    assert runs._ending(run, as_json=False) == 1
+    err = capsys.readouterr().err
+    assert "tally retry" not in err
+    assert "tally submit --workspace /src/shop" in err
+    assert "tally run r1" in err
+
+
+def test_a_failed_plain_run_still_points_at_retry(capsys: pytest.CaptureFixture[str]) -> None:
+    run = {"id": "r2", "state": "failed", "error": "boom", "workspace": None}
+    assert runs._ending(run, as_json=False) == 1
+    assert "`tally retry r2` runs what is not done again" in capsys.readouterr().err

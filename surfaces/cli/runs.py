@@ -243,7 +243,13 @@ async def patch(args: argparse.Namespace) -> int:
         print(f"tally: run {args.run_id}: {found['error']}", file=sys.stderr)
         return 1
     if found.get("patch") is None:
-        print(f"tally: run {args.run_id} is {found['state']} and has no patch yet", file=sys.stderr)
+        if not found.get("workspace"):  # "yet" would promise one that never comes
+            why = "worked on no workspace (`--workspace DIR`), so it has no patch"
+        elif found["state"] not in ("done", "failed", "cancelled", "interrupted", "budget_exhausted"):
+            why = f"is {found['state']}: its patch comes once its tasks are done"
+        else:
+            why = f"is {found['state']} and has no patch"
+        print(f"tally: run {args.run_id} {why}", file=sys.stderr)
         return 1
     if not found["patch"]:
         print(f"tally: run {args.run_id} changed no file", file=sys.stderr)

@@ -366,6 +366,12 @@ async def test_the_cli_submits_on_a_workspace_then_prints_and_applies_the_patch(
         err = capsys.readouterr().err
         assert "changed since the run's snapshot: calc.py" in err
         assert "Traceback" not in err
+        assert await asyncio.to_thread(main, ["submit", "say hello", *at]) == 0
+        capsys.readouterr()
+        [plain] = [r for r in daemon.engine.list() if r.id != run.id]
+        assert await asyncio.to_thread(main, ["patch", plain.id, *at]) == 1
+        err = capsys.readouterr().err  # no "yet": a run without a workspace never gets one
+        assert f"run {plain.id} worked on no workspace (`--workspace DIR`)" in err
         outside = project(tmp_path / "elsewhere")
         argv = ["submit", "Fix add in calc.py", "--workspace", str(outside)]
         assert await asyncio.to_thread(main, [*argv, *at]) == 1

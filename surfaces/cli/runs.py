@@ -245,7 +245,7 @@ async def patch(args: argparse.Namespace) -> int:
     if found.get("patch") is None:
         if not found.get("workspace"):  # "yet" would promise one that never comes
             why = "worked on no workspace (`--workspace DIR`), so it has no patch"
-        elif found["state"] not in ("done", "failed", "cancelled", "interrupted", "budget_exhausted"):
+        elif found["state"] in ("queued", "routing", "planning", "running", "synthesizing"):
             why = f"is {found['state']}: its patch comes once its tasks are done"
         else:
             why = f"is {found['state']} and has no patch"

@@ -153,6 +153,18 @@ def _describe(kind: str, b: dict[str, Any]) -> str | None:
         lines = [f"  failed → {b.get('next')}{said}"]
         lines += [f"    - {_cut(f)}" for f in failures]
         return "\n".join(lines)
+    if kind == "task.diff":  # the generic form showed a 40-hex index line, or nothing at all
+        if b.get("error"):
+            return f"  changes not captured: {_cut(b.get('error'))}"
+        files = [str(f) for f in b.get("files") or []]
+        more = f" and {len(files) - 10} more" if len(files) > 10 else ""
+        return f"  changed {', '.join(files[:10])}{more}" if files else "  changed no file"
+    if kind == "check.run":
+        argv = " ".join(str(a) for a in b.get("argv") or [])
+        how = "timed out" if b.get("timed_out") else f"exit {b.get('exit_code')}"
+        output = " ".join(str(b.get(k) or "") for k in ("stdout_tail", "stderr_tail")).strip()
+        shown = f": {_cut(output, 300)}" if output else ""
+        return f"  check `{_cut(argv, 120)}` ({b.get('source')}): {how}{shown}"
     if kind == "task.escalate":
         return f"  climbs {b.get('from_tier')} → {b.get('to_tier')}: {_cut(b.get('reason'))}"
     if kind == "task.skip":

@@ -16,6 +16,7 @@ by its kind and fields, so new kinds are visible before they get their own words
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any, TextIO
 
@@ -100,6 +101,9 @@ class Tokens:
         self.out.flush()
 
 
+_RULE = re.compile(r"([=\-_*~#])\1{4,}")
+
+
 def _cut(value: Any, limit: int = SHOWN) -> str:
     text = " ".join(str(value if value is not None else "").split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -163,6 +167,7 @@ def _describe(kind: str, b: dict[str, Any]) -> str | None:
         argv = " ".join(str(a) for a in b.get("argv") or [])
         how = "timed out" if b.get("timed_out") else f"exit {b.get('exit_code')}"
         output = " ".join(str(b.get(k) or "") for k in ("stdout_tail", "stderr_tail")).strip()
+        output = _RULE.sub(r"\1\1\1", output)  # a test runner's ===/--- rules ate the line
         shown = f": {_cut(output, 300)}" if output else ""
         return f"  check `{_cut(argv, 120)}` ({b.get('source')}): {how}{shown}"
     if kind == "task.escalate":

@@ -17,7 +17,7 @@ def test_a_diff_and_a_check_are_said_in_words_not_dumped() -> None:
         "exit_code": 1,
         "timed_out": False,
         "stdout_tail": "",
-        "stderr_tail": "FAIL: test_add\nAssertionError: -1 != 5",
+        "stderr_tail": "=" * 70 + "\nFAIL: test_add\n" + "-" * 70 + "\nAssertionError: -1 != 5",
         "duration_ms": 99,
         "source": "task",
     }
@@ -32,10 +32,10 @@ def test_a_diff_and_a_check_are_said_in_words_not_dumped() -> None:
     )["fix"]
     assert lines == [
         "  changed calc.py  [seq 1]",
-        "  check `python3 -m unittest -q` (task): exit 1: FAIL: test_add AssertionError: -1 != 5"
-        "  [seq 2]",
+        "  check `python3 -m unittest -q` (task): exit 1: "
+        "=== FAIL: test_add --- AssertionError: -1 != 5  [seq 2]",
         "  changed no file  [seq 3]",
-        "  check `python3 -m unittest -q` (task): timed out: FAIL: test_add AssertionError: -1 "
-        "!= 5  [seq 4]",
+        "  check `python3 -m unittest -q` (task): timed out: "
+        "=== FAIL: test_add --- AssertionError: -1 != 5  [seq 4]",
         "  changes not captured: git add failed  [seq 5]",
     ]

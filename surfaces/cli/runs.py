@@ -341,6 +341,14 @@ def _ending(run: dict[str, Any], as_json: bool, tokens: Any = None) -> int:
                 else f"`tally retry {run['id']}` runs what is not done again"
             )
             print(f"tally: `tally run {run['id']}` shows each attempt; {again}", file=sys.stderr)
+            if run.get("patch_files"):  # the done tasks' changes (views.partial_patch)
+                changed = len(run["patch_files"])
+                print(
+                    f"tally: its done tasks changed {changed} file{'s' if changed != 1 else ''}: "
+                    f"`tally patch {run['id']}` shows the diff, `tally apply {run['id']}` "
+                    "applies it",
+                    file=sys.stderr,
+                )
         elif run["state"] == "interrupted":
             print(f"tally: `tally resume {run['id']}` goes on", file=sys.stderr)
     return 0 if run["state"] == "done" else 1

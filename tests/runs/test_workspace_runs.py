@@ -185,6 +185,37 @@ async def test_apply_refuses_a_workspace_that_changed_under_the_patch(
     assert [r["ok"] for r in refused] == [False]
 
 
+async def test_a_failed_run_keeps_its_done_tasks_changes_as_its_patch(
+    tmp_path: Path, workspace_fleet: Make
+) -> None:
+    # A new user's 2-task run failed on its second task: the first task's fix was lost, and
+    # retry refuses a workspace run. The done tasks' changes are the failed run's patch.
+    src = project(tmp_path / "src")
+    stray = "calc.py\n<<<<<<< SEARCH\nnot in the file\n=======\nx\n>>>>>>> REPLACE\n"
+    daemon, _ = await workspace_fleet([("Fix add", RIGHT, 0.0), ("Tidy", stray, 0.0)])
+    plan = {
+        "tasks": [
+            {"id": "fix", "lane": "backend", "instruction": "Fix add in calc.py"},
+            {"id": "tidy", "lane": "backend", "instruction": "Tidy calc.py", "needs": ["fix"]},
+        ]
+    }
+    view = await daemon.engine.submit("fix then tidy", plan=plan, workspace=str(src))
+    failed = await daemon.engine.wait(view.id, timeout=120)
+    assert failed.state == "failed"
+    assert [t.state for t in failed.tasks] == ["done", "failed"]
+    [body] = await bodies(daemon, ws.PATCH, view.id)
+    assert (body["tasks"], body["files"]) == (["fix"], ["calc.py"])
+    applied = await tool(daemon, "run_apply", {"run_id": view.id}, scope="command")
+    assert applied.applied
+    assert (src / "calc.py").read_text() == FIXED
+    # a run whose every task failed has no patch: nothing to apply
+    nothing = await daemon.engine.submit(
+        "tidy", plan={"tasks": [plan["tasks"][1] | {"needs": []}]}, workspace=str(src)
+    )
+    assert (await daemon.engine.wait(nothing.id, timeout=120)).state == "failed"
+    assert await bodies(daemon, ws.PATCH, nothing.id) == []
+
+
 async def test_a_workspace_needs_an_allowed_root_and_the_command_scope(
     tmp_path: Path, workspace_fleet: Make
 ) -> None:

@@ -38,3 +38,14 @@ def test_serve_refuses_a_workspace_root_that_is_not_a_directory(
     err = capsys.readouterr().err
     assert f"--workspace-root {tmp_path / 'sr'}: not a directory" in err
     assert not (tmp_path / "s").exists()  # refused before anything listened
+
+
+def test_a_failed_workspace_run_with_done_changes_points_at_patch_and_apply(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run = {"id": "r3", "state": "failed", "error": "t2 failed", "workspace": "/src/shop"}
+    run["patch_files"] = ["calc.py"]
+    assert runs._ending(run, as_json=False) == 1
+    err = capsys.readouterr().err
+    assert "its done tasks changed 1 file: `tally patch r3` shows the diff" in err
+    assert "`tally apply r3` applies it" in err

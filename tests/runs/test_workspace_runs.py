@@ -193,12 +193,9 @@ async def test_a_failed_run_keeps_its_done_tasks_changes_as_its_patch(
     src = project(tmp_path / "src")
     stray = "calc.py\n<<<<<<< SEARCH\nnot in the file\n=======\nx\n>>>>>>> REPLACE\n"
     daemon, _ = await workspace_fleet([("Fix add", RIGHT, 0.0), ("Tidy", stray, 0.0)])
-    plan = {
-        "tasks": [
-            {"id": "fix", "lane": "backend", "instruction": "Fix add in calc.py"},
-            {"id": "tidy", "lane": "backend", "instruction": "Tidy calc.py", "needs": ["fix"]},
-        ]
-    }
+    tidy: dict[str, Any] = {"id": "tidy", "lane": "backend", "instruction": "Tidy calc.py"}
+    fix = {"id": "fix", "lane": "backend", "instruction": "Fix add in calc.py"}
+    plan = {"tasks": [fix, tidy | {"needs": ["fix"]}]}
     view = await daemon.engine.submit("fix then tidy", plan=plan, workspace=str(src))
     failed = await daemon.engine.wait(view.id, timeout=120)
     assert failed.state == "failed"
@@ -209,9 +206,7 @@ async def test_a_failed_run_keeps_its_done_tasks_changes_as_its_patch(
     assert applied.applied
     assert (src / "calc.py").read_text() == FIXED
     # a run whose every task failed has no patch: nothing to apply
-    nothing = await daemon.engine.submit(
-        "tidy", plan={"tasks": [plan["tasks"][1] | {"needs": []}]}, workspace=str(src)
-    )
+    nothing = await daemon.engine.submit("tidy", plan={"tasks": [tidy]}, workspace=str(src))
     assert (await daemon.engine.wait(nothing.id, timeout=120)).state == "failed"
     assert await bodies(daemon, ws.PATCH, nothing.id) == []
 

@@ -43,7 +43,7 @@ def test_serve_refuses_a_workspace_root_that_is_not_a_directory(
 def test_a_failed_workspace_run_with_done_changes_points_at_patch_and_apply(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    run = {"id": "r3", "state": "failed", "error": "t2 failed", "workspace": "/src/shop"}
+    run: dict[str, object] = {"id": "r3", "state": "failed", "workspace": "/src/shop"}
     run["patch_files"] = ["calc.py"]
     assert runs._ending(run, as_json=False) == 1
     err = capsys.readouterr().err

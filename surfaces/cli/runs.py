@@ -171,7 +171,9 @@ async def submit(args: argparse.Namespace) -> int:
         return 2
     body: dict[str, Any] = {"request": request}
     if args.workspace is not None:
-        body["workspace"] = str(args.workspace.resolve())
+        # absolute, not resolved: the daemon resolves links itself, and its refusal then names
+        # the path the user typed beside the one it leads to
+        body["workspace"] = str(args.workspace.expanduser().absolute())
     if args.lane:
         body["lane"] = args.lane
     if args.plan:

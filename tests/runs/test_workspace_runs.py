@@ -402,6 +402,12 @@ async def test_the_cli_submits_on_a_workspace_then_prints_and_applies_the_patch(
         argv = ["submit", "Fix add in calc.py", "--workspace", str(outside)]
         assert await asyncio.to_thread(main, [*argv, *at]) == 1
         assert "--workspace-root" in capsys.readouterr().err
+        link = tmp_path / "src" / "shortcut"  # inside the root, leading out of it
+        link.symlink_to(outside)
+        argv = ["submit", "Fix add in calc.py", "--workspace", str(link)]
+        assert await asyncio.to_thread(main, [*argv, *at]) == 1
+        err = capsys.readouterr().err
+        assert f"workspace '{link}' ({outside.resolve()}) is not inside an allowed root" in err
     finally:
         await runner.cleanup()
 

@@ -202,8 +202,21 @@ class Task(_Model):
         total = sum(len(path) + len(content) for path, content in files.items())
         if total > MAX_TASK_FILES_CHARS:
             raise ValueError(f"files hold {total} characters; at most {MAX_TASK_FILES_CHARS}")
+        # Every bad path in one message (a plan's problems are reported in one pass), and two
+        # names for one file ("a/b", "a/./b") refused rather than one silently winning.
+        problems: list[str] = []
+        seen: dict[str, str] = {}
         for path in files:
-            check_relative(path)  # PathRefused is a ValueError: a located 422
+            try:
+                rel = check_relative(path)
+            except ValueError as refused:  # PathRefused: the path and why
+                problems.append(str(refused))
+                continue
+            if rel in seen:
+                problems.append(f"{path!r} and {seen[rel]!r} name the same file {rel!r}")
+            seen.setdefault(rel, path)
+        if problems:
+            raise ValueError("; ".join(problems))
         return files
 
     @field_validator("output_file")

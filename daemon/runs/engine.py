@@ -732,6 +732,7 @@ class Engine:
         try:
             await waves.run_plan(s, run, plan)
         except TaskFailed as exc:  # the done tasks' work is still the run's answer
+            await spaces.partial_patch(s, run, plan)  # and their changes its patch
             await synthesis.partial(s, run, describe(exc))
             raise
         await spaces.patch(s, run, plan)

@@ -369,6 +369,21 @@ async def patch(s: Setting, run: Run, plan: Plan) -> None:
     await s.witness(run.id, ws.PATCH, body.model_dump(), parent or view.plan_seq)
 
 
+async def partial_patch(s: Setting, run: Run, plan: Plan) -> None:
+    """A failed run's `run.patch`: its done tasks' changes, as a failed run's answer holds their
+    outputs (retry does not take a workspace run: without this their work was lost). None when
+    no task is done, or when a restarted run's workspace changed (the failure says enough)."""
+    view = s.views[run.id]
+    if view.workspace is None or not any(
+        (tv := view.task(t.id)) is not None and tv.state == "done" for t in plan.tasks
+    ):
+        return
+    try:
+        await patch(s, run, plan)
+    except ViewFailed:
+        return
+
+
 async def close(run: Run) -> None:
     """Remove the run's dirs (its snapshot and views) once it stops."""
     if run.space is not None:

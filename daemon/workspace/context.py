@@ -15,6 +15,7 @@ from pathlib import Path
 
 CHARS_PER_TOKEN = 3
 LISTING_MAX = 400
+BINARY_SNIFF = 8000  # git's own look for a NUL byte
 _WORD = re.compile(r"[\w.\-/]+")
 
 
@@ -61,11 +62,16 @@ def block(root: Path, instruction: str, room_chars: int) -> str:
     parts.append(head)
     room = room_chars - len(head)
     left_out: list[str] = []
+    binary: list[str] = []
     for path in named(instruction, files):
         try:
-            text = (root / path).read_text(errors="replace")
+            data = (root / path).read_bytes()
         except OSError:
             continue
+        if b"\0" in data[:BINARY_SNIFF]:  # as git tells a binary file: shown, it is noise
+            binary.append(path)
+            continue
+        text = data.decode("utf-8", errors="replace")
         framed = f"{path}\n```\n{text}\n```"
         if len(framed) <= room:
             parts.append(framed)
@@ -79,6 +85,8 @@ def block(root: Path, instruction: str, room_chars: int) -> str:
             room = 0
         else:
             left_out.append(path)
+    if binary:
+        parts.append("Not shown, binary files: " + ", ".join(binary[:50]))
     if left_out:
         parts.append(
             "Not shown for lack of room in the context window: " + ", ".join(left_out[:50])

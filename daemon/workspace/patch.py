@@ -70,8 +70,9 @@ def apply(workspace: Path, body: PatchBody, check: bool) -> Applied:
     if changed:
         raise ApplyRefused(
             f"the workspace changed since the run's snapshot: {', '.join(changed[:20])}; "
-            "the patch was made for the files as they were. Commit or stash your changes to "
-            "them, or submit the run again on the workspace as it is now",
+            "the patch was made for the files as they were. Stash or undo your changes to "
+            "them (`git stash`; committing them does not help), or submit the run again on "
+            "the workspace as it is now",
         )
     data = body.patch.encode("utf-8", "surrogateescape")
     extra = ["--check"] if check else []

@@ -128,9 +128,23 @@ def _walk(workspace: Path) -> list[str]:
     return sorted(names)
 
 
+def _utf8(name: str) -> bool:
+    """Whether a name (decoded with surrogateescape) is valid UTF-8: only such a name can be
+    shown to a model, written in the record or named in a patch."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _classify(workspace: Path, name: str, policy: WorkspacePolicy, listing: _Listing) -> None:
     if is_hidden(name, policy.hide):
         listing.hidden += 1
+        return
+    if not _utf8(name):  # it once failed every chat task: its listing could not be recorded
+        raw = name.encode("utf-8", "surrogateescape")
+        listing.skipped.append(f"{raw!r}: a name that is not UTF-8")
         return
     full = workspace / name
     try:
@@ -232,7 +246,7 @@ def _git_identity(
         if committed.get(name) != blob:
             changes.append(f"{name}\0{blob}")
     for name in sorted(set(committed) - set(hashes)):
-        if not is_hidden(name, policy.hide):
+        if not is_hidden(name, policy.hide) and _utf8(name):  # both left out of the copy
             changes.append(f"{name}\0deleted")
     if not changes:
         return head, None

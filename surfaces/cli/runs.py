@@ -171,7 +171,9 @@ async def submit(args: argparse.Namespace) -> int:
         return 2
     body: dict[str, Any] = {"request": request}
     if args.workspace is not None:
-        body["workspace"] = str(args.workspace.resolve())
+        # absolute, not resolved: the daemon resolves links itself, and its refusal then names
+        # the path the user typed beside the one it leads to
+        body["workspace"] = str(args.workspace.expanduser().absolute())
     if args.lane:
         body["lane"] = args.lane
     if args.plan:
@@ -243,7 +245,13 @@ async def patch(args: argparse.Namespace) -> int:
         print(f"tally: run {args.run_id}: {found['error']}", file=sys.stderr)
         return 1
     if found.get("patch") is None:
-        print(f"tally: run {args.run_id} is {found['state']} and has no patch yet", file=sys.stderr)
+        if not found.get("workspace"):  # "yet" would promise one that never comes
+            why = "worked on no workspace (`--workspace DIR`), so it has no patch"
+        elif found["state"] in ("queued", "routing", "planning", "running", "synthesizing"):
+            why = f"is {found['state']}: its patch comes once its tasks are done"
+        else:
+            why = f"is {found['state']} and has no patch"
+        print(f"tally: run {args.run_id} {why}", file=sys.stderr)
         return 1
     if not found["patch"]:
         print(f"tally: run {args.run_id} changed no file", file=sys.stderr)
@@ -328,11 +336,21 @@ def _ending(run: dict[str, Any], as_json: bool, tokens: Any = None) -> int:
             print(run["answer"])
         print(f"run {run['id']} ended {run['state']}: {run.get('error') or ''}", file=sys.stderr)
         if run["state"] in ("failed", "cancelled", "budget_exhausted"):
-            print(
-                f"tally: `tally run {run['id']}` shows each attempt; "
-                f"`tally retry {run['id']}` runs what is not done again",
-                file=sys.stderr,
+            # retry refuses a workspace run (engine.retry): point at what does work
+            again = (
+                f"`tally submit --workspace {run['workspace']} …` runs it again"
+                if run.get("workspace")
+                else f"`tally retry {run['id']}` runs what is not done again"
             )
+            print(f"tally: `tally run {run['id']}` shows each attempt; {again}", file=sys.stderr)
+            if run.get("patch_files"):  # the done tasks' changes (views.partial_patch)
+                changed = len(run["patch_files"])
+                print(
+                    f"tally: its done tasks changed {changed} file{'s' if changed != 1 else ''}: "
+                    f"`tally patch {run['id']}` shows the diff, `tally apply {run['id']}` "
+                    "applies it",
+                    file=sys.stderr,
+                )
         elif run["state"] == "interrupted":
             print(f"tally: `tally resume {run['id']}` goes on", file=sys.stderr)
     return 0 if run["state"] == "done" else 1

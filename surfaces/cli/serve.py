@@ -165,7 +165,11 @@ def settings_from(args: argparse.Namespace) -> Any:
             overrides[key] = value
     roots = getattr(args, "workspace_root", None)
     if roots:
-        overrides["workspace_roots"] = tuple(Path(root).resolve() for root in roots)
+        resolved = tuple(Path(root).expanduser().resolve() for root in roots)
+        for given, root in zip(roots, resolved, strict=True):
+            if not root.is_dir():  # a typo would otherwise only show as every submit refused
+                raise ValueError(f"--workspace-root {given}: not a directory ({root})")
+        overrides["workspace_roots"] = resolved
     return Settings.from_env(**overrides)
 
 

@@ -16,6 +16,7 @@ by its kind and fields, so new kinds are visible before they get their own words
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any, TextIO
 
@@ -100,6 +101,9 @@ class Tokens:
         self.out.flush()
 
 
+_RULE = re.compile(r"([=\-_*~#])\1{4,}")
+
+
 def _cut(value: Any, limit: int = SHOWN) -> str:
     text = " ".join(str(value if value is not None else "").split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -153,6 +157,19 @@ def _describe(kind: str, b: dict[str, Any]) -> str | None:
         lines = [f"  failed → {b.get('next')}{said}"]
         lines += [f"    - {_cut(f)}" for f in failures]
         return "\n".join(lines)
+    if kind == "task.diff":  # the generic form showed a 40-hex index line, or nothing at all
+        if b.get("error"):
+            return f"  changes not captured: {_cut(b.get('error'))}"
+        files = [str(f) for f in b.get("files") or []]
+        more = f" and {len(files) - 10} more" if len(files) > 10 else ""
+        return f"  changed {', '.join(files[:10])}{more}" if files else "  changed no file"
+    if kind == "check.run":
+        argv = " ".join(str(a) for a in b.get("argv") or [])
+        how = "timed out" if b.get("timed_out") else f"exit {b.get('exit_code')}"
+        output = " ".join(str(b.get(k) or "") for k in ("stdout_tail", "stderr_tail")).strip()
+        output = _RULE.sub(r"\1\1\1", output)  # a test runner's ===/--- rules ate the line
+        shown = f": {_cut(output, 300)}" if output else ""
+        return f"  check `{_cut(argv, 120)}` ({b.get('source')}): {how}{shown}"
     if kind == "task.escalate":
         return f"  climbs {b.get('from_tier')} → {b.get('to_tier')}: {_cut(b.get('reason'))}"
     if kind == "task.skip":

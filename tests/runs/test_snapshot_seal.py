@@ -198,3 +198,30 @@ async def test_an_older_sealed_snapshot_put_back_serves_the_ledgers_truth(
         assert listed == {k: v.state for k, v in truth.items()}
     finally:
         await third.stop()
+
+
+async def test_a_reader_of_the_owners_snapshot_replays_without_crying_edit(
+    fleet: Factory, caplog: Any
+) -> None:
+    # A new user's `tally runs` with the daemon stopped said "its seal does not match
+    # (edited?)" of a snapshot nobody edited: a reader has no MAC key to check it with.
+    import logging
+
+    from daemon.ledger import Ledger
+
+    daemon, _ = await fleet([("Combine", "combined", 0.0)])
+    run = await daemon.engine.submit("backend api", plan=DAG)
+    assert (await daemon.engine.wait(run.id, timeout=20)).state == "done"
+    await daemon.stop()
+    state = daemon.settings.state_dir
+    reader = await Ledger.open(state, readonly=True)
+    try:
+        with caplog.at_level(logging.DEBUG, logger=snapshots.__name__):
+            assert snapshots.load(state, reader) is None  # a reader trusts only the ledger
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        reseal_kept(state / snapshots.FILE, lambda d: d["views"][0].update(answer="forged"))
+        caplog.clear()
+        assert snapshots.load(state, reader) is None
+        assert "its seal does not match (edited?)" in caplog.text
+    finally:
+        await reader.close()

@@ -185,6 +185,32 @@ async def test_apply_refuses_a_workspace_that_changed_under_the_patch(
     assert [r["ok"] for r in refused] == [False]
 
 
+async def test_a_failed_run_keeps_its_done_tasks_changes_as_its_patch(
+    tmp_path: Path, workspace_fleet: Make
+) -> None:
+    # A new user's 2-task run failed on its second task: the first task's fix was lost, and
+    # retry refuses a workspace run. The done tasks' changes are the failed run's patch.
+    src = project(tmp_path / "src")
+    stray = "calc.py\n<<<<<<< SEARCH\nnot in the file\n=======\nx\n>>>>>>> REPLACE\n"
+    daemon, _ = await workspace_fleet([("Fix add", RIGHT, 0.0), ("Tidy", stray, 0.0)])
+    tidy: dict[str, Any] = {"id": "tidy", "lane": "backend", "instruction": "Tidy calc.py"}
+    fix = {"id": "fix", "lane": "backend", "instruction": "Fix add in calc.py"}
+    plan = {"tasks": [fix, tidy | {"needs": ["fix"]}]}
+    view = await daemon.engine.submit("fix then tidy", plan=plan, workspace=str(src))
+    failed = await daemon.engine.wait(view.id, timeout=120)
+    assert failed.state == "failed"
+    assert [t.state for t in failed.tasks] == ["done", "failed"]
+    [body] = await bodies(daemon, ws.PATCH, view.id)
+    assert (body["tasks"], body["files"]) == (["fix"], ["calc.py"])
+    applied = await tool(daemon, "run_apply", {"run_id": view.id}, scope="command")
+    assert applied.applied
+    assert (src / "calc.py").read_text() == FIXED
+    # a run whose every task failed has no patch: nothing to apply
+    nothing = await daemon.engine.submit("tidy", plan={"tasks": [tidy]}, workspace=str(src))
+    assert (await daemon.engine.wait(nothing.id, timeout=120)).state == "failed"
+    assert await bodies(daemon, ws.PATCH, nothing.id) == []
+
+
 async def test_a_workspace_needs_an_allowed_root_and_the_command_scope(
     tmp_path: Path, workspace_fleet: Make
 ) -> None:
@@ -366,10 +392,22 @@ async def test_the_cli_submits_on_a_workspace_then_prints_and_applies_the_patch(
         err = capsys.readouterr().err
         assert "changed since the run's snapshot: calc.py" in err
         assert "Traceback" not in err
+        assert await asyncio.to_thread(main, ["submit", "say hello", *at]) == 0
+        capsys.readouterr()
+        [plain] = [r for r in daemon.engine.list() if r.id != run.id]
+        assert await asyncio.to_thread(main, ["patch", plain.id, *at]) == 1
+        err = capsys.readouterr().err  # no "yet": a run without a workspace never gets one
+        assert f"run {plain.id} worked on no workspace (`--workspace DIR`)" in err
         outside = project(tmp_path / "elsewhere")
         argv = ["submit", "Fix add in calc.py", "--workspace", str(outside)]
         assert await asyncio.to_thread(main, [*argv, *at]) == 1
         assert "--workspace-root" in capsys.readouterr().err
+        link = tmp_path / "src" / "shortcut"  # inside the root, leading out of it
+        link.symlink_to(outside)
+        argv = ["submit", "Fix add in calc.py", "--workspace", str(link)]
+        assert await asyncio.to_thread(main, [*argv, *at]) == 1
+        err = capsys.readouterr().err
+        assert f"workspace '{link}' ({outside.resolve()}) is not inside an allowed root" in err
     finally:
         await runner.cleanup()
 

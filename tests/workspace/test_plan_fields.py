@@ -42,3 +42,14 @@ def test_good_fields_are_kept_normalized() -> None:
     (only,) = plan.tasks
     assert only.output_file == "src/x.py"
     assert only.assertions[0].type == "run"
+
+
+def test_every_bad_file_path_is_named_at_once_and_two_names_for_one_file_are_refused() -> None:
+    # A new user's plan with several bad paths learnt of them one fix at a time.
+    files = {"../up": "", "/abs": "", "ok.py": "", "a/./b.py": "", "a/b.py": "", ".git/x": ""}
+    with pytest.raises(PlanInvalid) as caught:
+        parse_plan(task(files=files))
+    message = caught.value.message
+    for bad in ("'../up'", "'/abs'", "'.git/x'", "'a/b.py' and 'a/./b.py' name the same file"):
+        assert bad in message
+    assert "'ok.py'" not in message

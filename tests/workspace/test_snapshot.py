@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from daemon.errors import Forbidden, InvalidInput
+from daemon.ledger.canonical import check_json
 from daemon.workspace import patch as workspace_patch
 from daemon.workspace.record import PatchBody
 from daemon.workspace.snapshot import allowed, take
@@ -48,6 +49,26 @@ def test_a_plain_dir_snapshot_hashes_its_visible_files_and_drops_links_out(tmp_p
     assert sorted(os.listdir(tmp_path / "base")) == ["calc.py", "same", "test_calc.py"]
     assert len(body.skipped) == 2
     assert all("symlink out" in s for s in body.skipped)
+
+
+@pytest.mark.parametrize("repo", [True, False])
+def test_a_name_that_is_not_utf8_is_left_out_and_said(tmp_path: Path, repo: bool) -> None:
+    # A new user's workspace with such a file failed every chat task: its listing went into a
+    # model.call entry the ledger cannot store. It is left out of the copy, like a link out.
+    ws = project(tmp_path, repo=repo)
+    raw = os.fsencode(ws) + b"/bad\xffname.txt"
+    with open(raw, "wb") as f:
+        f.write(b"x\n")
+    if repo:
+        git(ws, "add", "-A")
+        git(ws, "commit", "-qm", "bad name")
+    body = take(ws, POLICY, tmp_path / "base")
+    check_json(body.model_dump())  # storable: the record holds no lone surrogate
+    assert "calc.py" in os.listdir(tmp_path / "base")
+    assert not any(n.startswith("bad") for n in os.listdir(tmp_path / "base"))
+    assert body.skipped == ["b'bad\\xffname.txt': a name that is not UTF-8"]
+    if repo:
+        assert body.dirty is None  # left out is not "deleted": the commit is all there is
 
 
 def test_caps_and_roots_are_refused_with_the_setting_named(tmp_path: Path) -> None:
@@ -100,6 +121,21 @@ def test_a_patch_applies_once_and_refuses_a_workspace_changed_under_it(tmp_path:
     assert workspace_patch.apply(ws, body, check=False).method == "git-3way"
     assert (ws / "calc.py").read_text() == FIXED
     assert workspace_patch.apply(ws, body, check=False).already
+
+
+def test_a_committed_change_still_refuses_and_the_advice_is_stash_not_commit(
+    tmp_path: Path,
+) -> None:
+    # The check compares the files with the snapshot, so committing a change leaves it stale:
+    # the message must not send the user to commit (a new user tried that; it still refused).
+    ws = project(tmp_path)
+    body = _patch_for(tmp_path, ws)
+    (ws / "calc.py").write_text("def add(a, b):\n    return 0\n")
+    git(ws, "commit", "-qam", "mine")
+    with pytest.raises(workspace_patch.ApplyRefused) as refused:
+        workspace_patch.apply(ws, body, check=True)
+    assert "git stash" in str(refused.value)
+    assert "committing them does not help" in str(refused.value)
 
 
 def _evil(name: str) -> PatchBody:

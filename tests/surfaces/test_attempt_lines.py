@@ -1,0 +1,41 @@
+"""`tally run ID`'s attempt listing reads a workspace task's diff and checks as a person would."""
+
+from __future__ import annotations
+
+from surfaces.cli.stream import attempt_lines
+
+
+def entry(seq: int, kind: str, **body: object) -> dict[str, object]:
+    return {"seq": seq, "kind": kind, "content": {"task": "fix", **body}}
+
+
+def test_a_diff_and_a_check_are_said_in_words_not_dumped() -> None:
+    diff = "diff --git a/calc.py b/calc.py\nindex 12ee743..4693ad3 100644\n"
+    check = {
+        "attempt": 1,
+        "argv": ["python3", "-m", "unittest", "-q"],
+        "exit_code": 1,
+        "timed_out": False,
+        "stdout_tail": "",
+        "stderr_tail": "=" * 70 + "\nFAIL: test_add\n" + "-" * 70 + "\nAssertionError: -1 != 5",
+        "duration_ms": 99,
+        "source": "task",
+    }
+    lines = attempt_lines(
+        [
+            entry(1, "task.diff", attempt=1, diff=diff, files=["calc.py"]),
+            entry(2, "check.run", **check),
+            entry(3, "task.diff", attempt=2, diff="", files=[]),
+            entry(4, "check.run", **{**check, "exit_code": None, "timed_out": True}),
+            entry(5, "task.diff", attempt=3, diff="", files=[], error="git add failed"),
+        ]
+    )["fix"]
+    assert lines == [
+        "  changed calc.py  [seq 1]",
+        "  check `python3 -m unittest -q` (task): exit 1: "
+        "=== FAIL: test_add --- AssertionError: -1 != 5  [seq 2]",
+        "  changed no file  [seq 3]",
+        "  check `python3 -m unittest -q` (task): timed out: "
+        "=== FAIL: test_add --- AssertionError: -1 != 5  [seq 4]",
+        "  changes not captured: git add failed  [seq 5]",
+    ]

@@ -133,7 +133,12 @@ def load(state_dir: Path, ledger: StampedLedger) -> Snapshot | None:
         log.warning("ignoring the run snapshot %s: %s", path, exc)
         return None
     sealed = unseal(data)
-    if sealed is None or not ledger.check_mac(message(sealed[0]), sealed[1]):
+    # The owner checks its MAC; a read-only reader (`tally runs` offline) holds no MAC key, so
+    # it checks the signature with `checkpoint.vkey` instead of calling the file edited.
+    if sealed is None or not (
+        ledger.check_mac(message(sealed[0]), sealed[1])
+        or ledger.check_signature(message(sealed[0]), sealed[2])
+    ):
         log.warning(
             "ignoring the run snapshot %s: %s; the runs are rebuilt from the ledger",
             path,

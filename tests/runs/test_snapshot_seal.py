@@ -156,3 +156,27 @@ async def test_the_start_snapshot_is_written_sealed_by_the_warm_up(fleet: Factor
     assert daemon.ledger.check_mac(snapshots.message(body), mac)
     assert daemon.ledger.check_signature(snapshots.message(body), sig)
     assert not daemon.ledger.check_mac(snapshots.message(body + b" "), mac)
+
+
+async def test_a_reader_trusts_the_owners_seal_by_its_signature(
+    fleet: Factory, caplog: Any
+) -> None:
+    """`tally runs` with the daemon down opens the ledger read-only, with no MAC key: the
+    owner's snapshot is checked by its signature (no "edited?" warning); an edit still fails."""
+    from daemon.ledger import Ledger
+
+    daemon, _ = await fleet([("Combine", "combined", 0.0)])
+    run = await daemon.engine.submit("backend api", plan=DAG)
+    assert (await daemon.engine.wait(run.id, timeout=20)).state == "done"
+    await daemon.stop()
+    state = daemon.settings.state_dir
+    reader = await Ledger.open(state, readonly=True)
+    try:
+        loaded = snapshots.load(state, reader)
+        assert loaded is not None
+        assert "seal" not in caplog.text
+        reseal_kept(state / snapshots.FILE, lambda d: d["views"][0].update(request="edited"))
+        assert snapshots.load(state, reader) is None
+        assert "its seal does not match" in caplog.text
+    finally:
+        await reader.close()

@@ -90,6 +90,15 @@ async def slow_model() -> AsyncIterator[FakeServer]:
         await server.stop()
 
 
+def _exited(pid: int) -> bool:
+    """Exited: no such process, or a zombie its parent (this test) has not reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
 async def _until(check: Any, what: str, timeout: float = 20) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -164,6 +173,7 @@ async def _day(
         assert body["pool"]["queue"] == 3
         assert body["ledger"]["writable"]
         assert body["ledger"]["size"] > 0
+        assert body["ledger"]["bytes"] > 0  # the record's own file, entries.jsonl
         text = (await tally(tmp_path, "status")).stdout
         assert f"pid {daemon.pid}" in text, text
         assert "queued 3" in text, text
@@ -223,6 +233,8 @@ async def _day(
         stop = await tally(tmp_path, "stop", timeout=60)
         assert stop.returncode == 0, stop.stderr
         assert "stopped" in stop.stderr
+        # "stopped" means the process is gone (exited), not only that its listener closed.
+        assert _exited(daemon.pid), "tally stop said stopped while the daemon still ran"
         assert await asyncio.to_thread(daemon.wait, 10) == 0
         await asyncio.sleep(1.0)  # a poll of the follower
         follower.terminate()

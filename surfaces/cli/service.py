@@ -144,7 +144,11 @@ def run_stop(args: argparse.Namespace) -> int:
         while loop.time() < deadline:
             # The listener closes as the drain begins: "stopped" waits for the process too.
             async with DaemonClient(endpoint, timeout=2.0) as probe:
-                if not await probe.ping() and not _alive(pid):
+                try:
+                    answers = await probe.ping()
+                except (TimeoutError, OSError):  # a draining daemon may accept, not answer
+                    answers = False
+                if not answers and not _alive(pid):
                     break
             await asyncio.sleep(0.2)
         else:

@@ -302,3 +302,43 @@ async def _true(value: bool) -> bool:
 
 async def _done(client: DaemonClient, run_id: str) -> bool:
     return bool((await client.call("run_get", {"run_id": run_id}))["state"] == "done")
+
+
+async def test_stop_with_runs_in_flight_waits_for_the_drain(
+    tmp_path: Path, slow_model: FakeServer
+) -> None:
+    """`tally stop` while runs are in flight: it returns once the process is gone (through a
+    drain in which the listener may take a connection and not answer), and `tally runs` then
+    reads them from the record, interrupted."""
+    roster = tmp_path / "roster.toml"
+    roster.write_text(ROSTER.format(url=slow_model.url))
+    slow_model.token_delay_s = 1.0  # the drain (5 s) outlasts none of them
+    sock = tmp_path / "run" / "tally.sock"
+    daemon = await asyncio.to_thread(
+        subprocess.Popen,
+        [sys.executable, "-m", "surfaces", "serve", "--roster", str(roster)],
+        env=_env(tmp_path),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        async with DaemonClient(Endpoint(socket_path=sock), timeout=10) as client:
+            await _until(client.ping, "the daemon to listen")
+            for i in range(3):
+                await client.call("submit", {"request": f"api work {i}"})
+        stop = await tally(tmp_path, "stop", timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        assert "3 runs in flight drain" in stop.stderr, stop.stderr
+        assert stop.stderr.rstrip().endswith("tally: stopped"), stop.stderr
+        assert _exited(daemon.pid)
+        assert await asyncio.to_thread(daemon.wait, 10) == 0
+        offline = await tally(tmp_path, "runs")
+        assert offline.returncode == 0, offline.stderr
+        assert offline.stdout.count(" interrupted ") == 3, offline.stdout
+        assert "read the runs from the record" in offline.stderr
+        assert "seal" not in offline.stderr  # the owner's snapshot is trusted, not "edited?"
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()

@@ -122,7 +122,7 @@ class Refusal:
 
     def message(self) -> str:
         window = "24 hours" if self.limit == "tokens_per_day" else "minute"
-        unit = "requests" if self.limit == "rpm" else "tokens"
+        unit = ("request" if self.limit == "rpm" else "token") + ("" if self.used == 1 else "s")
         return (
             f"client {self.client!r} is over its {self.limit} limit ({self.used} {unit} in the "
             f"last {window}, {self.allowed} allowed); retry after {self.retry_after:.1f} s"

@@ -89,8 +89,10 @@ def status_text(body: dict[str, Any]) -> str:
         busy = sum(i["slots_busy"] for i in loaded)
         where = "external" if m["external"] else f"{len(loaded)} loaded"
         extra = f" · {m['last_error']}" if m.get("last_error") and not m["healthy"] else ""
+        # An external member is reached on its first call: before that it is not "stopped".
+        state = "unused" if m["external"] and m["state"] == "stopped" else m["state"]
         lines.append(
-            f"  {m['name']:<16} {m['state']:<10} {where:<10} slots {busy}/{total} busy · "
+            f"  {m['name']:<16} {state:<10} {where:<10} slots {busy}/{total} busy · "
             f"queue {m['queue']}/{m['max_queue']}{extra}"
         )
     for t in pool.get("tiers") or []:

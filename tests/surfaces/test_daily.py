@@ -325,6 +325,11 @@ async def test_stop_with_runs_in_flight_waits_for_the_drain(
     try:
         async with DaemonClient(Endpoint(socket_path=sock), timeout=10) as client:
             await _until(client.ping, "the daemon to listen")
+            # Before its first call an external member is "unused", not "stopped".
+            before = await tally(tmp_path, "status")
+            assert before.returncode == 0, before.stderr
+            tiny = next(line for line in before.stdout.splitlines() if "tiny" in line)
+            assert tiny.split()[1] == "unused", before.stdout
             for i in range(3):
                 await client.call("submit", {"request": f"api work {i}"})
         stop = await tally(tmp_path, "stop", timeout=60)

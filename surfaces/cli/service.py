@@ -138,7 +138,9 @@ def run_stop(args: argparse.Namespace) -> int:
             n = body["draining"]
             print(
                 f"tally: stopping: {n} run{'s' if n != 1 else ''} in flight drain for up to "
-                f"{body['drain_s']:g} s; the rest are interrupted (`tally resume RUN`)",
+                f"{body['drain_s']:g} s; the rest are interrupted (`tally resume RUN`)"
+                if n
+                else "tally: stopping: no run in flight",
                 file=sys.stderr,
             )
         loop = asyncio.get_running_loop()

@@ -233,6 +233,7 @@ async def _day(
         stop = await tally(tmp_path, "stop", timeout=60)
         assert stop.returncode == 0, stop.stderr
         assert "stopped" in stop.stderr
+        assert "tally: stopping: no run in flight" in stop.stderr, stop.stderr
         # "stopped" means the process is gone (exited), not only that its listener closed.
         assert _exited(daemon.pid), "tally stop said stopped while the daemon still ran"
         assert await asyncio.to_thread(daemon.wait, 10) == 0

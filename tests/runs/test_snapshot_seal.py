@@ -143,21 +143,6 @@ async def test_an_unsealed_or_foreign_snapshot_is_refused(fleet: Factory) -> Non
     await third.stop()
 
 
-async def test_the_start_snapshot_is_written_sealed_by_the_warm_up(fleet: Factory) -> None:
-    daemon, _ = await fleet([])
-    path = daemon.settings.state_dir / snapshots.FILE
-    assert not path.exists()  # not before the first answer: sealing loads the signature library
-    daemon.warm()
-    assert daemon._warming is not None
-    await daemon._warming
-    sealed = snapshots.unseal(path.read_bytes())
-    assert sealed is not None
-    body, mac, sig = sealed
-    assert daemon.ledger.check_mac(snapshots.message(body), mac)
-    assert daemon.ledger.check_signature(snapshots.message(body), sig)
-    assert not daemon.ledger.check_mac(snapshots.message(body + b" "), mac)
-
-
 async def test_a_reader_trusts_the_owners_seal_by_its_signature(
     fleet: Factory, caplog: Any
 ) -> None:
@@ -180,3 +165,18 @@ async def test_a_reader_trusts_the_owners_seal_by_its_signature(
         assert "its seal does not match" in caplog.text
     finally:
         await reader.close()
+
+
+async def test_the_start_snapshot_is_written_sealed_by_the_warm_up(fleet: Factory) -> None:
+    daemon, _ = await fleet([])
+    path = daemon.settings.state_dir / snapshots.FILE
+    assert not path.exists()  # not before the first answer: sealing loads the signature library
+    daemon.warm()
+    assert daemon._warming is not None
+    await daemon._warming
+    sealed = snapshots.unseal(path.read_bytes())
+    assert sealed is not None
+    body, mac, sig = sealed
+    assert daemon.ledger.check_mac(snapshots.message(body), mac)
+    assert daemon.ledger.check_signature(snapshots.message(body), sig)
+    assert not daemon.ledger.check_mac(snapshots.message(body + b" "), mac)

@@ -413,11 +413,13 @@ def _task_problems(
     tid = task.id
     if known is not None and task.lane not in known:
         listing = ", ".join(sorted(known)[:30]) or "none"
+        close = difflib.get_close_matches(task.lane, sorted(known), n=1, cutoff=0.7)
+        hint = f"; did you mean `{close[0]}`?" if close else ""
         found.append(
             PlanProblem(
                 code="unknown_lane",
                 tasks=[tid],
-                message=f"task {tid!r}: unknown lane {task.lane!r} (known: {listing})",
+                message=f"task {tid!r}: unknown lane {task.lane!r}{hint} (known: {listing})",
             )
         )
     for need in dict.fromkeys(task.needs):
@@ -621,8 +623,26 @@ _ASSERTIONS: dict[str, type[BaseModel]] = {
 }
 
 
+# What other plan formats call a task's fields: spelling alone would not find these (`kind`
+# looks more like `id` than like `executor`).
+_SYNONYMS = {
+    "kind": "executor",
+    "type": "executor",
+    "command": "argv",
+    "cmd": "argv",
+    "args": "argv",
+    "depends_on": "needs",
+    "deps": "needs",
+    "after": "needs",
+    "prompt": "instruction",
+    "timeout": "timeout_s",
+}
+
+
 def _unknown_field(name: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if _SYNONYMS.get(name) in known:
+        return f"unknown field {name!r}; did you mean `{_SYNONYMS[name]}`?"
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
     if close:
         return f"unknown field {name!r}; did you mean `{close[0]}`?"
     listing = ", ".join(known) if known else "none"

@@ -101,6 +101,15 @@ class Usage:
     witnessed: dict[str, float] = field(default_factory=dict)
 
 
+def _readable(seconds: float) -> str:
+    """A day's budget says "retry after 86383.2 s": a person reads it as hours and minutes."""
+    if seconds < 120:
+        return ""
+    minutes = int(seconds // 60)
+    hours, minutes = divmod(minutes, 60)
+    return f" (about {hours} h {minutes} min)" if hours else f" (about {minutes} min)"
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Why a request was refused: the limit, its value, what the window holds, when to retry."""
@@ -113,10 +122,11 @@ class Refusal:
 
     def message(self) -> str:
         window = "24 hours" if self.limit == "tokens_per_day" else "minute"
-        unit = "requests" if self.limit == "rpm" else "tokens"
+        unit = ("request" if self.limit == "rpm" else "token") + ("" if self.used == 1 else "s")
         return (
             f"client {self.client!r} is over its {self.limit} limit ({self.used} {unit} in the "
             f"last {window}, {self.allowed} allowed); retry after {self.retry_after:.1f} s"
+            f"{_readable(self.retry_after)}"
         )
 
     def error(self) -> RateLimited:

@@ -1425,7 +1425,7 @@ class StatusOut(_Out):
 
 def _entries_bytes(daemon: Daemon) -> int | None:
     try:
-        return (Path(daemon.settings.state_dir) / "ledger" / "entries").stat().st_size
+        return (Path(daemon.settings.state_dir) / "ledger" / "entries.jsonl").stat().st_size
     except OSError:
         return None
 

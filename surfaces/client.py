@@ -35,9 +35,15 @@ def not_running() -> str:
 
 
 class DaemonDown(Exception):
-    def __init__(self, where: str) -> None:
-        super().__init__(f"{not_running()} (looked for it at {where})")
+    def __init__(self, where: str, reason: str | None = None) -> None:
+        # A URL (TALLY_URL) may name a daemon on another machine that runs but cannot be
+        # reached (a name that does not resolve, a firewall): say why, not "start it".
+        if reason is not None:
+            super().__init__(f"cannot reach the tally daemon at {where}: {reason}")
+        else:
+            super().__init__(f"{not_running()} (looked for it at {where})")
         self.where = where
+        self.remote = reason is not None
 
 
 class DaemonError(Exception):
@@ -157,7 +163,8 @@ class DaemonClient:
             if isinstance(exc, aiohttp.ClientSSLError):
                 message = f"TLS with {self.endpoint.where} failed: {exc} (pin its certificate: "
                 raise DaemonError(0, "tls", message + "TALLY_TLS_FINGERPRINT)") from None
-            raise DaemonDown(self.endpoint.where) from None
+            reason = (str(exc) or type(exc).__name__) if self.endpoint.url else None
+            raise DaemonDown(self.endpoint.where, reason) from None
 
     async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST JSON to a route that is not a tool (e.g. /v1/console/code)."""
@@ -274,7 +281,9 @@ def run_client(main: Any) -> int:
         code: int = asyncio.run(main)
     except DaemonDown as exc:
         print(
-            f"tally: daemon not running at {exc.where}; start it with {start_hint()}",
+            f"tally: {exc}"
+            if exc.remote
+            else f"tally: daemon not running at {exc.where}; start it with {start_hint()}",
             file=sys.stderr,
         )
         return 1

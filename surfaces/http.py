@@ -255,11 +255,17 @@ def _refuse(request: web.Request, options: HttpOptions) -> web.Response | None:
         if client is None:
             if request.path == "/healthz" or console.public(request.path):
                 return None  # liveness for probes (no details); the console's pages and login
+            # The gateway (/v1/chat/completions, /v1/embeddings, /v1/models) needs `submit`.
+            scope = (
+                "submit"
+                if request.path.startswith(("/v1/chat", "/v1/emb", "/v1/models"))
+                else "read"
+            )
             refused = error_response(
                 401,
                 "unauthorized",
                 "a valid bearer token is required over TCP (`tally client add NAME --scope "
-                "read`, or `tally token` for the default client)",
+                f"{scope}`, or `tally token` for the default client)",
                 headers={"WWW-Authenticate": 'Bearer realm="tally"'},
             )
             refused.force_close()  # nothing more to say to it: its descriptor comes back now

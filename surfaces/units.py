@@ -173,10 +173,13 @@ def system_unit(
     options: Sequence[str] = (),
     state: str | None = None,
     socket: str | None = None,
+    workspace_roots: Sequence[str] = (),
 ) -> str:
     # ProtectSystem=strict leaves only the unit's own directories writable: a state dir or a
-    # socket elsewhere must be named.
+    # socket elsewhere must be named, and so must each workspace root (`tally apply` writes
+    # there from the daemon).
     writable = [p for p in (state, None if socket is None else str(Path(socket).parent)) if p]
+    writable += [p for p in workspace_roots if p not in writable]
     read_write = f"ReadWritePaths={' '.join(quote(p) for p in writable)}\n" if writable else ""
     return _SYSTEM.format(exec_start=exec_start(exe, options, state, socket), read_write=read_write)
 

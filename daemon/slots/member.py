@@ -253,8 +253,16 @@ class MemberRuntime:
         if self.cooling:
             return f"is cooling down after repeated failures: {self.last_error}"
         if self.down:
-            return f"is unreachable: {self.last_error}"
+            return f"is unreachable: {self._down_reason()}"
         return "is available"
+
+    def _down_reason(self) -> str:
+        # An instance turns unhealthy a moment before went_down() records the member's reason:
+        # a lease in between reads the instance's own (never "None").
+        found = self.last_error or next(
+            (i.last_error for i in self.instances if i.last_error), None
+        )
+        return found or "its health check failed"
 
     def retry_after(self) -> float:
         """Seconds until it may take leases again: the cooldown's end or the next probe."""

@@ -149,7 +149,10 @@ def run(args: argparse.Namespace) -> int:
         except DaemonDown:
             body = _offline(args)
             print(
-                "tally client: the daemon is not running; changed the client file directly "
+                "tally client: the daemon is not running; read the client file (use against "
+                "limits is the daemon's: not shown)"
+                if args.call == "client_list"  # a read-only command changed nothing
+                else "tally client: the daemon is not running; changed the client file directly "
                 "(not witnessed in the ledger)",
                 file=sys.stderr,
             )

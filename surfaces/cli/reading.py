@@ -117,10 +117,16 @@ def summary_text(body: dict[str, Any]) -> str:
     ]
     for name, m in sorted(body["per_member"].items()):
         rate = m["completion_tokens"] / (m["ms"] / 1000) if m["ms"] else 0.0
-        lines.append(
-            f"member {name}: {m['calls']} calls, {m['prompt_tokens']}+{m['completion_tokens']} "
-            f"tokens, {m['ms']} ms, {rate:.1f} tok/s, {m['errors']} errors"
+        lines.append(  # runs' model.call entries only: the gateway's calls are below
+            f"member {name} (runs): {m['calls']} calls, {m['prompt_tokens']}+"
+            f"{m['completion_tokens']} tokens, {m['ms']} ms, {rate:.1f} tok/s, {m['errors']} errors"
         )
+    for client, models in sorted(body.get("gateway", {}).items()):
+        for model, g in sorted(models.items()):
+            lines.append(
+                f"gateway {client} → {model}: {g['calls']} answered + {g['errors']} failed, "
+                f"{g['prompt_tokens']}+{g['completion_tokens']} tokens, {g['ms']} ms"
+            )
     for name, c in sorted(body.get("by_client", {}).items()):
         lines.append(f"client {name}: {c['runs']} runs, {c['entries']} entries")
     if body.get("runs_by_state"):

@@ -533,6 +533,11 @@ async def _from_record(
 
     state = args.state_dir or default_state_dir()
     where = getattr(down, "where", "?")
+    if getattr(down, "remote", False) and args.state_dir is None:
+        # A daemon named by TALLY_URL may be on another machine: this one's state dir is not
+        # its record (on the daemon's machine, --state-dir reads it).
+        print(f"tally: {down}", file=sys.stderr)
+        return None
     try:
         if run_id is not None:
             one = await record.run(state, run_id)

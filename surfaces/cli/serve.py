@@ -322,8 +322,11 @@ def run_unit(args: argparse.Namespace) -> int:
     socket = str(Path(os.path.abspath(args.socket.expanduser()))) if args.socket else None
     paths += [p for p in (state, socket) if p]
     try:
-        make = system_unit if args.system else user_unit
-        text = make(exe, options, state, socket)
+        if args.system:
+            roots = [str(Path(os.path.abspath(r.expanduser()))) for r in args.workspace_root or []]
+            text = system_unit(exe, options, state, socket, roots)
+        else:
+            text = user_unit(exe, options, state, socket)
     except ValueError as exc:
         print(f"tally unit: {exc}", file=sys.stderr)
         return 2

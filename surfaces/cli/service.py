@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -88,8 +89,10 @@ def status_text(body: dict[str, Any]) -> str:
         busy = sum(i["slots_busy"] for i in loaded)
         where = "external" if m["external"] else f"{len(loaded)} loaded"
         extra = f" · {m['last_error']}" if m.get("last_error") and not m["healthy"] else ""
+        # An external member is reached on its first call: before that it is not "stopped".
+        state = "unused" if m["external"] and m["state"] == "stopped" else m["state"]
         lines.append(
-            f"  {m['name']:<16} {m['state']:<10} {where:<10} slots {busy}/{total} busy · "
+            f"  {m['name']:<16} {state:<10} {where:<10} slots {busy}/{total} busy · "
             f"queue {m['queue']}/{m['max_queue']}{extra}"
         )
     for t in pool.get("tiers") or []:
@@ -126,6 +129,7 @@ def run_stop(args: argparse.Namespace) -> int:
         endpoint = Endpoint.from_env(args.socket)
         async with DaemonClient(endpoint) as client:
             try:
+                pid = await _local_pid(client, endpoint)
                 body = await client.call("daemon_stop")
             except DaemonDown:
                 print(f"tally: no daemon running at {endpoint.where}", file=sys.stderr)
@@ -134,14 +138,21 @@ def run_stop(args: argparse.Namespace) -> int:
             n = body["draining"]
             print(
                 f"tally: stopping: {n} run{'s' if n != 1 else ''} in flight drain for up to "
-                f"{body['drain_s']:g} s; the rest are interrupted (`tally resume RUN`)",
+                f"{body['drain_s']:g} s; the rest are interrupted (`tally resume RUN`)"
+                if n
+                else "tally: stopping: no run in flight",
                 file=sys.stderr,
             )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + args.timeout
         while loop.time() < deadline:
+            # The listener closes as the drain begins: "stopped" waits for the process too.
             async with DaemonClient(endpoint, timeout=2.0) as probe:
-                if not await probe.ping():
+                try:
+                    answers = await probe.ping()
+                except (TimeoutError, OSError):  # a draining daemon may accept, not answer
+                    answers = False
+                if not answers and not _alive(pid):
                     break
             await asyncio.sleep(0.2)
         else:
@@ -154,6 +165,33 @@ def run_stop(args: argparse.Namespace) -> int:
         return 0
 
     return run_client(main())
+
+
+async def _local_pid(client: Any, endpoint: Any) -> int | None:
+    """The daemon's pid when it is on this machine (its unix socket), else None."""
+    if endpoint.socket_path is None:
+        return None
+    try:
+        pid = (await client.call("status"))["daemon"]["pid"]
+    except Exception:  # an older daemon or a client without `read`: wait for the listener only
+        return None
+    return pid if isinstance(pid, int) and pid > 0 else None
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process by that pid: it is there
+        return True
+    try:  # exited, not yet reaped by its parent (a shell's job, a test's child): gone
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 # ---------------------------------------------------------------- logs
@@ -210,7 +248,8 @@ def run_logs(args: argparse.Namespace) -> int:
         what = f"member {args.member!r}" if args.member else "the daemon or its model servers"
         print(
             f"tally logs: no log of {what} in {state / 'logs'} (a member's log appears once "
-            "its server has started; `tally serve` writes daemon.log)",
+            "tally has started its server; an external member (`url`) logs where it runs; "
+            "`tally serve` writes daemon.log)",
             file=sys.stderr,
         )
         return 1

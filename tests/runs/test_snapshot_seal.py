@@ -143,6 +143,30 @@ async def test_an_unsealed_or_foreign_snapshot_is_refused(fleet: Factory) -> Non
     await third.stop()
 
 
+async def test_a_reader_trusts_the_owners_seal_by_its_signature(
+    fleet: Factory, caplog: Any
+) -> None:
+    """`tally runs` with the daemon down opens the ledger read-only, with no MAC key: the
+    owner's snapshot is checked by its signature (no "edited?" warning); an edit still fails."""
+    from daemon.ledger import Ledger
+
+    daemon, _ = await fleet([("Combine", "combined", 0.0)])
+    run = await daemon.engine.submit("backend api", plan=DAG)
+    assert (await daemon.engine.wait(run.id, timeout=20)).state == "done"
+    await daemon.stop()
+    state = daemon.settings.state_dir
+    reader = await Ledger.open(state, readonly=True)
+    try:
+        loaded = snapshots.load(state, reader)
+        assert loaded is not None
+        assert "seal" not in caplog.text
+        reseal_kept(state / snapshots.FILE, lambda d: d["views"][0].update(request="edited"))
+        assert snapshots.load(state, reader) is None
+        assert "its seal does not match" in caplog.text
+    finally:
+        await reader.close()
+
+
 async def test_the_start_snapshot_is_written_sealed_by_the_warm_up(fleet: Factory) -> None:
     daemon, _ = await fleet([])
     path = daemon.settings.state_dir / snapshots.FILE
@@ -200,7 +224,7 @@ async def test_an_older_sealed_snapshot_put_back_serves_the_ledgers_truth(
         await third.stop()
 
 
-async def test_a_reader_of_the_owners_snapshot_replays_without_crying_edit(
+async def test_a_reader_of_the_owners_snapshot_uses_it_without_crying_edit(
     fleet: Factory, caplog: Any
 ) -> None:
     # A new user's `tally runs` with the daemon stopped said "its seal does not match
@@ -217,7 +241,8 @@ async def test_a_reader_of_the_owners_snapshot_replays_without_crying_edit(
     reader = await Ledger.open(state, readonly=True)
     try:
         with caplog.at_level(logging.DEBUG, logger=snapshots.__name__):
-            assert snapshots.load(state, reader) is None  # a reader trusts only the ledger
+            # the owner's signature checks out with checkpoint.vkey: a reader may use it
+            assert snapshots.load(state, reader) is not None
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
         reseal_kept(state / snapshots.FILE, lambda d: d["views"][0].update(answer="forged"))
         caplog.clear()

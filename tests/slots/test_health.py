@@ -255,3 +255,20 @@ async def test_a_spawned_server_that_never_gets_ready_cools_down_instead_of_retr
     assert time.monotonic() - started < 5
     assert events.kinds().count("slot.failed") == 3
     assert events.kinds()[-1] == "slot.cooldown"
+
+
+async def test_a_member_down_before_its_reason_is_recorded_names_the_instances(
+    make_pool: PoolFactory,
+) -> None:
+    """An instance turns unhealthy (its own last_error set) and then awaits its ledger entry
+    before the member records the reason: a lease in that moment named "unreachable: None"."""
+    _, url = closed_url()
+    pool = make_pool(ext(url, "gone"))
+    with pytest.raises(NoHealthyMember):
+        await pool.acquire("gone")
+    member = pool._members["gone"]
+    member.last_error = None  # the moment between the instance's state and went_down()
+    assert member.why() == f"is unreachable: {member.instances[0].last_error}"
+    assert "None" not in member.why()
+    member.instances[0].last_error = None
+    assert member.why() == "is unreachable: its health check failed"

@@ -90,6 +90,15 @@ async def slow_model() -> AsyncIterator[FakeServer]:
         await server.stop()
 
 
+def _exited(pid: int) -> bool:
+    """Exited: no such process, or a zombie its parent (this test) has not reaped yet."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
 async def _until(check: Any, what: str, timeout: float = 20) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -164,6 +173,7 @@ async def _day(
         assert body["pool"]["queue"] == 3
         assert body["ledger"]["writable"]
         assert body["ledger"]["size"] > 0
+        assert body["ledger"]["bytes"] > 0  # the record's own file, entries.jsonl
         text = (await tally(tmp_path, "status")).stdout
         assert f"pid {daemon.pid}" in text, text
         assert "queued 3" in text, text
@@ -223,6 +233,9 @@ async def _day(
         stop = await tally(tmp_path, "stop", timeout=60)
         assert stop.returncode == 0, stop.stderr
         assert "stopped" in stop.stderr
+        assert "tally: stopping: no run in flight" in stop.stderr, stop.stderr
+        # "stopped" means the process is gone (exited), not only that its listener closed.
+        assert _exited(daemon.pid), "tally stop said stopped while the daemon still ran"
         assert await asyncio.to_thread(daemon.wait, 10) == 0
         await asyncio.sleep(1.0)  # a poll of the follower
         follower.terminate()
@@ -290,3 +303,48 @@ async def _true(value: bool) -> bool:
 
 async def _done(client: DaemonClient, run_id: str) -> bool:
     return bool((await client.call("run_get", {"run_id": run_id}))["state"] == "done")
+
+
+async def test_stop_with_runs_in_flight_waits_for_the_drain(
+    tmp_path: Path, slow_model: FakeServer
+) -> None:
+    """`tally stop` while runs are in flight: it returns once the process is gone (through a
+    drain in which the listener may take a connection and not answer), and `tally runs` then
+    reads them from the record, interrupted."""
+    roster = tmp_path / "roster.toml"
+    roster.write_text(ROSTER.format(url=slow_model.url))
+    slow_model.token_delay_s = 1.0  # the drain (5 s) outlasts none of them
+    sock = tmp_path / "run" / "tally.sock"
+    daemon = await asyncio.to_thread(
+        subprocess.Popen,
+        [sys.executable, "-m", "surfaces", "serve", "--roster", str(roster)],
+        env=_env(tmp_path),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        async with DaemonClient(Endpoint(socket_path=sock), timeout=10) as client:
+            await _until(client.ping, "the daemon to listen")
+            # Before its first call an external member is "unused", not "stopped".
+            before = await tally(tmp_path, "status")
+            assert before.returncode == 0, before.stderr
+            tiny = next(line for line in before.stdout.splitlines() if "tiny" in line)
+            assert tiny.split()[1] == "unused", before.stdout
+            for i in range(3):
+                await client.call("submit", {"request": f"api work {i}"})
+        stop = await tally(tmp_path, "stop", timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        assert "3 runs in flight drain" in stop.stderr, stop.stderr
+        assert stop.stderr.rstrip().endswith("tally: stopped"), stop.stderr
+        assert _exited(daemon.pid)
+        assert await asyncio.to_thread(daemon.wait, 10) == 0
+        offline = await tally(tmp_path, "runs")
+        assert offline.returncode == 0, offline.stderr
+        assert offline.stdout.count(" interrupted ") == 3, offline.stdout
+        assert "read the runs from the record" in offline.stderr
+        assert "seal" not in offline.stderr  # the owner's snapshot is trusted, not "edited?"
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()

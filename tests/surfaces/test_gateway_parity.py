@@ -236,6 +236,7 @@ async def test_a_token_budget_holds_across_the_gateway_runs_and_a_restart(
         with pytest.raises(openai.RateLimitError) as caught:
             await batch.chat.completions.create(model="tiny", messages=_user("x"), max_tokens=1)
         assert "tokens_per_day" in caught.value.message
+        assert " h " in caught.value.message  # a day's wait in hours, not only 86000 s
         assert int(caught.value.response.headers["Retry-After"]) > 3600  # a day's window
         # runs count against the same budget: a submit is refused the same way
         headers = {"Authorization": f"Bearer {token}"}
@@ -304,7 +305,9 @@ async def test_every_gateway_error_is_in_openais_shape(gw: Setup) -> None:
     async with aiohttp.ClientSession() as http:
         async with http.post(base + "/v1/chat/completions", json={}) as resp:
             assert resp.status == 401
-            assert _openai_shaped(await resp.json())["code"] == "invalid_api_key"
+            refused = _openai_shaped(await resp.json())
+            assert refused["code"] == "invalid_api_key"
+            assert "--scope submit" in refused["message"]  # what the gateway needs, not `read`
             assert resp.headers["WWW-Authenticate"].startswith("Bearer")
         async with http.get(base + "/v1/models") as resp:
             assert resp.status == 401

@@ -61,6 +61,16 @@ def test_report_names_every_problem_in_one_pass() -> None:
     assert found[0].message.startswith("tasks[0].zzz: unknown field 'zzz' (the fields here: id,")
     _, found = report({"task": []})
     assert "did you mean `tasks`?" in found[-1].message
+    # Another format's name for a field is matched by meaning, not spelling (`kind` is not `id`);
+    # a misspelt lane gets its "did you mean" too.
+    _, found = report(
+        {"tasks": [{"id": "A", "lane": "bakend", "instruction": "x", "kind": "command"}]},
+        ["backend", "docs"],
+    )
+    messages = [p.message for p in found]
+    assert "tasks[0].kind: unknown field 'kind'; did you mean `executor`?" in messages, messages
+    _, found = report({"tasks": [{"id": "A", "lane": "bakend", "instruction": "x"}]}, ["backend"])
+    assert "unknown lane 'bakend'; did you mean `backend`?" in found[0].message
 
 
 def test_tally_plan_reports_it_all_at_once(

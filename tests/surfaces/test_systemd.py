@@ -218,6 +218,11 @@ def test_the_unit_carries_serve_options_and_verifies(tmp_path: Path) -> None:
         ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, check=False
     )
     assert proc.returncode == 0, proc.stderr
+    # A workspace root is writable too: `tally apply` writes there from the daemon.
+    roots = _unit_from_cli(tmp_path, "--system", "--workspace-root", "/srv/src")
+    assert roots.returncode == 0, roots.stderr
+    assert "ReadWritePaths=/srv/src\n" in roots.stdout
+    assert "--workspace-root /srv/src" in _exec_start(roots.stdout)
     home = _unit_from_cli(tmp_path, "--system", "--roster", "/home/someone/roster.toml")
     assert "ProtectHome=yes hides /home" in home.stderr
     bad = _unit_from_cli(tmp_path, "--tcp", "0.0.0.0:80")

@@ -34,7 +34,7 @@ from daemon.patterns import MAX_PATTERN, compile_pattern, schema_patterns
 from daemon.workspace.paths import check_relative
 from roster.models import Whole
 
-ProblemCode = Literal["schema", "duplicate_id", "unknown_need", "unknown_lane", "cycle"]
+ProblemCode = Literal["schema", "duplicate_id", "unknown_need", "unknown_lane", "cycle", "bad_path"]
 
 MAX_TASK_TIMEOUT_S = 86_400.0
 MAX_TASK_FILES_CHARS = 1_000_000
@@ -202,27 +202,19 @@ class Task(_Model):
         total = sum(len(path) + len(content) for path, content in files.items())
         if total > MAX_TASK_FILES_CHARS:
             raise ValueError(f"files hold {total} characters; at most {MAX_TASK_FILES_CHARS}")
-        # Every bad path in one message (a plan's problems are reported in one pass), and two
-        # names for one file ("a/b", "a/./b") refused rather than one silently winning.
-        problems: list[str] = []
-        seen: dict[str, str] = {}
-        for path in files:
-            try:
-                rel = check_relative(path)
-            except ValueError as refused:  # PathRefused: the path and why
-                problems.append(str(refused))
-                continue
-            if rel in seen:
-                problems.append(f"{path!r} and {seen[rel]!r} name the same file {rel!r}")
-            seen.setdefault(rel, path)
-        if problems:
-            raise ValueError("; ".join(problems))
         return files
 
     @field_validator("output_file")
     @classmethod
-    def _output_inside(cls, path: str | None) -> str | None:
-        return None if path is None else check_relative(path)
+    def _output_normalized(cls, path: str | None) -> str | None:
+        # Normalized when usable ("./src//x.py" is "src/x.py"); a path that is not is kept as
+        # sent, for `problems` to name with the plan's other problems.
+        if path is None:
+            return None
+        try:
+            return check_relative(path)
+        except ValueError:
+            return path
 
     @model_validator(mode="after")
     def _command_has_argv(self) -> Task:
@@ -352,11 +344,42 @@ def problems(plan: Plan, lanes: Collection[str] | None = None) -> list[PlanProbl
         if not sound:  # the common case skips building anything
             found.extend(_task_problems(task, positions, known))
     found.extend(_unstorable_assertions(plan.tasks))
+    found.extend(_unusable_paths(plan.tasks))
     ids, deps = _graph(plan.tasks)
     order, _ = _topological(deps)
     if len(order) < len(ids):
         found.extend(_cycles(ids, deps, order))
     return found
+
+
+def _unusable_paths(tasks: Sequence[Task]) -> list[PlanProblem]:
+    """`files` and `output_file` paths that would leave the task's view (absolute, `..`,
+    `.git`), and two names for one file ("a/b", "a/./b"), every one in one pass. A problem
+    like a lane's, not a schema error: the `plan` tool lists it, `submit` refuses it, and the
+    view checks each path again as it writes (`daemon.workspace.paths`)."""
+    found: list[PlanProblem] = []
+    for i, task in enumerate(tasks):
+        seen: dict[str, str] = {}
+        for path in task.files:
+            try:
+                rel = check_relative(path)
+            except ValueError as refused:  # PathRefused: the path and why
+                found.append(_path_problem(task, i, "files", str(refused)))
+                continue
+            if rel in seen:
+                why = f"{path!r} and {seen[rel]!r} name the same file {rel!r}"
+                found.append(_path_problem(task, i, "files", why))
+            seen.setdefault(rel, path)
+        if task.output_file is not None:
+            try:
+                check_relative(task.output_file)
+            except ValueError as refused:
+                found.append(_path_problem(task, i, "output_file", str(refused)))
+    return found
+
+
+def _path_problem(task: Task, index: int, field: str, why: str) -> PlanProblem:
+    return PlanProblem(code="bad_path", tasks=[task.id], message=f"tasks[{index}].{field}: {why}")
 
 
 def _unstorable_assertions(tasks: Sequence[Task]) -> list[PlanProblem]:

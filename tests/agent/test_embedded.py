@@ -103,7 +103,9 @@ async def test_the_embedded_model_runs_a_bounded_json_loop(tmp_path: Path) -> No
     assert result.steps <= limits.max_steps
     assert len(steps) == result.steps
     assert all(s["mode"] == "json" and s["member"] == "smol" for s in steps)
-    # the grammar holds the model to one well-formed call: nothing needs rescuing
-    assert all(s["parse"] == "parsed" for s in steps), [s["reply"] for s in steps]
+    # the grammar holds the model to one JSON call a step (nothing to rescue); its arguments
+    # may still break a rule the grammar cannot say (end_line before start_line): a nudge
+    assert all(s["parse"] in ("parsed", "malformed") for s in steps), [s["reply"] for s in steps]
+    assert all(s["reply"].lstrip().startswith("{") for s in steps), [s["reply"] for s in steps]
     if result.outcome == "finished":
         assert (view / "hello.txt").read_text().strip() == "hi"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from daemon.planning import PlanInvalid, parse_plan
+from daemon.planning import PlanInvalid, check_plan, parse_plan
 
 
 def task(**fields: Any) -> dict[str, Any]:
@@ -26,8 +26,9 @@ def task(**fields: Any) -> dict[str, Any]:
     ],
 )
 def test_bad_fields_are_refused_with_their_place(fields: dict[str, Any], message: str) -> None:
+    # the schema's problems when the plan is parsed, the paths' with the plan's others
     with pytest.raises(PlanInvalid) as caught:
-        parse_plan(task(**fields))
+        check_plan(parse_plan(task(**fields)), None)
     assert message in caught.value.message
 
 
@@ -48,7 +49,7 @@ def test_every_bad_file_path_is_named_at_once_and_two_names_for_one_file_are_ref
     # A new user's plan with several bad paths learnt of them one fix at a time.
     files = {"../up": "", "/abs": "", "ok.py": "", "a/./b.py": "", "a/b.py": "", ".git/x": ""}
     with pytest.raises(PlanInvalid) as caught:
-        parse_plan(task(files=files))
+        check_plan(parse_plan(task(files=files)), None)
     message = caught.value.message
     for bad in ("'../up'", "'/abs'", "'.git/x'", "'a/b.py' and 'a/./b.py' name the same file"):
         assert bad in message

@@ -141,12 +141,14 @@ export function lanesOf(run) {
 
 const ENDED = ["done", "failed", "cancelled", "interrupted", "budget_exhausted"];
 
-// The answer; or, for a run that stopped without one, why, and the work it did: the answer's
-// text as far as the synthesis wrote it, else each finished task's output.
+// The answer; or, for a run that stopped without one, why, and the work it did: its partial
+// answer (the finished tasks' outputs, witnessed as such), else the answer's text as far as
+// the synthesis wrote it, else each finished task's output.
 function answerView(run, entries, streamed) {
-  if (run.answer) return [h("pre", { id: "answer-text" }, run.answer)];
+  if (run.answer && (run.state === "done" || !ENDED.includes(run.state))) return [h("pre", { id: "answer-text" }, run.answer)];
   if (!ENDED.includes(run.state)) return [h("p", {}, "no answer yet")];
   const said = h("p", { id: "answer-missing", class: "bad" }, `no answer: the run ${run.state.replace("_", " ")}${run.error ? `: ${run.error}` : ""}`);
+  if (run.answer) return [said, h("p", {}, "partial work: what the finished tasks did"), h("pre", { id: "answer-partial" }, run.answer)];
   const synthesis = new Set(entries.filter((e) => e.kind === "model.call" && e.content?.purpose === "synthesize").map((e) => e.seq));
   const written = entries.filter((e) => e.kind === "model.reply" && synthesis.has(e.parent) && e.content?.text).map((e) => e.content.text).at(-1) || streamed;
   if (written) return [said, h("p", {}, "the answer as far as it was written:"), h("pre", { id: "answer-partial" }, written)];

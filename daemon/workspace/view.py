@@ -24,6 +24,18 @@ MAX_DIFF = 1 << 20
 EXCLUDES = ("__pycache__/", "*.pyc", ".pytest_cache/", ".mypy_cache/", ".ruff_cache/")
 
 
+DIFF = (
+    "diff",
+    "--binary",
+    "--full-index",
+    "--no-color",
+    "--no-ext-diff",  # nothing a hostile repository configures runs
+    "--no-textconv",
+    "--no-renames",
+)
+"""How a view's changes are diffed, for a task's diff and the run's combined one alike."""
+
+
 @dataclass(frozen=True)
 class Combined:
     diff: str
@@ -130,17 +142,7 @@ class RunDirs:
         raw = self._git(
             view.path,
             view.index,
-            [
-                "diff",
-                "--binary",
-                "--full-index",
-                "--no-color",
-                "--no-ext-diff",
-                "--no-textconv",
-                "--no-renames",
-                view.start,
-                end,
-            ],
+            [*DIFF, view.start, end],
         )
         if len(raw) > MAX_DIFF:
             raise ViewFailed(f"the task's changes are {len(raw)} bytes of diff; at most {MAX_DIFF}")
@@ -159,17 +161,7 @@ class RunDirs:
             raw = self._git(
                 view.path,
                 view.index,
-                [
-                    "diff",
-                    "--binary",
-                    "--full-index",
-                    "--no-color",
-                    "--no-ext-diff",
-                    "--no-textconv",
-                    "--no-renames",
-                    start,
-                    end,
-                ],
+                [*DIFF, start, end],
             )
             diff = raw.decode("utf-8", "surrogateescape")
             paths = touched(diff, self.root)

@@ -46,7 +46,6 @@ from pathlib import Path
 
 from daemon.errors import InvalidInput
 from daemon.planning import Plan
-from daemon.runs import seccomp
 from daemon.runs.limits import MemoryCgroup
 from roster.models import CommandPolicy
 
@@ -234,8 +233,8 @@ def wrap(
     `info_fd`: a descriptor the child inherits, on which bwrap writes the sandbox init's pid
     (for `limits.TmpfsProbe`). `memory_cgroup`: run the sandbox in a scope whose `MemoryMax`
     is `memory_mb` (its `env` must then be in the environment `systemd-run` starts with).
-    `seccomp_fd`: a descriptor the child inherits holding the seccomp program
-    (`seccomp.pipe`); without one, the daemon's interpreter loads it inside (`seccomp.argv`)."""
+    `seccomp_fd`: a descriptor the child inherits holding the seccomp program (`seccomp.pipe`),
+    loaded by bwrap before it execs the task."""
     limited = [*prlimit_argv(policy), *argv]
     if policy.sandbox == "none":
         return [*nice_argv(), *limited]
@@ -264,9 +263,9 @@ def wrap(
     for key, value in env.items():
         args += ["--setenv", key, value]
     # a seccomp filter refuses the calls that hold memory no limit counts (memfd, SysV)
-    if seccomp_fd is not None:
-        return [*args, "--seccomp", str(seccomp_fd), "--", *limited]
-    return [*args, "--", *seccomp.argv(), *limited]
+    if seccomp_fd is None:
+        raise ValueError("a sandboxed task needs its seccomp program (seccomp.pipe)")
+    return [*args, "--seccomp", str(seccomp_fd), "--", *limited]
 
 
 def admit_commands(plan: Plan, policy: CommandPolicy, hidden: Sequence[Path] = ()) -> None:

@@ -11,8 +11,7 @@ a program that needs shared memory uses POSIX `shm_open`, which lives in the siz
 The filter is a classic BPF program (no library: libseccomp has no Python binding here). The
 command executor hands it to bubblewrap on a pipe (`pipe`, bwrap's `--seccomp FD`), which loads
 it right before it execs the task's argv, so it binds the task and everything it starts at no
-cost of its own; `argv` (`INSTALL`, loaded with `prctl` by the daemon's interpreter inside the
-sandbox) is the way for a caller that cannot pass a descriptor. It checks the architecture:
+cost of its own. It checks the architecture:
 x86-64 (its x32 numbers too), i386 (the compat entry a 32-bit binary can use, `ipc` included)
 and aarch64.
 """
@@ -22,7 +21,6 @@ from __future__ import annotations
 import errno
 import os
 import struct
-import sys
 
 _LD_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS
 _JEQ = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
@@ -63,20 +61,6 @@ def program() -> bytes:
     return b"".join(struct.pack("=HBBI", *op) for op in ops)
 
 
-INSTALL = (
-    "import ctypes,os,sys\n"
-    "p=bytes.fromhex(sys.argv[1]);b=ctypes.create_string_buffer(p,len(p))\n"
-    "class F(ctypes.Structure):_fields_=[('n',ctypes.c_ushort),('f',ctypes.c_void_p)]\n"
-    "f=F(len(p)//8,ctypes.addressof(b));c=ctypes.CDLL(None,use_errno=True)\n"
-    "c.prctl.argtypes=[ctypes.c_int]+[ctypes.c_ulong]*4\n"
-    "if c.prctl(38,1,0,0,0) or c.prctl(22,2,ctypes.addressof(f),0,0):\n"
-    " sys.stderr.write('tally sandbox: cannot install its seccomp filter (errno %d)\\n'"
-    "%ctypes.get_errno());sys.exit(126)\n"
-    "os.execv(sys.argv[2],sys.argv[2:])\n"
-)
-"""Run as `python -I -S -c INSTALL HEX ARGV...`: loads the filter, then execs ARGV."""
-
-
 def pipe() -> int:
     """A descriptor (close-on-exec: pass it with `pass_fds`) that reads the filter's program,
     for bwrap's `--seccomp FD`; the program (a few hundred bytes) fits the pipe's buffer."""
@@ -86,8 +70,3 @@ def pipe() -> int:
     finally:
         os.close(write)
     return read
-
-
-def argv() -> list[str]:
-    """The prefix that runs the rest of an argv under the filter (ARGV[0] an absolute path)."""
-    return [sys.executable, "-I", "-S", "-c", INSTALL, program().hex()]

@@ -275,7 +275,7 @@ class Gateway:
     def models(self) -> list[dict[str, Any]]:
         """OpenAI's model list: members, then `tier:` and `lane:` ids."""
         roster = self.roster
-        ids = [m.name for m in roster.models]
+        ids = [m.name for m in roster.models if not m.agent_cli]  # a CLI is no chat model
         served = self.pool.tiers()
         ids += [TIER + t for t in roster.tiers.members if t in served]
         ids += [LANE + lane.name for lane in roster.lanes]

@@ -301,6 +301,7 @@ def _cross_checks(data: dict[str, Any]) -> Iterator[tuple[FieldPath, str]]:
         prefix: FieldPath = ("tiers", "members") if nested else ("tiers",)
         yield from _tier_checks(tiers.get("ladder"), defined, prefix, members)
     yield from _policy_checks(data.get("policy"), defined, members)
+    yield from _agent_cli_checks(data, defined)
     yield from _fallback_checks(data.get("gateway"), defined, members, data.get("lanes"))
     lanes = data.get("lanes")
     examples = 0
@@ -323,6 +324,54 @@ def _cross_checks(data: dict[str, Any]) -> Iterator[tuple[FieldPath, str]]:
             for j, word in enumerate(words if isinstance(words, list) else []):
                 if isinstance(word, str) and not word.strip():
                     yield ("lanes", i, field, j), f"blank entry in {field}"
+
+
+def _agent_cli_checks(
+    data: dict[str, Any], tiers: dict[str, Any] | None
+) -> Iterator[tuple[FieldPath, str]]:
+    """Agent-cli members run a task's prompt, not a chat: a tier holds them or servers, not
+    both, and the coordinator, judge, classifier and gateway fallbacks (chat calls) name
+    servers only."""
+    models = data.get("models")
+    clis = {
+        name
+        for i, name in _names(models)
+        if isinstance(models, list) and models[i].get("kind") == "agent-cli"
+    }
+    if not clis:
+        return
+    nested = isinstance(data.get("tiers"), dict) and isinstance(data["tiers"].get("members"), dict)
+    prefix: FieldPath = ("tiers", "members") if nested else ("tiers",)
+    cli_tiers: set[str] = set()
+    for tier, names in (tiers or {}).items():
+        if not isinstance(names, list):
+            continue
+        named = [n for n in names if isinstance(n, str)]
+        if named and all(n in clis for n in named):
+            cli_tiers.add(tier)
+        elif any(n in clis for n in named):
+            mixed = ", ".join(n for n in named if n in clis)
+            yield (
+                (*prefix, tier),
+                f"tier {tier!r} mixes agent-cli members ({mixed}) with model servers: put them "
+                "in a tier of their own (a ladder may climb to it)",
+            )
+    policy = data.get("policy")
+    for field in ("coordinator", "judge", "classifier"):
+        name = policy.get(field) if isinstance(policy, dict) else None
+        if isinstance(name, str) and (name in clis or name in cli_tiers):
+            yield (
+                ("policy", field),
+                f"{name!r} is an agent CLI: the {field} needs a model server's chat",
+            )
+    gateway = data.get("gateway")
+    fallbacks = gateway.get("fallbacks") if isinstance(gateway, dict) else None
+    for model, targets in fallbacks.items() if isinstance(fallbacks, dict) else []:
+        for j, target in enumerate([model, *(targets if isinstance(targets, list) else [])]):
+            bare = target.removeprefix("tier:") if isinstance(target, str) else None
+            if bare is not None and (bare in clis or bare in cli_tiers):
+                where: FieldPath = ("gateway", "fallbacks", model) + (() if j == 0 else (j - 1,))
+                yield where, f"{target!r} is an agent CLI: the gateway serves model servers only"
 
 
 def _policy_checks(

@@ -63,9 +63,13 @@ class Sampling(_Strict):
 
 
 class Member(_Strict):
-    """A pool member: a model server tally spawns from `command`, or an external `url`."""
+    """A pool member: a model server tally spawns from `command`, or an external `url`; or,
+    with `kind = "agent-cli"`, a coding-agent command line run in the sandbox on a task's view
+    (see `AGENT_CLI_FIELDS` and `daemon.runs.agentcli`)."""
 
     name: str = Field(pattern=NAME)
+    kind: Literal["server", "agent-cli"] | None = None
+    """None or "server": a model server. "agent-cli": `argv` is run per task instead."""
     command: list[str] | None = None
     model: str | None = None
     model_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
@@ -93,6 +97,31 @@ class Member(_Strict):
     fine); `tally cert` on that machine prints it."""
     tls_ca: str | None = Field(default=None, max_length=4096)
     """An https `url` is verified against this CA bundle (an absolute path) and its name."""
+    # --- agent-cli members only (kind = "agent-cli"; see `daemon.runs.agentcli`) ---
+    argv: list[Annotated[str, Field(max_length=4096)]] | None = Field(
+        default=None, min_length=1, max_length=256
+    )
+    """The command line, never through a shell: a program (a name found on PATH or an
+    absolute path) and its arguments, with the placeholders `{prompt}` (prompt = "arg"),
+    `{prompt_file}` (prompt = "file") and `{workspace}` (the task's view)."""
+    prompt: Literal["stdin", "file", "arg"] | None = None
+    """How the CLI gets the task's prompt; None = "stdin"."""
+    env: list[Annotated[str, Field(max_length=128)]] | None = Field(default=None, max_length=64)
+    """Names of the daemon's environment variables the CLI gets (an API key's name, never its
+    value); their values are never recorded."""
+    set_env: dict[Annotated[str, Field(max_length=128)], Annotated[str, Field(max_length=4096)]] | (
+        None
+    ) = Field(default=None, max_length=64)
+    """Variables set to these values (configuration, never secrets: those go in `env`)."""
+    network: bool | None = None
+    """The CLI may reach the network (a cloud model, tally's own TCP gateway); default no."""
+    ro_binds: list[str] | None = Field(default=None, max_length=64)
+    """Paths the CLI sees read-only: its own install and config (`~/` is the daemon's home).
+    Never the state dir, the runtime dir, the key, or the home dir itself."""
+    version_argv: list[Annotated[str, Field(max_length=4096)]] | None = Field(
+        default=None, min_length=1, max_length=64
+    )
+    """What `tally doctor` runs in the sandbox to see the CLI answer; None = program --version."""
 
     @field_validator("command")
     @classmethod
@@ -129,8 +158,52 @@ class Member(_Strict):
             raise ValueError("'url' has a bad port") from None
         return url
 
+    @field_validator("argv", "version_argv")
+    @classmethod
+    def _cli_argv(cls, argv: list[str] | None) -> list[str] | None:
+        return None if argv is None else cli_argv(argv)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, names: list[str] | None) -> list[str] | None:
+        for name in names or []:
+            env_name(name)
+            if "=" in name:
+                raise ValueError(f"{name[:40]!r}: `env` lists names only")
+        return names
+
+    @field_validator("set_env")
+    @classmethod
+    def _set_env(cls, values: dict[str, str] | None) -> dict[str, str] | None:
+        for name, value in (values or {}).items():
+            env_name(name)
+            if _SECRET_NAME.search(name) or _SECRET_VALUE.search(value):
+                raise ValueError(
+                    f"{name!r} looks like a secret: a secret does not belong in the roster "
+                    "(it would be readable by anyone who reads it): export it in the daemon's "
+                    f"environment and list its name in `env = [{name!r}]`"
+                )
+            if "\x00" in value:
+                raise ValueError(f"{name!r}: a NUL byte in its value")
+        return values
+
+    @field_validator("ro_binds")
+    @classmethod
+    def _cli_binds(cls, paths: list[str] | None) -> list[str] | None:
+        for path in paths or []:
+            cli_bind(path)
+        return paths
+
     @model_validator(mode="after")
     def _spawned_or_external(self) -> Member:
+        if self.kind == "agent-cli":
+            return self._agent_cli()
+        cli_only = [f for f in AGENT_CLI_FIELDS if getattr(self, f) is not None]
+        if cli_only:
+            raise ValueError(
+                f"{', '.join(map(repr, cli_only))} belong to agent-cli members: add "
+                "kind = \"agent-cli\", or use 'command' (spawned) or 'url' (external)"
+            )
         if (self.command is None) == (self.url is None):
             raise ValueError(
                 "a member needs exactly one of 'command' (spawned) or 'url' (external)"
@@ -154,9 +227,131 @@ class Member(_Strict):
                 raise ValueError("'tls_ca' must be an absolute path to a PEM CA bundle")
         return self
 
+    def _agent_cli(self) -> Member:
+        server = [
+            f
+            for f in ("command", "url", "model", "model_sha256", "model_id", "api_key_env")
+            if getattr(self, f) is not None
+        ]
+        server += [f for f in ("tally_key", "tls_fingerprint", "tls_ca") if getattr(self, f)]
+        if self.tally:
+            server.append("tally")
+        if server:
+            raise ValueError(
+                f"an agent-cli member runs 'argv', not a server: remove {', '.join(server)}"
+            )
+        if self.argv is None:
+            raise ValueError(
+                'an agent-cli member needs \'argv\', e.g. argv = ["llm", "-m", "MODEL"]'
+            )
+        used = {p for part in self.argv for p in _PLACEHOLDER.findall(part)}
+        how = self.prompt or "stdin"
+        wanted = {"file": "{prompt_file}", "arg": "{prompt}"}.get(how)
+        if wanted is not None and wanted not in used:
+            raise ValueError(f"prompt = {how!r} but 'argv' has no {wanted} to put it in")
+        for other in ("{prompt}", "{prompt_file}"):
+            if other in used and other != wanted:
+                raise ValueError(
+                    f"'argv' uses {other} but prompt = {how!r}: set prompt = "
+                    f"{'arg' if other == '{prompt}' else 'file'!r}"
+                )
+        if self.version_argv is not None:
+            extra = {p for part in self.version_argv for p in _PLACEHOLDER.findall(part)}
+            if extra:
+                raise ValueError(f"'version_argv' takes no placeholders (got {sorted(extra)})")
+        return self
+
     @property
     def external(self) -> bool:
         return self.url is not None
+
+    @property
+    def agent_cli(self) -> bool:
+        return self.kind == "agent-cli"
+
+
+AGENT_CLI_FIELDS = ("argv", "prompt", "env", "set_env", "network", "ro_binds", "version_argv")
+CLI_PLACEHOLDERS = ("{prompt}", "{prompt_file}", "{workspace}")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_SANDBOX_ENV = frozenset(("HOME", "TMPDIR"))
+# A literal credential in a roster: common key prefixes, a bearer header, or an option that
+# names a secret with a value glued on. They would be recorded with the argv; refused.
+_SECRET_VALUE = re.compile(
+    r"(?:^|[\s=:])(?:sk-[A-Za-z0-9_-]{12,}|sk_(?:live|test)_\w{8,}|gh[pousr]_\w{20,}|"
+    r"github_pat_\w{20,}|xox[abprs]-[\w-]{10,}|AKIA[0-9A-Z]{16}|AIza[\w-]{30,}|"
+    r"hf_[A-Za-z0-9]{20,}|glpat-[\w-]{20,})|^(?:Bearer|Basic)\s+\S{8,}",
+    re.I,
+)
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.I)
+_SECRET_OPTION = re.compile(
+    r"^--?(?:[A-Za-z0-9]+[-_])*(?:api[-_]?key|key|token|secret|password|passwd|credentials?)"
+    r"(?:=(?P<value>.*))?$",
+    re.I,
+)
+_UNBINDABLE = ("/proc", "/sys", "/dev", "/run", "/var/run")
+_UNBINDABLE_ITSELF = ("/", "~", "/tmp", "/home", "/root", "/var", "/usr")
+
+
+def env_name(name: str) -> str:
+    if not _ENV_NAME.match(name):
+        raise ValueError(f"{name[:40]!r} is not an environment variable name")
+    if name.upper().startswith("TALLY_"):
+        raise ValueError(f"{name!r}: the daemon's own settings are never passed to a CLI")
+    if name in _SANDBOX_ENV:
+        raise ValueError(f"{name!r} is set by the sandbox (the task's view)")
+    return name
+
+
+def cli_argv(argv: list[str]) -> list[str]:
+    """An agent CLI's argv, refused when it could not run as meant or would record a secret."""
+    program = argv[0]
+    if not program.strip() or program != program.strip():
+        raise ValueError("the program (argv[0]) is blank or has surrounding spaces")
+    if "/" in program and not program.startswith("/"):
+        raise ValueError(
+            f"{program[:60]!r}: the program is a name found on PATH or an absolute path"
+        )
+    if _PLACEHOLDER.search(program):
+        raise ValueError("the program (argv[0]) cannot be a placeholder")
+    for i, part in enumerate(argv):
+        if "\x00" in part:
+            raise ValueError(f"argv[{i}] holds a NUL byte")
+        unknown = sorted(set(_PLACEHOLDER.findall(part)) - set(CLI_PLACEHOLDERS))
+        if unknown:
+            raise ValueError(
+                f"argv[{i}]: unknown placeholder {', '.join(unknown)} "
+                f"(known: {', '.join(CLI_PLACEHOLDERS)})"
+            )
+        option = _SECRET_OPTION.match(part)
+        glued = option is not None and option["value"] not in (None, "")
+        follows = i > 0 and _SECRET_OPTION.match(argv[i - 1]) is not None and "=" not in argv[i - 1]
+        if _SECRET_VALUE.search(part) or glued or (follows and not _PLACEHOLDER.search(part)):
+            raise ValueError(
+                f"argv[{i}] looks like a secret, and the argv is recorded with every call: "
+                "export it in the daemon's environment, list its name in `env`, and let the "
+                "CLI read it from there"
+            )
+    return argv
+
+
+def cli_bind(path: str) -> str:
+    """A read-only bind of an agent CLI: absolute (or `~/…`), not a system pseudo-dir."""
+    body = path[1:] if path.startswith("~/") else path
+    if (
+        not path.startswith(("/", "~/"))
+        or "\x00" in path
+        or "/../" in body + "/"
+        or "/./" in body + "/"
+    ):
+        raise ValueError(f"{path[:80]!r}: a bind is an absolute path (or ~/…) without '..'")
+    real = path.rstrip("/") or "/"
+    if real in _UNBINDABLE_ITSELF or any(
+        real == u or real.startswith(u + "/") for u in _UNBINDABLE
+    ):
+        raise ValueError(
+            f"{path!r} is not a place to bind: name the CLI's own install or config dir"
+        )
+    return path
 
 
 class Tiers(_Strict):

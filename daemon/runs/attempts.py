@@ -26,7 +26,7 @@ from typing import Any
 
 from daemon.errors import InvalidInput
 from daemon.planning import Plan, Task
-from daemon.runs import checks, guard, views
+from daemon.runs import agentcli, checks, guard, views
 from daemon.runs import entries as k
 from daemon.runs.budget import BudgetExhausted
 from daemon.runs.calls import call, structured
@@ -69,8 +69,10 @@ async def execute(s: Setting, run: Run, task: Task) -> bool:
         )
         found: list[str] = []
         if opened is not None:  # its output into the view, its changes, its `run` checks
+            # An agent CLI edited the view itself: its stdout is no edit to apply.
+            cli = task.executor == "chat" and bool(agentcli.member_for(s.roster, tier or ""))
             found, result_seq = await views.settle(
-                s, run, task, lane, attempt, opened, output, error, result_seq
+                s, run, task, lane, attempt, opened, output, error, result_seq, applied=cli
             )
         failures, judged = await _assess(s, run, task, output, exit_code, error, result_seq, found)
         # Informed retry: the same rung again with the failures as feedback, then a climb.
@@ -222,6 +224,10 @@ async def _run_executor(
         return await _run_command(s, run, task, start_seq, opened)
     if task.executor == "stub":
         return await s.stub(task.id, task.instruction, attempt, upstream), None, start_seq
+    if clis := agentcli.member_for(s.roster, tier or lane.tier):  # see daemon.runs.agentcli
+        return await agentcli.run(
+            s, run, task, clis, attempt, upstream, feedback, previous, start_seq, opened
+        )
     rest = len(lane.system) + sum(min(len(v), 4000) for v in upstream.values())
     rest += sum(len(f) for f in feedback) + 1600
     text = views.instruction(s, run, task, lane, tier, opened, rest)

@@ -127,6 +127,7 @@ async def run_command(
     env_allow: Sequence[str] = ENV_ALLOW,
     stdin: str | None = None,
     workdir: Path | None = None,
+    set_env: Mapping[str, str] | None = None,
 ) -> CommandOutcome:
     """Run `argv` (no shell: metacharacters are literal arguments) in a fresh temporary dir,
     or in `workdir` (a task's view: bound into the sandbox as its only writable dir, and left
@@ -145,6 +146,7 @@ async def run_command(
     policy = policy or CommandPolicy()
     confinement = confinement or Confinement()
     env = {key: os.environ[key] for key in env_allow if key in os.environ}
+    env.update(set_env or {})  # an agent CLI's configured values (`daemon.runs.agentcli`)
     # The dir and the sandbox's arguments (realpaths, existence checks) cost file-system calls:
     # made in a worker thread, in one hop, as the dir is removed.
     own = workdir is None
@@ -159,7 +161,8 @@ async def run_command(
     removed = False
     cgroup = confinement.memory_cgroup if sandboxed else None
     try:
-        env["HOME"] = env["TMPDIR"] = str(workdir)
+        env.setdefault("HOME", str(workdir))  # an agent CLI's `set_env` gives its own
+        env.setdefault("TMPDIR", str(workdir))
         wrapped = await asyncio.to_thread(
             sandbox.wrap,
             argv,

@@ -171,16 +171,18 @@ async def settle(
     output: str,
     error: str | None,
     parent: int,
+    applied: bool = False,
 ) -> tuple[list[str], int]:
     """After the executor: its output into the view, the changes captured, the checks run.
-    Returns the failures (the next attempt's feedback) and the last seq witnessed."""
+    Returns the failures (the next attempt's feedback) and the last seq witnessed.
+    `applied`: the executor changed the view itself (an agent CLI); its output is no edit."""
     view = s.views[run.id]
     space = run.space
     assert space is not None
     failures: list[str] = []
     seq = parent
     try:
-        if error is None:
+        if error is None and not applied:
             try:
                 await asyncio.to_thread(_use_output, s, view, task, opened, output)
             except (edits.EditError, PathRefused, OSError) as exc:

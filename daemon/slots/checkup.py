@@ -42,9 +42,10 @@ class Finding(BaseModel):
 
 class MemberReport(BaseModel):
     name: str
-    kind: Literal["spawned", "url"]
+    kind: Literal["spawned", "url", "agent-cli"]
     where: str
-    """The URL of an external member; the model (or the command) of a spawned one."""
+    """The URL of an external member; the model (or the command) of a spawned one; the argv
+    of an agent CLI (checked by `daemon.runs.agentcli.probe`)."""
     reachable: bool | None = None
     model_present: bool | None = None
     server: str | None = None
@@ -88,6 +89,8 @@ async def check_roster(
 ) -> Checkup:
     """Check every member at once. `spawn=False` leaves spawned members to static checks
     (command and model file) and starts nothing; `complete=False` asks no model anything."""
+    # An agent-cli member is no server: `daemon.runs.agentcli.probe` checks it (`tally doctor`).
+    roster = roster.model_copy(update={"models": [m for m in roster.models if not m.agent_cli]})
     reports = {m.name: _report(m) for m in roster.models}
     async with aiohttp.ClientSession() as session:
         await asyncio.gather(

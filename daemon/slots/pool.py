@@ -105,7 +105,9 @@ class Pool:
         # pool-wide, so a lane's last slot is one slot even when it moved between members
         self._affinity: dict[str, Slot] = {}
         self._members: dict[str, MemberRuntime] = {
-            m.name: MemberRuntime(self._ctx, m, self._affinity) for m in roster.models
+            m.name: MemberRuntime(self._ctx, m, self._affinity)
+            for m in roster.models
+            if not m.agent_cli  # an agent CLI is run per task (daemon.runs.agentcli), never leased
         }
         self._retired: list[MemberRuntime] = []
         self._tiers: dict[str, WaitQueue] = {}
@@ -249,7 +251,7 @@ class Pool:
 
     async def reload(self, roster: Roster) -> None:
         """Adopt a new roster: new members start lazily; removed or changed ones stop when idle."""
-        specs = {m.name: m for m in roster.models}
+        specs = {m.name: m for m in roster.models if not m.agent_cli}
         for name, runtime in list(self._members.items()):
             if specs.get(name) == runtime.spec:
                 continue

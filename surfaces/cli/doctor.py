@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
                 timeout_s=args.timeout,
             )
         )
+    checkup = _with_agent_clis(checkup, roster, args.timeout)
     if args.json:
         members = [{**m.model_dump(mode="json"), "ok": m.ok} for m in checkup.members]
         print(json.dumps({"ok": checkup.ok, "roster": str(path), "members": members}, indent=2))
@@ -78,6 +79,30 @@ def run(args: argparse.Namespace) -> int:
         counted = f" ({len(warnings)} warning{'s' if len(warnings) != 1 else ''})"
         print(f"\nall members ok{counted if warnings else ''}")
     return 1 if failed else 0
+
+
+def _with_agent_clis(checkup: Any, roster: Any, timeout_s: float) -> Any:
+    """The checkup with each agent-cli member probed in the sandbox (`agentcli.probe`), in
+    roster order: its program found, executable and shown, and `--version` answering."""
+    import asyncio
+
+    from daemon.config import Settings
+    from daemon.runs.agentcli import probe
+    from daemon.runs.sandbox import Confinement
+    from daemon.slots.checkup import Checkup
+
+    clis = [m for m in roster.models if m.agent_cli]
+    if not clis:
+        return checkup
+    settings = Settings.from_env()
+    confinement = Confinement(hidden=(settings.state_dir, settings.runtime_dir, Path.home()))
+
+    async def probe_all() -> list[Any]:
+        policy = roster.policy.command
+        return list(await asyncio.gather(*(probe(m, policy, confinement, timeout_s) for m in clis)))
+
+    found = {r.name: r for r in [*checkup.members, *asyncio.run(probe_all())]}
+    return Checkup(members=[found[m.name] for m in roster.models if m.name in found])
 
 
 def _table(members: list[Any]) -> str:

@@ -1,0 +1,100 @@
+"""`tally doctor` on agent-cli members: each one's program found, executable and shown by
+the sandbox, and its version probe answering there within the timeout; through the real CLI,
+with real bubblewrap and the scripted CLI of tests/runs/fakecli.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from daemon.runs.agentcli import probe
+from daemon.runs.sandbox import Confinement
+from roster.models import CommandPolicy, Member
+from surfaces.cli import main
+from tests.runs import fakecli
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+
+def cli_member(name: str, argv: list[str], binds: list[str], **extra: object) -> str:
+    fields = {"name": name, "kind": "agent-cli", "argv": argv, "ro_binds": binds, **extra}
+    return "[[models]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in fields.items())
+
+
+async def test_doctor_probes_each_agent_cli_in_the_sandbox_and_names_each_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = fakecli.write(tmp_path / "cli")
+    elsewhere = fakecli.write(tmp_path / "elsewhere")
+    plain = tmp_path / "cli" / "plain"
+    plain.write_text("not a program\n")
+    binds = [str(fake.parent)]
+    members = [
+        cli_member("ok", [str(fake), "fix"], binds),
+        cli_member("missing", ["no-such-agent-cli-on-path"], binds),
+        cli_member("notexec", [str(plain)], binds),
+        cli_member("unbound", [str(elsewhere), "fix"], binds),
+        cli_member("hangs", [str(fake), "fix"], binds, version_argv=[str(fake), "hang"]),
+        cli_member("fails", [str(fake), "fix"], binds, version_argv=[str(fake), "fail"]),
+    ]
+    names = ["ok", "missing", "notexec", "unbound", "hangs", "fails"]
+    roster = tmp_path / "roster.toml"
+    roster.write_text(
+        "version = 1\n"
+        + "\n".join(members)
+        + f'\n[tiers]\nladder = ["agents"]\nagents = {json.dumps(names)}\n'
+        + '[[lanes]]\nname = "x"\nkeywords = ["x"]\ntier = "agents"\nsystem = "s"\n'
+    )
+    started = time.monotonic()
+    code = await asyncio.to_thread(main, ["doctor", "--roster", str(roster), "--timeout", "2"])
+    assert time.monotonic() - started < 30  # the probes run at once, each bounded
+    assert code == 1
+    out = capsys.readouterr().out
+    problem = {
+        line.strip().removeprefix("problem: ").split(":", 1)[0]: line
+        for line in out.splitlines()
+        if line.strip().startswith("problem: ")
+    }
+    assert set(problem) == {"missing", "notexec", "unbound", "hangs", "fails"}
+    assert "not on the daemon's PATH" in problem["missing"]
+    assert "not an executable file" in problem["notexec"]
+    assert "outside what the sandbox shows" in problem["unbound"]
+    assert "add its install dir to the member's ro_binds" in problem["unbound"]
+    assert "did not answer within 2 s" in problem["hangs"]
+    assert "exited 3" in problem["fails"]
+    assert "boom" in problem["fails"]
+    row = next(line for line in out.splitlines() if line.startswith("ok "))
+    assert "agent-cli" in row
+    assert "ok" in row.split()
+    assert fakecli.leftovers("987.654") == []  # the hanging probe's tree is gone
+
+    code = await asyncio.to_thread(
+        main, ["doctor", "--roster", str(roster), "--timeout", "2", "--json"]
+    )
+    report = json.loads(capsys.readouterr().out)
+    found = {m["name"]: m for m in report["members"]}
+    assert found["ok"]["ok"]
+    assert found["ok"]["server"] == "fakecli 1.2.3"
+    assert found["ok"]["kind"] == "agent-cli"
+    assert [m["name"] for m in report["members"]] == names
+
+
+async def test_a_bind_that_would_show_the_state_dir_is_refused_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    fake = fakecli.write(tmp_path / "cli")
+    state = tmp_path / "state"
+    state.mkdir()
+    for bind in (str(tmp_path), str(state / "inner")):
+        (state / "inner").mkdir(exist_ok=True)
+        member = Member.model_validate(
+            {"name": "c", "kind": "agent-cli", "argv": [str(fake)], "ro_binds": [bind]}
+        )
+        report = await probe(member, CommandPolicy(), Confinement(hidden=(state,)), 5)
+        assert not report.ok
+        assert "which no task may see" in report.findings[0].problem

@@ -146,6 +146,14 @@ def _describe(kind: str, b: dict[str, Any]) -> str | None:
     if kind == "command.run":
         tail = _cut(b.get("stderr") or b.get("stdout") or "", 200)
         return f"  command exit {b.get('exit_code')}" + (f": {tail}" if tail else "")
+    if kind == "agent.cli":  # one call of an agent-cli member (daemon.runs.agentcli)
+        failed = b.get("timed_out") or b.get("exit_code") != 0
+        how = "timed out" if b.get("timed_out") else f"exit {b.get('exit_code')}"
+        files = [str(f) for f in b.get("files") or []]
+        changed = f", changed {_cut(', '.join(files), 120)}" if files else ""
+        tail = _cut(b.get("stderr_tail") or "", 200) if failed else ""
+        said = f"  agent CLI {b.get('member')}: {how} in {b.get('duration_ms')} ms{changed}"
+        return said + (f": {tail}" if tail else "")
     if kind == "task.result":
         return f"  executor failed: {_cut(b.get('error'))}" if b.get("error") else None
     if kind == "task.verdict":

@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomli_w
@@ -117,6 +118,6 @@ async def test_llm_answers_a_run_through_the_gateway_from_inside_the_sandbox(
         await daemon.stop()
 
 
-async def bodies(daemon: Daemon, kind: str, run: str) -> list[dict[str, object]]:
+async def bodies(daemon: Daemon, kind: str, run: str) -> list[Any]:
     found = await daemon.ledger.entries(start=0, limit=1000, kind=kind, run=run)
     return [(await daemon.ledger.body(e.body)).value for e in found]

@@ -98,3 +98,46 @@ async def test_a_bind_that_would_show_the_state_dir_is_refused_before_anything_r
         report = await probe(member, CommandPolicy(), Confinement(hidden=(state,)), 5)
         assert not report.ok
         assert "which no task may see" in report.findings[0].problem
+
+
+def test_tally_run_says_an_agent_cli_call_in_words() -> None:
+    from surfaces.cli.stream import attempt_lines
+
+    call = {"task": "fix", "member": "aider", "exit_code": 0, "timed_out": False}
+    lines = attempt_lines(
+        [
+            {
+                "seq": 4,
+                "kind": "agent.cli",
+                "content": {**call, "duration_ms": 812, "files": ["calc.py"]},
+            },
+            {
+                "seq": 9,
+                "kind": "agent.cli",
+                "content": {
+                    **call,
+                    "exit_code": 3,
+                    "files": [],
+                    "duration_ms": 40,
+                    "stderr_tail": "boom",
+                },
+            },
+            {
+                "seq": 12,
+                "kind": "agent.cli",
+                "content": {
+                    **call,
+                    "exit_code": None,
+                    "timed_out": True,
+                    "files": [],
+                    "duration_ms": 2001,
+                    "stderr_tail": "",
+                },
+            },
+        ]
+    )["fix"]
+    assert lines == [
+        "  agent CLI aider: exit 0 in 812 ms, changed calc.py  [seq 4]",
+        "  agent CLI aider: exit 3 in 40 ms: boom  [seq 9]",
+        "  agent CLI aider: timed out in 2001 ms  [seq 12]",
+    ]

@@ -10,6 +10,7 @@ sandbox on a real view. `write(dir)` puts it there; argv[1] is what it does:
 - `fail`: prints to stderr and exits 3;
 - `escape STATE OUTSIDE`: tries to write outside its view, read the state dir and reach the
   network (`PORT`), and prints what happened to each;
+- `span`: sleeps 0.6 s and prints when it started and ended (CLOCK_MONOTONIC is the host's);
 - `nothing`: answers and changes nothing;
 - `--version`: prints its version.
 """
@@ -69,6 +70,10 @@ elif mode == "escape":
     attempt("list state", lambda: os.listdir(state))
     attempt("network", lambda: socket.create_connection(("127.0.0.1", port), timeout=2))
     attempt("write view", lambda: open("inside.txt", "w").write("fine"))
+elif mode == "span":
+    start = time.monotonic()
+    time.sleep(0.6)
+    print(f"span {start} {time.monotonic()}")
 elif mode == "nothing":
     sys.stdin.read()
     print("nothing to change here")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -308,3 +309,37 @@ async def test_a_missing_or_unbound_program_fails_the_attempt_with_what_to_do(
         results = await bodies(daemon, k.TASK_RESULT, done.id)
         assert said in results[0]["error"], results[0]["error"]
         assert await bodies(daemon, AGENT_CLI, done.id) == []  # nothing ran
+
+
+async def test_cancelling_the_run_kills_the_cli_and_everything_it_started(
+    tmp_path: Path, cli_fleet: Make
+) -> None:
+    daemon, _, _ = await cli_fleet(["hang"], request_timeout_s=300)
+    plan = {"tasks": [{"id": "t", "lane": "testing", "instruction": "wait"}]}
+    view = await daemon.engine.submit("wait", plan=plan)
+    for _ in range(200):  # until its grandchild runs
+        if fakecli.leftovers("987.654"):
+            break
+        await asyncio.sleep(0.05)
+    assert fakecli.leftovers("987.654")
+    await daemon.engine.cancel(view.id)
+    done = await daemon.engine.wait(view.id, timeout=30)
+    assert done.state == "cancelled"
+    for _ in range(40):  # SIGKILL to the namespace: gone within moments
+        if not fakecli.leftovers("987.654"):
+            break
+        await asyncio.sleep(0.05)
+    assert fakecli.leftovers("987.654") == []
+
+
+async def test_a_members_slots_bound_its_calls_at_once(tmp_path: Path, cli_fleet: Make) -> None:
+    daemon, _, _ = await cli_fleet(["span"], slots=1)
+    tasks = [{"id": f"t{i}", "lane": "testing", "instruction": f"part {i}"} for i in range(3)]
+    view = await daemon.engine.submit("three parts", plan={"tasks": tasks}, max_parallel=3)
+    done = await daemon.engine.wait(view.id, timeout=60)
+    assert all(t.state == "done" for t in done.tasks), done.error
+    calls = await bodies(daemon, AGENT_CLI, done.id)
+    spans = sorted(tuple(map(float, c["stdout_head"].split()[1:3])) for c in calls)
+    assert len(spans) == 3
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert end <= start  # one at a time: slots = 1

@@ -141,3 +141,34 @@ def test_tally_run_says_an_agent_cli_call_in_words() -> None:
         "  agent CLI aider: exit 3 in 40 ms: boom  [seq 9]",
         "  agent CLI aider: timed out in 2001 ms  [seq 12]",
     ]
+
+
+async def test_a_config_dir_inside_home_is_granted_but_home_and_its_parents_are_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    config = home / ".config" / "fakecli"
+    config.mkdir(parents=True)
+    (config / "settings").write_text("colour = blue\n")
+    monkeypatch.setenv("HOME", str(home))  # the daemon's home, hidden from every task
+    fake = fakecli.write(tmp_path / "cli")
+    confinement = Confinement(hidden=(home, tmp_path / "state"))
+
+    def member(bind: str, argv: list[str]) -> Member:
+        return Member.model_validate(
+            {"name": "c", "kind": "agent-cli", "argv": argv, "ro_binds": [str(fake.parent), bind]}
+        )
+
+    looked = member("~/.config/fakecli", ["cat", f"{config}/settings"])
+    report = await probe(
+        looked.model_copy(update={"version_argv": ["cat", f"{config}/settings"]}),
+        CommandPolicy(),
+        confinement,
+        10,
+    )
+    assert report.ok, report.findings
+    assert report.server == "colour = blue"  # the CLI reads its own config
+    for bind in (str(home), str(tmp_path)):
+        report = await probe(member(bind, [str(fake)]), CommandPolicy(), confinement, 10)
+        assert not report.ok
+        assert "which no task may see" in report.findings[0].problem

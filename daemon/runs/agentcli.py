@@ -149,7 +149,7 @@ async def run(
         )
     text = prompt_of(task, upstream, feedback, previous)
     async with gate:
-        outcome, _ = await call(
+        outcome = await call(
             member,
             text,
             policy=policy,
@@ -196,16 +196,14 @@ async def call(
     confinement: Confinement,
     workdir: Path | None,
     timeout_s: float | None = None,
-) -> tuple[CommandOutcome, list[str]]:
+) -> CommandOutcome:
     """Run the member's argv on `prompt` in `workdir` (an empty dir of its own when None), in
-    the sandbox with the member's grants. Returns the outcome (its streams with the values of
-    `env` replaced) and the argv as run. Refuses (InvalidInput) a program that is not there
-    or that the sandbox would not show, and a bind that would show what tasks must not see."""
+    the sandbox with the member's grants. Returns the outcome, its argv as configured and its
+    streams with the values of `env` replaced. Refuses (InvalidInput) a program that is not
+    there or that the sandbox would not show, and a bind that would show what tasks must not
+    see. The file-system checks run off the event loop."""
     assert member.argv is not None
-    binds = grants(member, confinement)
-    program = locate(
-        member.argv[0], [*binds, *policy.ro_binds], sandboxed=policy.sandbox == "bwrap"
-    )
+    binds, program = await asyncio.to_thread(_prepare, member, policy, confinement)
     how = member.prompt or "stdin"
     if how == "arg" and len(prompt.encode()) > MAX_ARG_PROMPT:
         raise InvalidInput(
@@ -253,19 +251,28 @@ async def call(
     finally:
         await asyncio.to_thread(remove_task_dir, scratch)
     secrets = {name: os.environ[name] for name in names if len(os.environ.get(name, "")) >= 6}
-    return (
-        CommandOutcome(
-            argv=list(member.argv),
-            exit_code=outcome.exit_code,
-            stdout=hide(outcome.stdout, secrets),
-            stderr=hide(outcome.stderr, secrets),
-            timed_out=outcome.timed_out,
-            truncated=outcome.truncated,
-            duration_ms=outcome.duration_ms,
-            limit=outcome.limit,
-        ),
-        argv,
+    return CommandOutcome(
+        argv=list(member.argv),
+        exit_code=outcome.exit_code,
+        stdout=hide(outcome.stdout, secrets),
+        stderr=hide(outcome.stderr, secrets),
+        timed_out=outcome.timed_out,
+        truncated=outcome.truncated,
+        duration_ms=outcome.duration_ms,
+        limit=outcome.limit,
     )
+
+
+def _prepare(
+    member: Member, policy: CommandPolicy, confinement: Confinement
+) -> tuple[list[str], str]:
+    """The member's binds and its program's path (see `grants` and `locate`)."""
+    assert member.argv is not None
+    binds = grants(member, confinement)
+    program = locate(
+        member.argv[0], [*binds, *policy.ro_binds], sandboxed=policy.sandbox == "bwrap"
+    )
+    return binds, program
 
 
 async def probe(
@@ -280,7 +287,7 @@ async def probe(
     probe_argv = member.version_argv or [member.argv[0], "--version"]
     asked = member.model_copy(update={"argv": probe_argv, "prompt": None})
     try:
-        outcome, _ = await call(
+        outcome = await call(
             asked,
             "",
             policy=policy,

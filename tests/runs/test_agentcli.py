@@ -343,3 +343,21 @@ async def test_a_members_slots_bound_its_calls_at_once(tmp_path: Path, cli_fleet
     assert len(spans) == 3
     for (_, end), (start, _) in itertools.pairwise(spans):
         assert end <= start  # one at a time: slots = 1
+
+
+async def test_with_its_network_grant_the_cli_reaches_the_host_and_still_not_the_state_dir(
+    tmp_path: Path, cli_fleet: Make
+) -> None:
+    server = ScriptedServer([], default="x")
+    await server.start()
+    try:
+        argv = ["escape", str(tmp_path / "state"), "/nonexistent/x", str(server.port)]
+        daemon, _, _ = await cli_fleet(argv, network=True)
+        done = await submit(daemon, tmp_path, checks=[["true"]])
+        assert done.state == "done", done.error
+        (call,) = await bodies(daemon, AGENT_CLI, done.id)
+        assert "network: ALLOWED" in call["stdout_head"]
+        assert "list state: refused" in call["stdout_head"]
+        assert call["network"] is True
+    finally:
+        await server.stop()

@@ -406,11 +406,22 @@ class Daemon:
         for member in checkup.members:
             for line in member.lines():
                 log.warning("member check: %s", line)
+        await self._check_agent_clis(roster)
         if checkup.ok:
             names = ", ".join(m.name for m in checkup.members)
             log.info("member check: all members ok (%s)", names)
         else:
             log.warning("member check: `tally doctor --roster %s` checks again", self.roster_path)
+
+    async def _check_agent_clis(self, roster: Roster) -> None:
+        """Agent-cli members at start-up: program and binds (nothing runs), warnings only."""
+        from daemon.runs.agentcli import static_problem
+
+        for member in (m for m in roster.models if m.agent_cli):
+            policy, confinement = roster.policy.command, self.confinement()
+            problem = await asyncio.to_thread(static_problem, member, policy, confinement)
+            if problem is not None:
+                log.warning("member check: %s: %s", member.name, problem)
 
     async def _snapshot_loop(self) -> None:
         while True:

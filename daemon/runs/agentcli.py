@@ -263,6 +263,16 @@ async def call(
     )
 
 
+def static_problem(member: Member, policy: CommandPolicy, confinement: Confinement) -> str | None:
+    """What would stop the member's calls before they run (its program, its binds): the
+    daemon's start-up check, which runs nothing. None: nothing found."""
+    try:
+        _prepare(member, policy, confinement)
+    except InvalidInput as err:
+        return err.message
+    return None
+
+
 def _prepare(
     member: Member, policy: CommandPolicy, confinement: Confinement
 ) -> tuple[list[str], str]:

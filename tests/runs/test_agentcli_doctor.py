@@ -172,3 +172,32 @@ async def test_a_config_dir_inside_home_is_granted_but_home_and_its_parents_are_
         report = await probe(member(bind, [str(fake)]), CommandPolicy(), confinement, 10)
         assert not report.ok
         assert "which no task may see" in report.findings[0].problem
+
+
+async def test_the_daemon_warns_at_start_of_an_agent_cli_it_could_not_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from daemon.service import Daemon
+    from tests.runs.model_server import ScriptedServer, settings_for
+    from tests.runs.test_agentcli import roster_text
+
+    server = ScriptedServer([], default="x")
+    await server.start()
+    fake = fakecli.write(tmp_path / "cli")
+    text = roster_text(server.url, fake, ["fix"], "agents")
+    text = text.replace(json.dumps(str(fake)), json.dumps(str(tmp_path / "gone" / "agent")))
+    caplog.set_level(logging.INFO, logger="daemon.service")
+    daemon = Daemon(settings_for(tmp_path, text))
+    await daemon.start()
+    try:
+        deadline = time.monotonic() + 10
+        while "member check: cli" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            await asyncio.sleep(0.05)
+        warned = [r.getMessage() for r in caplog.records if "member check: cli" in r.getMessage()]
+        assert "is not an executable file" in warned[0]
+    finally:
+        await daemon.stop()
+        await server.stop()

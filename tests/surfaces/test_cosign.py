@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from daemon.cosigning import COSIGN, INCONSISTENT
+from daemon.cosigning import COSIGN, INCONSISTENT, collect_loop
 from daemon.errors import Conflict, InvalidInput, NotFound
 from daemon.ledger import Ledger
 from daemon.ledger.checkpoint import Signer
@@ -167,15 +167,43 @@ async def test_a_cosigned_checkpoint_verifies_with_a_quorum_of_2(trio: Trio) -> 
     assert "2 of 2 cosigners verified, quorum 2: ok" in out
     code, out = await _cli([*argv, "--json"])
     assert json.loads(out)["checked"]["cosigned"]["consistent"] is True
-    # the checkpoint grows: the cosigners check consistency from what they cosigned
+    # the checkpoint grows: the cosigners check consistency from what they cosigned. The
+    # origin forgot the sizes they hold (a restart): each says its size (409), and is asked
+    # again with a proof from there.
     await _grow(a, 7)
     await a.ledger.checkpoint()
+    a.collector.sizes.clear()
     again = await _collect(trio)
     assert [r["status"] for r in again["results"]] == ["cosigned", "cosigned"], again
     latest = a.ledger.latest_checkpoint()
     assert latest is not None
     assert again["size"] == latest.size >= report["size"] + 7
     assert verify_quorum(again["note"], cosigners, 2, origin_vkey=trio.vkey("a")).ok
+    # an older checkpoint sent again afterwards is refused: a rollback
+    b = trio.d["b"]
+    assert b.cosigner is not None
+    with pytest.raises(Conflict, match="older"):
+        await b.cosigner.cosign(b.roster, note, 0, [], "a")
+    assert len(await b.ledger.entries(limit=10, kind=COSIGN)) == 2
+
+
+async def test_the_daemon_asks_after_each_checkpoint_period(trio: Trio) -> None:
+    a = trio.d["a"]
+    await _grow(a, 2)
+    signed = await a.ledger.checkpoint()
+    loop = asyncio.create_task(collect_loop(a.collector, a.ledger, lambda: a.roster, 0.1))
+    try:
+        for _ in range(100):  # the loop's period is at least 1 s
+            _, served = await trio.tool("a", "ledger_cosigned", {})
+            if served["size"] == signed.size and len(served["cosigners"]) == 2:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError(f"not cosigned in 10 s: {served}")
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
 
 
 async def test_wrong_keys_tampering_and_stale_cosignatures_are_refused(trio: Trio) -> None:
@@ -347,8 +375,8 @@ async def test_the_cosigner_refuses_unknown_origins_and_bad_signatures(
     raw = bytearray(base64.b64decode(b64))
     raw[-1] ^= 1  # the key id still matches: the signature itself is wrong
     bad = f"{body}\n\n— {name} {base64.b64encode(bytes(raw)).decode()}\n"
-    with pytest.raises(InvalidInput) as caught:
+    with pytest.raises(InvalidInput) as refused:
         await b.cosigner.cosign(b.roster, bad, 0, [], "x")
-    assert "does not verify under the key pinned for member 'a'" in str(caught.value)
-    assert "signature does not verify" in str(caught.value)
+    assert "does not verify under the key pinned for member 'a'" in str(refused.value)
+    assert "signature does not verify" in str(refused.value)
     assert await b.ledger.entries(limit=10, kind=COSIGN) == []

@@ -225,7 +225,7 @@ class Cosigner:
                     "member": member.name,
                     "size": checkpoint.size,
                     "root": checkpoint.root,
-                    "note": checkpoint.note,
+                    "note": _origin_only(checkpoint.note, str(member.tally_key)),
                     "cosigned_size": last.size,
                     "cosigned_root": last.root,
                     "cosigned_note": last.note,
@@ -233,6 +233,8 @@ class Cosigner:
                     "reason": why,
                 },
             )
+            if len(self._refused) >= 10_000:  # a memory bound: at worst one entry again
+                self._refused.clear()
             self._refused.add(key)
         log.warning("cosigning: refused %s: %s", member.name, why)
         raise Conflict(
@@ -252,8 +254,19 @@ class Cosigner:
             return name, line
 
         name, line = await asyncio.to_thread(sign)
-        own_note = checkpoint.note.partition("\n\n")
-        origin_note = own_note[0] + "\n\n" + own_note[2].split("\n")[0] + "\n"
+        last = state.get(checkpoint.origin)
+        if (
+            last is not None
+            and last.seq is not None
+            and (last.size, last.root)
+            == (
+                checkpoint.size,
+                checkpoint.root,
+            )
+        ):
+            return line, last.seq  # the same statement again: witnessed once, when first made
+        assert member.tally_key is not None
+        origin_note = _origin_only(checkpoint.note, member.tally_key)
         entry = await self.ledger.append(
             actor=client,
             kind=COSIGN,
@@ -275,6 +288,19 @@ class Cosigner:
             seq=entry.seq,
         )
         return line, entry.seq
+
+
+def _origin_only(note: str, key: str) -> str:
+    """The note with only the origin's verified signature line: the evidence kept of it."""
+    body, _, lines = note.partition("\n\n")
+    for line in lines.split("\n"):
+        single = f"{body}\n\n{line}\n"
+        try:
+            verify_note(single, key)
+        except (CheckpointError, ValueError):
+            continue
+        return single
+    raise InvalidInput("the checkpoint has no signature line by its origin")  # checked before
 
 
 def _signer(ledger: Ledger) -> Callable[[bytes], bytes]:

@@ -1919,6 +1919,8 @@ ERRORS: dict[str, tuple[type[TallyError], ...]] = {
     "ledger_get": (NotFound,),
     "ledger_proof": (NotFound,),
     "ledger_checkpoint": (Unavailable,),
+    "ledger_cosign": (NotFound, Conflict, Unavailable),
+    "ledger_cosign_collect": (Unavailable,),
     "causal_chain": (NotFound,),
     "ledger_redact": (NotFound, Unavailable),
     "roster_reload": (NotFound,),

@@ -144,6 +144,10 @@ async def test_a_cosigned_checkpoint_verifies_with_a_quorum_of_2(trio: Trio) -> 
             latest.root,
         )
         assert body["member"] == "a"
+    # asked again about the same checkpoint: a fresh line, witnessed once all the same
+    repeat = await _collect(trio)
+    assert [r["status"] for r in repeat["results"]] == ["cosigned", "cosigned"], repeat
+    assert len(await trio.d["b"].ledger.entries(limit=10, kind=COSIGN)) == 1
     # a third party: the cosigned note over HTTP (read scope), its own pinned keys, quorum 2
     status, served = await trio.tool("a", "ledger_cosigned", {})
     assert status == 200, served

@@ -426,6 +426,9 @@ class Collector:
         except (CosignError, ValueError) as err:
             reason = f"{name}: {err}"[:300]
             return CosignAsk(member=name, status="failed", reason=reason), None
+        except aiohttp.ServerFingerprintMismatch as err:
+            why = f"{name}: its TLS certificate (sha256:{err.got.hex()}) is not the pinned one"
+            return CosignAsk(member=name, status="failed", reason=why), None
         except TimeoutError:
             return CosignAsk(
                 member=name, status="failed", reason=f"{name}: no answer in time"

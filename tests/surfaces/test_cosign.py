@@ -264,6 +264,11 @@ async def test_wrong_keys_tampering_and_stale_cosignatures_are_refused(trio: Tri
                             "--quorum", "3", "--cosigner", f"b={good['b']}"])  # fmt: skip
     assert code == 2
     assert "can never be met" in out
+    # a daemon that collected none: said so, and not ok
+    code, out = await _cli(["ledger", "verify", "--state", str(trio.d["b"].settings.state_dir),
+                            *_listed(good)])  # fmt: skip
+    assert code == 1, out
+    assert "no cosigned checkpoint in" in out
     code, out = await _cli(["ledger", "verify", "--state", str(a.settings.state_dir),
                             "--cosigner", "b=not-a-key"])  # fmt: skip
     assert code == 2
@@ -384,3 +389,51 @@ async def test_the_cosigner_refuses_unknown_origins_and_bad_signatures(
     assert "does not verify under the key pinned for member 'a'" in str(refused.value)
     assert "signature does not verify" in str(refused.value)
     assert await b.ledger.entries(limit=10, kind=COSIGN) == []
+
+
+async def test_a_cosigner_over_tls_with_its_certificate_pinned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from daemon.tls import fingerprint
+    from tests.surfaces.test_tls import start_served
+
+    model = FakeServer(slots=2, n_ctx=4096)
+    await model.start()
+    base = roster_toml(model.url)
+    (tmp_path / "a").mkdir()
+    a = Daemon(settings_for(tmp_path / "a", base))
+    await a.start()
+    b = None
+    try:
+        origin_key = str(a.ledger.vkey)
+        # b never calls a: the origin's URL is only where it would be reached
+        b = await start_served(
+            tmp_path / "b", base + _member("a", "http://127.0.0.1:9/v1", origin_key, "X", False)
+        )
+        assert b.cert is not None
+        monkeypatch.setenv("COSIGN_TLS_TOKEN", b.daemon.clients.add("a", "submit"))
+        pin = fingerprint(b.cert.read_bytes())
+        member = _member("b", f"{b.origin}/v1", str(b.daemon.ledger.vkey), "COSIGN_TLS_TOKEN", True)
+        text = base + member.replace("tally = true\n", f'tally = true\ntls_fingerprint = "{pin}"\n')
+        (tmp_path / "a" / "roster.toml").write_text(text)
+        await a.reload_roster()
+        await _grow(a, 3)
+        await a.ledger.checkpoint()
+        report = await a.collector.collect(a.ledger, a.roster)
+        assert [r.status for r in report.results] == ["cosigned"], report
+        assert report.note is not None
+        verdict = verify_quorum(report.note, {"b": str(b.daemon.ledger.vkey)}, 1,
+                                origin_vkey=origin_key)  # fmt: skip
+        assert verdict.ok, verdict
+        # another certificate pinned: nothing is sent, the member's answer is a reason
+        (tmp_path / "a" / "roster.toml").write_text(text.replace(pin, "sha256:" + "0" * 64))
+        await a.reload_roster()
+        await a.ledger.checkpoint()
+        report = await a.collector.collect(a.ledger, a.roster)
+        assert [r.status for r in report.results] == ["failed"], report
+        assert "is not the pinned one" in (report.results[0].reason or ""), report
+    finally:
+        if b is not None:
+            await b.close()
+        await a.stop()
+        await model.stop()

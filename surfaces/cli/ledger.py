@@ -458,7 +458,9 @@ async def _cosigned(
     from daemon.ledger.cosign import verify_quorum
 
     cosigners, quorum = _cosigners(args)
-    source = Path(args.cosigned) if args.cosigned else ledger.dir / "checkpoint.cosigned"
+    from daemon.cosigning import cosigned_path
+
+    source = Path(args.cosigned) if args.cosigned else cosigned_path(ledger)
     try:
         text = await asyncio.to_thread(source.read_text)
     except (OSError, UnicodeDecodeError) as err:

@@ -14,7 +14,8 @@ roster as a `tally = true` member, with its URL, token, TLS pin and pinned check
 - **Cosigner** (`Cosigner.cosign`): cosigns a checkpoint only if its origin is the key name
   of a tally member's pinned key, its signature verifies under that key, and it is
   consistent with the last checkpoint it cosigned for that origin (a consistency proof from
-  that size, or the same root at the same size). Each cosignature is witnessed first in its
+  that size, or the same root at the same size); with a shared record (`same_record`), also
+  the root of the record it reads itself at that size. Each cosignature is witnessed first in its
   own ledger (`checkpoint.cosign`: origin, size, root, the signed note); a checkpoint that
   is not consistent with what it cosigned is refused and witnessed (`checkpoint.inconsistent`,
   with both signed notes: two signed roots of one size prove a fork). Its state per origin
@@ -106,8 +107,11 @@ def own_key(ledger: Ledger) -> tuple[str, bytes]:
 class Cosigner:
     """This daemon as the cosigner of other daemons' checkpoints (module doc)."""
 
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, *, same_record: bool = False) -> None:
         self.ledger = ledger
+        self.same_record = same_record
+        """The origins write the record this daemon reads (a shared record): a checkpoint is
+        also checked against our own tree at its size, the first one from an origin too."""
         self._state: dict[str, Witnessed] | None = None
         self._lock = asyncio.Lock()
         self._refused: set[tuple[str, int, str]] = set()
@@ -165,12 +169,31 @@ class Cosigner:
             raise InvalidInput("the proof holds a hash that is not 32 bytes")
         async with self._lock:
             state = await self.state()
+            if self.same_record:
+                await self._on_our_tree(checkpoint, member, client)
             last = state.get(checkpoint.origin)
             if last is not None:
                 await self._check(last, checkpoint, old_size, path, member, client)
             elif old_size != 0:
                 raise _conflict(checkpoint.origin, 0)
             return await self._sign(state, checkpoint, member, client)
+
+    async def _on_our_tree(self, checkpoint: Checkpoint, member: Member, client: str) -> None:
+        size = self.ledger.size
+        if checkpoint.size > size:
+            raise Conflict(
+                f"the record here holds {size} entries, fewer than the checkpoint's "
+                f"{checkpoint.size}: ask again once they are read",
+                details={"origin": checkpoint.origin, "behind": size},
+            )
+        ours = (await self.ledger.consistency_proof(checkpoint.size, checkpoint.size)).new_root
+        if ours != checkpoint.root:
+            here = Witnessed(origin=checkpoint.origin, size=checkpoint.size, root=ours, note="")
+            why = (
+                f"{checkpoint.origin} signed a root for size {checkpoint.size} that is not the "
+                "shared record's tree at that size: a fork"
+            )
+            await self._refuse(here, checkpoint, member, client, proven=True, why=why)
 
     async def _check(
         self,
@@ -204,13 +227,17 @@ class Cosigner:
             await self._refuse(last, checkpoint, member, client, proven=False)
 
     async def _refuse(
-        self, last: Witnessed, checkpoint: Checkpoint, member: Member, client: str, proven: bool
+        self,
+        last: Witnessed,
+        checkpoint: Checkpoint,
+        member: Member,
+        client: str,
+        proven: bool,
+        why: str | None = None,
     ) -> None:
-        if proven:
-            why = (
-                f"{checkpoint.origin} signed two different roots for size {checkpoint.size}: a fork"
-            )
-        else:
+        if why is None and proven:
+            why = f"{checkpoint.origin} signed two roots for size {checkpoint.size}: a fork"
+        elif why is None:
             why = (
                 f"the checkpoint of size {checkpoint.size} is not proven consistent with the "
                 f"one of size {last.size} we cosigned (the consistency proof fails)"

@@ -437,3 +437,26 @@ async def test_a_cosigner_over_tls_with_its_certificate_pinned(
             await b.close()
         await a.stop()
         await model.stop()
+
+
+async def test_on_a_shared_record_the_cosigner_checks_its_own_tree(trio: Trio) -> None:
+    """Daemons sharing one record (`same_record`): the root must be the one the cosigner reads
+    itself, the first checkpoint of an origin too. Here a's ledger stands for the shared
+    record (a cosigner over it agrees) and b's for another record (it refuses)."""
+    from daemon.cosigning import Cosigner
+
+    a, b = trio.d["a"], trio.d["b"]
+    await _grow(a, 3)
+    signed = await a.ledger.checkpoint()
+    sharing = Cosigner(a.ledger, same_record=True)
+    line, _ = await sharing.cosign(b.roster, signed.note, 0, [], "a")
+    assert line.startswith("— ")
+    other = Cosigner(b.ledger, same_record=True)
+    with pytest.raises(Conflict, match="fewer than the checkpoint's"):
+        await other.cosign(b.roster, signed.note, 0, [], "a")
+    await _grow(b, signed.size)
+    with pytest.raises(Conflict, match="not the shared record's tree"):
+        await other.cosign(b.roster, signed.note, 0, [], "a")
+    [witnessed] = await b.ledger.entries(limit=10, kind=INCONSISTENT)
+    assert (await b.ledger.body(witnessed.body)).value["proven_fork"] is True
+    assert await b.ledger.entries(limit=10, kind=COSIGN) == []

@@ -460,3 +460,13 @@ async def test_on_a_shared_record_the_cosigner_checks_its_own_tree(trio: Trio) -
     [witnessed] = await b.ledger.entries(limit=10, kind=INCONSISTENT)
     assert (await b.ledger.body(witnessed.body)).value["proven_fork"] is True
     assert await b.ledger.entries(limit=10, kind=COSIGN) == []
+
+
+def test_cosign_is_for_tally_members_only() -> None:
+    from roster import RosterError
+    from roster.loading import load_roster_text
+
+    text = roster_toml("http://127.0.0.1:9/v1") + '\n[[models]]\nname = "x"\n'
+    text += 'url = "http://127.0.0.1:9/v1"\ncosign = true\n'
+    with pytest.raises(RosterError, match="'cosign = true' needs 'tally = true'"):
+        load_roster_text(text)

@@ -107,6 +107,30 @@ class _Remote:
             raise ValueError(f"{name}: the answer is not a JSON object")
         return data
 
+    async def answer(self, name: str, arguments: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """The tool's HTTP status and JSON object, error answers included (read as `tool`
+        reads: bounded, in time, shapes checked), for a caller that acts on an error's code."""
+        url = f"{self.root}/v1/tools/{name}"
+        timeout = aiohttp.ClientTimeout(total=_TIMEOUT_S)
+        async with self.session.post(
+            url,
+            json=arguments,
+            headers=self.headers,
+            timeout=timeout,
+            allow_redirects=False,
+            ssl=self.ssl,
+        ) as resp:
+            raw = await read_body(resp, _MAX_ANSWER, f"{name}: the answer")
+            status = resp.status
+        try:
+            data = loads(raw, f"{name}: the answer")
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            text = raw[:200].decode("utf-8", "replace")
+            raise ValueError(f"{name}: HTTP {status}: not a JSON object: {text}")
+        return status, data
+
     async def checkpoint(self) -> Any:
         """The other daemon's latest checkpoint, its signature checked (fetched once)."""
         if self._checkpoint is None:

@@ -30,6 +30,7 @@ from typing import Any
 
 from daemon.clients import ClientStore
 from daemon.config import Settings
+from daemon.cosigning import Collector, Cosigner, collect_loop
 from daemon.errors import InvalidRoster, TallyError
 from daemon.gateway import REPLY as GATEWAY_REPLY
 from daemon.gateway import Gateway
@@ -84,6 +85,11 @@ class Daemon:
         self.stop_requested: asyncio.Event | None = None
         """Set by `daemon_stop` (a client's clean stop): the server then stops as on SIGTERM."""
         self.started_at_us = time.time_ns() // 1000
+        self.cosigner: Cosigner | None = None
+        """This daemon as the cosigner of other daemons' checkpoints (`ledger_cosign`)."""
+        self.collector = Collector()
+        """This daemon asking its `cosign = true` members to cosign its checkpoints."""
+        self._cosigning: asyncio.Task[None] | None = None
 
     # The parts exist only between start() and stop(); asking earlier is a programming error.
     @property
@@ -174,6 +180,13 @@ class Daemon:
         self._snapshots = asyncio.create_task(self._snapshot_loop(), name="run snapshots")
         self.lag.start()
         self._checkup = asyncio.create_task(self._check_members(roster), name="member checkup")
+        self.cosigner = Cosigner(self._ledger)
+        self._cosigning = asyncio.create_task(
+            collect_loop(
+                self.collector, self._ledger, lambda: self.roster, settings.checkpoint_interval_s
+            ),
+            name="cosignatures",
+        )
         self.start_seconds = time.perf_counter() - started
 
     def _count_run_tokens(self, entry: Any, body: dict[str, Any]) -> None:
@@ -355,7 +368,7 @@ class Daemon:
         await self.lag.stop()
         if self._warming is not None:  # a thread: it cannot be cancelled, so it ends first
             await asyncio.wait([self._warming])
-        for loop in (self._snapshots, self._checkup):
+        for loop in (self._snapshots, self._checkup, self._cosigning):
             if loop is not None:
                 loop.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -1070,6 +1070,96 @@ async def ledger_checkpoint(daemon: Daemon, data: CheckpointIn, ctx: ToolContext
     return CheckpointOut(checkpoint=None if cp is None else cp.model_dump(mode="json"), vkey=vkey)
 
 
+class CosignIn(_In):
+    note: str = Field(
+        max_length=16384, description="The checkpoint's signed note (C2SP signed-note text)."
+    )
+    old_size: Annotated[int, Field(ge=0, le=MAX_SAFE_INT), Whole] = Field(
+        default=0, description="The size this daemon last cosigned for that origin (0: none)."
+    )
+    proof: list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="RFC 9162 consistency proof (hex hashes) from old_size to the note's size.",
+    )
+
+
+class CosignOut(_Out):
+    line: str = Field(description="The cosignature: one C2SP note signature line, to attach.")
+    cosigner: str = Field(description="The cosigner's C2SP verifier key (type 0x04).")
+    seq: int = Field(description="The `checkpoint.cosign` entry witnessing it here.")
+
+
+async def ledger_cosign(daemon: Daemon, data: CosignIn, ctx: ToolContext) -> CosignOut:
+    from daemon.cosigning import own_key
+    from daemon.ledger.cosign import cosigner_vkey
+
+    assert daemon.cosigner is not None
+    line, seq = await daemon.cosigner.cosign(
+        daemon.roster, data.note, data.old_size, data.proof, ctx.client.name
+    )
+    name, public = await asyncio.to_thread(own_key, daemon.ledger)
+    return CosignOut(line=line, cosigner=cosigner_vkey(name, public), seq=seq)
+
+
+class CosignedIn(_In):
+    pass
+
+
+class CosignedOut(_Out):
+    note: str | None = Field(
+        description="The latest checkpoint cosigned by other daemons: its signed note with one "
+        "signature line per cosigner after the origin's; null if none yet."
+    )
+    size: int | None = None
+    root: str | None = Field(default=None, description="Hex root hash at `size`.")
+    cosigners: list[str] = Field(
+        default_factory=list, description="The key names of its cosignatures (unchecked here)."
+    )
+    cosigner_vkey: str | None = Field(
+        default=None,
+        description="This daemon's own cosigner key (type 0x04): what others list to count "
+        "its cosignatures (`tally ledger verify --cosigner NAME=KEY`).",
+    )
+
+
+async def ledger_cosigned(daemon: Daemon, data: CosignedIn, ctx: ToolContext) -> CosignedOut:
+    from daemon.cosigning import load_cosigned, own_key
+    from daemon.ledger.checkpoint import CheckpointError, parse_note
+    from daemon.ledger.cosign import CosignError, cosigner_names, cosigner_vkey
+
+    name, public = await asyncio.to_thread(own_key, daemon.ledger)
+    mine = cosigner_vkey(name, public)
+    note = await asyncio.to_thread(load_cosigned, daemon.ledger)
+    if note is None:
+        return CosignedOut(note=None, cosigner_vkey=mine)
+    try:
+        checkpoint = parse_note(note)
+        names = cosigner_names(note)
+    except (CheckpointError, CosignError):
+        return CosignedOut(note=None, cosigner_vkey=mine)
+    return CosignedOut(
+        note=note, size=checkpoint.size, root=checkpoint.root, cosigners=names, cosigner_vkey=mine
+    )
+
+
+class CollectOut(_Out):
+    size: int | None = Field(description="The checkpoint asked about; null: none signed yet.")
+    note: str | None = Field(description="That checkpoint with the cosignatures held for it.")
+    results: list[dict[str, Any]] = Field(
+        description="Per `cosign = true` member: status cosigned or failed, with the reason."
+    )
+
+
+async def ledger_cosign_collect(daemon: Daemon, data: CheckpointIn, ctx: ToolContext) -> CollectOut:
+    if data.create:
+        await daemon.ledger.checkpoint()
+    report = await daemon.collector.collect(daemon.ledger, daemon.roster)
+    return CollectOut(
+        size=report.size, note=report.note, results=[r.model_dump() for r in report.results]
+    )
+
+
 class ChainIn(_In):
     seq: Seq = Field(description="The entry whose causes you want.")
     bodies: bool = False
@@ -1678,6 +1768,39 @@ def _tools() -> list[Tool[Any, Any]]:
             ledger_checkpoint,
         ),
         Tool(
+            "ledger_cosign",
+            "Cosign another tally daemon's checkpoint (C2SP tlog-cosignature): the caller "
+            "sends the signed note and a consistency proof from the size this daemon last "
+            "cosigned for it. Its origin must be a roster member with tally = true whose pinned "
+            "key signed it; a checkpoint not consistent with the last one cosigned is refused "
+            "(409) and witnessed. Answers 409 cosign_conflict with `details.size` when "
+            "old_size is not the size held. Each cosignature is witnessed (checkpoint.cosign).",
+            CosignIn,
+            CosignOut,
+            ledger_cosign,
+            scope="submit",
+        ),
+        Tool(
+            "ledger_cosigned",
+            "Get the latest checkpoint of this ledger cosigned by other daemons: the signed "
+            "note with the origin's signature line and one cosignature line per cosigner. "
+            "Verify it yourself with the keys you trust and a quorum "
+            "(`tally ledger verify --cosigned FILE --cosigner NAME=KEY --quorum N`).",
+            CosignedIn,
+            CosignedOut,
+            ledger_cosigned,
+        ),
+        Tool(
+            "ledger_cosign_collect",
+            "Ask the roster's cosign = true members to cosign the latest checkpoint now (the "
+            "daemon also asks after each checkpoint period); create=true signs a new "
+            "checkpoint first. Reports each member's answer.",
+            CheckpointIn,
+            CollectOut,
+            ledger_cosign_collect,
+            scope="admin",
+        ),
+        Tool(
             "causal_chain",
             "Walk an entry's causes back to the root (e.g. answer ← verdict ← task result ← "
             "plan ← route ← request). Use it to explain why tally produced something.",
@@ -1796,6 +1919,8 @@ ERRORS: dict[str, tuple[type[TallyError], ...]] = {
     "ledger_get": (NotFound,),
     "ledger_proof": (NotFound,),
     "ledger_checkpoint": (Unavailable,),
+    "ledger_cosign": (NotFound, Conflict, Unavailable),
+    "ledger_cosign_collect": (Unavailable,),
     "causal_chain": (NotFound,),
     "ledger_redact": (NotFound, Unavailable),
     "roster_reload": (NotFound,),

@@ -92,6 +92,9 @@ class Member(_Strict):
     where that daemon's ledger has it, and `tally ledger verify --remote` proves it there."""
     tally_key: str | None = Field(default=None, max_length=512)
     """That daemon's checkpoint verifier key (`tally ledger key` prints it), pinned here."""
+    cosign: bool = False
+    """Ask this tally daemon to cosign our checkpoints (C2SP tlog-cosignature): it checks each
+    against the last one it cosigned for us. It must list us as a tally member too."""
     tls_fingerprint: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
     """An https `url`'s certificate, pinned: exactly this one is accepted (self-signed is
     fine); `tally cert` on that machine prints it."""
@@ -216,6 +219,8 @@ class Member(_Strict):
                 "a 'tally = true' member needs 'url' (the other daemon's /v1) and 'tally_key' "
                 "(its verifier key, from `tally ledger key` there)"
             )
+        if self.cosign and not self.tally:
+            raise ValueError("'cosign = true' needs 'tally = true' (a tally daemon cosigns)")
         if self.tally_key is not None and not _VKEY.match(self.tally_key):
             raise ValueError("'tally_key' must be a C2SP verifier key: name+hexid+base64")
         if self.tls_fingerprint is not None or self.tls_ca is not None:

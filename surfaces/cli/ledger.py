@@ -94,6 +94,26 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     verify.add_argument(
         "--roster", metavar="FILE", help="--remote: the roster with their keys (default: ours)"
     )
+    verify.add_argument(
+        "--cosigner",
+        dest="cosigners",
+        action="append",
+        default=[],
+        metavar="NAME=KEY",
+        help="require cosignatures: a cosigner you trust and its verifier key (repeatable)",
+    )
+    verify.add_argument(
+        "--quorum", type=int, metavar="N", help="--cosigner: how many must verify (default 1)"
+    )
+    verify.add_argument(
+        "--cosigned",
+        metavar="FILE",
+        help="--cosigner: the cosigned checkpoint (the note, or `ledger_cosigned` JSON); "
+        "default: the one the daemon collected in the state dir",
+    )
+    verify.add_argument(
+        "--max-age", type=float, metavar="SECONDS", help="--cosigner: refuse older cosignatures"
+    )
     verify.set_defaults(run=_runner(_verify, tail_check=0, reports=True))
 
     show = sub.add_parser("show", parents=[common], help="list entries")
@@ -391,11 +411,102 @@ async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
         }
     if getattr(args, "remote", False):
         checked["remote"] = await _remote(ledger, args)
+    if getattr(args, "cosigners", None) or getattr(args, "quorum", None) is not None:
+        checked["cosigned"] = await _cosigned(ledger, args, report)
     _emit_report(args, report, since, checked)
     if checked.get("remote") and not getattr(args, "json", False):
         _print_remote(checked["remote"])
+    if checked.get("cosigned") and not getattr(args, "json", False):
+        _print_cosigned(checked["cosigned"])
     remote_ok = not checked.get("remote") or checked["remote"]["failed"] == 0
-    return 0 if report.ok and remote_ok else 1
+    cosigned_ok = not checked.get("cosigned") or checked["cosigned"]["ok"]
+    return 0 if report.ok and remote_ok and cosigned_ok else 1
+
+
+def _cosigners(args: argparse.Namespace) -> tuple[dict[str, str], int]:
+    """The `--cosigner NAME=KEY` list and the quorum, or UsageError naming what is wrong."""
+    from daemon.ledger.cosign import CosignError, parse_cosigner_vkey
+
+    cosigners: dict[str, str] = {}
+    for given in args.cosigners:
+        name, sep, key = given.partition("=")
+        if not sep or not name or not key:
+            raise UsageError(f"--cosigner {given!r}: expected NAME=KEY (KEY a verifier key)")
+        if name in cosigners:
+            raise UsageError(f"--cosigner {name!r} is given twice")
+        try:
+            parse_cosigner_vkey(key)
+        except CosignError as err:
+            raise UsageError(f"--cosigner {name}: {err}") from err
+        cosigners[name] = key
+    if not cosigners:
+        raise UsageError("--quorum needs at least one --cosigner NAME=KEY")
+    quorum = 1 if args.quorum is None else args.quorum
+    if not 1 <= quorum <= len(cosigners):
+        raise UsageError(
+            f"--quorum {quorum} can never be met by {len(cosigners)} listed cosigner(s)"
+        )
+    return cosigners, quorum
+
+
+async def _cosigned(
+    ledger: Ledger, args: argparse.Namespace, report: VerifyReport
+) -> dict[str, Any]:
+    """`--cosigner`: a quorum of cosignatures on a checkpoint of this very ledger."""
+    import asyncio
+
+    from daemon.ledger.cosign import verify_quorum
+
+    cosigners, quorum = _cosigners(args)
+    from daemon.cosigning import cosigned_path
+
+    source = Path(args.cosigned) if args.cosigned else cosigned_path(ledger)
+    try:
+        text = await asyncio.to_thread(source.read_text)
+    except (OSError, UnicodeDecodeError) as err:
+        if args.cosigned:
+            raise UsageError(f"cannot read cosigned checkpoint {source}: {err}") from err
+        text = None
+    if text is None:
+        out: dict[str, Any] = {"ok": False, "quorum": quorum, "verified": 0, "results": []}
+        out["reason"] = f"no cosigned checkpoint in {source} (the daemon collects it)"
+        out["file"] = str(source)
+        return out
+    note = _note_text(str(source), text)
+    result = verify_quorum(
+        note, cosigners, quorum, origin_vkey=ledger.vkey, max_age_s=args.max_age
+    ).model_dump()
+    result["file"] = str(source)
+    size, root = result["size"], result["root"]
+    if ledger.vkey is None and result["ok"]:
+        result["ok"] = False
+        result["reason"] = "no checkpoint.vkey: the origin's signature cannot be checked"
+    if size is not None and root is not None:
+        consistent = (
+            not _broken(report) and size <= report.size and await _consistent(ledger, size, root)
+        )
+        result["consistent"] = consistent
+        if not consistent and result["ok"]:
+            result["ok"] = False
+            result["reason"] = (
+                f"the cosigned checkpoint (size {size}) is not consistent with this ledger: "
+                "its root is not the tree's at that size"
+            )
+    return result
+
+
+def _print_cosigned(result: dict[str, Any]) -> None:
+    for r in result["results"]:
+        when = f" at {r['timestamp']}" if r.get("timestamp") is not None else ""
+        why = f": {r['reason']}" if r.get("reason") else ""
+        print(f"  cosigner {r['cosigner']}: {r['status']}{when}{why}")
+    size = result.get("size")
+    where = f"size {size}" if size is not None else result.get("file", "")
+    verdict = "ok" if result["ok"] else f"FAILED: {result.get('reason')}"
+    print(
+        f"  cosigned:   {where}, {result['verified']} of {len(result['results'])} cosigners "
+        f"verified, quorum {result['quorum']}: {verdict}"
+    )
 
 
 async def _remote(ledger: Ledger, args: argparse.Namespace) -> dict[str, Any]:

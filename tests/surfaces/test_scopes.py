@@ -45,6 +45,9 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "ledger_get": {"seq": 0},
     "ledger_proof": {"kind": "inclusion", "seq": 0},
     "ledger_checkpoint": {},
+    "ledger_cosign": {"note": "x\n1\n" + "A" * 43 + "=\n\n— x " + "A" * 92 + "\n"},  # unknown: 404
+    "ledger_cosigned": {},
+    "ledger_cosign_collect": {},
     "causal_chain": {"seq": 0},
     "ledger_redact": {"body_hash": "0" * 64, "reason": "scope table"},
     "roster_get": {},

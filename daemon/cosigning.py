@@ -1,0 +1,509 @@
+"""Cosigned checkpoints between tally daemons (C2SP tlog-cosignature; formats in
+`daemon.ledger.cosign`).
+
+The flow is the origin's: it asks, the cosigner checks (C2SP tlog-witness's shape, over
+tally's tool API). Asking needs no new trust: each side already names the other in its
+roster as a `tally = true` member, with its URL, token, TLS pin and pinned checkpoint key.
+
+- **Origin** (`collect`): for each roster member with `cosign = true`, call its
+  `ledger_cosign` tool with our latest checkpoint note, the size it last cosigned for us
+  (`old_size`) and our RFC 9162 consistency proof from that size. A 409 `cosign_conflict`
+  says the size it holds: we prove from there and ask once more. Each returned line is
+  checked against the member's pinned key before it is attached; the note with every
+  cosignature (`checkpoint.cosigned` beside `checkpoint`) is what `ledger_cosigned` serves.
+- **Cosigner** (`Cosigner.cosign`): cosigns a checkpoint only if its origin is the key name
+  of a tally member's pinned key, its signature verifies under that key, and it is
+  consistent with the last checkpoint it cosigned for that origin (a consistency proof from
+  that size, or the same root at the same size); with a shared record (`same_record`), also
+  the root of the record it reads itself at that size. Each cosignature is witnessed first in its
+  own ledger (`checkpoint.cosign`: origin, size, root, the signed note); a checkpoint that
+  is not consistent with what it cosigned is refused and witnessed (`checkpoint.inconsistent`,
+  with both signed notes: two signed roots of one size prove a fork). Its state per origin
+  is rebuilt from those entries, so it lives wherever the ledger lives.
+
+Everything a member sends is hostile: bounded, checked, and a failure is a reason, never an
+exception out of `collect`.
+
+One module (about 500 lines) for both sides: they are the two ends of one exchange, whose
+request, answers and error codes (409 `cosign_conflict` with `details.size`) must agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import aiohttp
+from pydantic import BaseModel
+
+from daemon.errors import Conflict, InvalidInput, NotFound
+from daemon.ledger.checkpoint import Checkpoint, CheckpointError, parse_note, verify_note
+from daemon.ledger.cosign import (
+    MAX_NOTE_CHARS,
+    CosignError,
+    attach,
+    check_cosignature,
+    cosign_line,
+    cosigner_vkey,
+    parse_cosigner_vkey,
+    split_note,
+)
+from daemon.ledger.merkle import verify_consistency
+from daemon.ledger.store import write_atomic
+
+if TYPE_CHECKING:
+    from daemon.ledger import Ledger
+    from roster import Member, Roster
+
+log = logging.getLogger("tally.cosigning")
+
+COSIGN = "checkpoint.cosign"
+"""Witnessed by a cosigner before it answers: it cosigned `origin`'s checkpoint at `size`."""
+INCONSISTENT = "checkpoint.inconsistent"
+"""Witnessed by a cosigner that refused a checkpoint not consistent with what it cosigned."""
+COSIGNED_FILE = "checkpoint.cosigned"
+MAX_PROOF = 64
+
+
+class Witnessed(BaseModel):
+    """The last checkpoint this daemon cosigned for one origin."""
+
+    origin: str
+    size: int
+    root: str  # hex
+    note: str
+    seq: int | None = None
+
+
+def cosigned_path(ledger: Ledger) -> Path:
+    """Where the origin keeps its latest checkpoint with the cosignatures it collected.
+
+    The one place the cosigned note is stored: a storage that is not the state dir's files
+    wires its own here (with `load_cosigned` / `save_cosigned`)."""
+    return ledger.dir / COSIGNED_FILE
+
+
+def load_cosigned(ledger: Ledger) -> str | None:
+    try:
+        text = cosigned_path(ledger).read_text()
+    except FileNotFoundError:
+        return None
+    return text if len(text) <= MAX_NOTE_CHARS else None
+
+
+def save_cosigned(ledger: Ledger, note: str) -> None:
+    write_atomic(cosigned_path(ledger), note.encode(), mode=0o644)
+
+
+def own_key(ledger: Ledger) -> tuple[str, bytes]:
+    """(name, public key) of this daemon's checkpoint key. Blocking (may load the key)."""
+    vkey = ledger.vkey
+    if vkey is None:
+        raise NotFound("this ledger has no checkpoint key")
+    return parse_cosigner_vkey(vkey)
+
+
+class Cosigner:
+    """This daemon as the cosigner of other daemons' checkpoints (module doc)."""
+
+    def __init__(self, ledger: Ledger, *, same_record: bool = False) -> None:
+        self.ledger = ledger
+        self.same_record = same_record
+        """The origins write the record this daemon reads (a shared record): a checkpoint is
+        also checked against our own tree at its size, the first one from an origin too."""
+        self._state: dict[str, Witnessed] | None = None
+        self._lock = asyncio.Lock()
+        self._refused: set[tuple[str, int, str]] = set()
+
+    async def state(self) -> dict[str, Witnessed]:
+        """The last cosigned checkpoint per origin, rebuilt once from our own entries."""
+        if self._state is None:
+            name, _ = await asyncio.to_thread(own_key, self.ledger)
+            state: dict[str, Witnessed] = {}
+            start = 0
+            while True:
+                batch = await self.ledger.entries(start=start, limit=1000, kind=COSIGN)
+                bodies = await self.ledger.read_bodies([e.body for e in batch])
+                for entry, (_, body) in zip(batch, bodies, strict=True):
+                    if isinstance(body, dict) and body.get("cosigner") == name:
+                        try:
+                            seen = Witnessed.model_validate({**body, "seq": entry.seq})
+                        except ValueError:
+                            continue
+                        state[seen.origin] = seen
+                if len(batch) < 1000:
+                    break
+                start = batch[-1].seq + 1
+            self._state = state
+        return self._state
+
+    async def cosign(
+        self, roster: Roster, note: str, old_size: int, proof: list[str], client: str
+    ) -> tuple[str, int]:
+        """Check `note` and cosign it: (the cosignature line, the entry witnessing it)."""
+        if len(note) > MAX_NOTE_CHARS:
+            raise InvalidInput(f"the note is over {MAX_NOTE_CHARS} characters")
+        try:
+            checkpoint = parse_note(note)
+            split_note(note)
+        except (CheckpointError, CosignError) as err:
+            raise InvalidInput(f"not a checkpoint note: {err}") from err
+        member = _origin_member(roster, checkpoint.origin)
+        assert member.tally_key is not None
+        try:
+            verify_note(note, member.tally_key)
+        except (CheckpointError, ValueError) as err:
+            raise InvalidInput(
+                f"the checkpoint's signature does not verify under the key pinned for "
+                f"member {member.name!r}: {err}",
+                details={"origin": checkpoint.origin},
+            ) from err
+        if len(proof) > MAX_PROOF:
+            raise InvalidInput(f"a consistency proof has at most {MAX_PROOF} hashes")
+        try:
+            path = [bytes.fromhex(h) for h in proof]
+        except ValueError as err:
+            raise InvalidInput("the proof is not a list of hex hashes") from err
+        if any(len(h) != 32 for h in path):
+            raise InvalidInput("the proof holds a hash that is not 32 bytes")
+        async with self._lock:
+            state = await self.state()
+            if self.same_record:
+                await self._on_our_tree(checkpoint, member, client)
+            last = state.get(checkpoint.origin)
+            if last is not None:
+                await self._check(last, checkpoint, old_size, path, member, client)
+            elif old_size != 0:
+                raise _conflict(checkpoint.origin, 0)
+            return await self._sign(state, checkpoint, member, client)
+
+    async def _on_our_tree(self, checkpoint: Checkpoint, member: Member, client: str) -> None:
+        size = self.ledger.size
+        if checkpoint.size > size:
+            raise Conflict(
+                f"the record here holds {size} entries, fewer than the checkpoint's "
+                f"{checkpoint.size}: ask again once they are read",
+                details={"origin": checkpoint.origin, "behind": size},
+            )
+        ours = (await self.ledger.consistency_proof(checkpoint.size, checkpoint.size)).new_root
+        if ours != checkpoint.root:
+            here = Witnessed(origin=checkpoint.origin, size=checkpoint.size, root=ours, note="")
+            why = (
+                f"{checkpoint.origin} signed a root for size {checkpoint.size} that is not the "
+                "shared record's tree at that size: a fork"
+            )
+            await self._refuse(here, checkpoint, member, client, proven=True, why=why)
+
+    async def _check(
+        self,
+        last: Witnessed,
+        checkpoint: Checkpoint,
+        old_size: int,
+        path: list[bytes],
+        member: Member,
+        client: str,
+    ) -> None:
+        if checkpoint.size < last.size:
+            raise Conflict(
+                f"we cosigned {checkpoint.origin} at size {last.size}: a checkpoint of size "
+                f"{checkpoint.size} is older (a rollback, or a stale request)",
+                details={"size": last.size, "origin": checkpoint.origin},
+            )
+        if checkpoint.size == last.size:
+            if checkpoint.root != last.root:
+                await self._refuse(last, checkpoint, member, client, proven=True)
+            return
+        if old_size != last.size:
+            raise _conflict(checkpoint.origin, last.size)
+        consistent = verify_consistency(
+            last.size,
+            checkpoint.size,
+            bytes.fromhex(last.root),
+            bytes.fromhex(checkpoint.root),
+            path,
+        )
+        if not consistent:
+            await self._refuse(last, checkpoint, member, client, proven=False)
+
+    async def _refuse(
+        self,
+        last: Witnessed,
+        checkpoint: Checkpoint,
+        member: Member,
+        client: str,
+        proven: bool,
+        why: str | None = None,
+    ) -> None:
+        if why is None and proven:
+            why = f"{checkpoint.origin} signed two roots for size {checkpoint.size}: a fork"
+        elif why is None:
+            why = (
+                f"the checkpoint of size {checkpoint.size} is not proven consistent with the "
+                f"one of size {last.size} we cosigned (the consistency proof fails)"
+            )
+        key = (checkpoint.origin, checkpoint.size, checkpoint.root)
+        if key not in self._refused:  # one entry per refused checkpoint, however often sent
+            await self.ledger.append(
+                actor=client,
+                kind=INCONSISTENT,
+                body={
+                    "origin": checkpoint.origin,
+                    "member": member.name,
+                    "size": checkpoint.size,
+                    "root": checkpoint.root,
+                    "note": _origin_only(checkpoint.note, str(member.tally_key)),
+                    "cosigned_size": last.size,
+                    "cosigned_root": last.root,
+                    "cosigned_note": last.note,
+                    "proven_fork": proven,
+                    "reason": why,
+                },
+            )
+            if len(self._refused) >= 10_000:  # a memory bound: at worst one entry again
+                self._refused.clear()
+            self._refused.add(key)
+        log.warning("cosigning: refused %s: %s", member.name, why)
+        raise Conflict(
+            why + ": refused and witnessed",
+            details={"origin": checkpoint.origin, "size": last.size, "inconsistent": True},
+        )
+
+    async def _sign(
+        self, state: dict[str, Witnessed], checkpoint: Checkpoint, member: Member, client: str
+    ) -> tuple[str, int]:
+        body = checkpoint.note.partition("\n\n")[0] + "\n"
+        stamp = int(time.time())
+
+        def sign() -> tuple[str, str]:
+            name, public = own_key(self.ledger)
+            line = cosign_line(name, public, _signer(self.ledger), body, stamp)
+            return name, line
+
+        name, line = await asyncio.to_thread(sign)
+        last = state.get(checkpoint.origin)
+        if (
+            last is not None
+            and last.seq is not None
+            and (last.size, last.root)
+            == (
+                checkpoint.size,
+                checkpoint.root,
+            )
+        ):
+            return line, last.seq  # the same statement again: witnessed once, when first made
+        assert member.tally_key is not None
+        origin_note = _origin_only(checkpoint.note, member.tally_key)
+        entry = await self.ledger.append(
+            actor=client,
+            kind=COSIGN,
+            body={
+                "origin": checkpoint.origin,
+                "member": member.name,
+                "size": checkpoint.size,
+                "root": checkpoint.root,
+                "note": origin_note,
+                "cosigner": name,
+                "time": stamp,
+            },
+        )
+        state[checkpoint.origin] = Witnessed(
+            origin=checkpoint.origin,
+            size=checkpoint.size,
+            root=checkpoint.root,
+            note=origin_note,
+            seq=entry.seq,
+        )
+        return line, entry.seq
+
+
+def _origin_only(note: str, key: str) -> str:
+    """The note with only the origin's verified signature line: the evidence kept of it."""
+    body, _, lines = note.partition("\n\n")
+    for line in lines.split("\n"):
+        single = f"{body}\n\n{line}\n"
+        try:
+            verify_note(single, key)
+        except (CheckpointError, ValueError):
+            continue
+        return single
+    raise InvalidInput("the checkpoint has no signature line by its origin")  # checked before
+
+
+def _signer(ledger: Ledger) -> Callable[[bytes], bytes]:
+    """The owner's raw ed25519 signature: `Ledger.seal` signs with the checkpoint key (its MAC
+    half is for derived files and unused here)."""
+
+    def sign(message: bytes) -> bytes:
+        return ledger.seal(message)[1]
+
+    return sign
+
+
+def _conflict(origin: str, size: int) -> Conflict:
+    err = Conflict(
+        f"we last cosigned {origin} at size {size}: send a consistency proof from there",
+        details={"size": size, "origin": origin},
+    )
+    err.code = "cosign_conflict"
+    return err
+
+
+def _origin_member(roster: Roster, origin: str) -> Member:
+    for member in roster.models:
+        key = member.tally_key
+        if member.tally and key is not None and key.split("+", 1)[0] == origin:
+            return member
+    raise NotFound(
+        f"we cosign only the daemons our roster names: no tally member's pinned key is named "
+        f"{origin!r}",
+        details={"origin": origin},
+    )
+
+
+# ---- the origin: asking the cosigners ----------------------------------------------------
+
+Outcome = Literal["cosigned", "failed"]
+
+
+class CosignAsk(BaseModel):
+    member: str
+    status: Outcome
+    reason: str | None = None
+    timestamp: int | None = None
+
+
+class CollectReport(BaseModel):
+    size: int | None
+    """The checkpoint asked about (none: no checkpoint yet)."""
+    note: str | None
+    """That checkpoint with every cosignature held for it."""
+    results: list[CosignAsk]
+
+
+class Collector:
+    """The origin's side: remembers the size each member last cosigned, to prove from it."""
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+        self._lock = asyncio.Lock()
+
+    async def collect(self, ledger: Ledger, roster: Roster) -> CollectReport:
+        from daemon.remotes import _Remote
+
+        checkpoint = ledger.latest_checkpoint()
+        members = [m for m in roster.models if m.tally and m.cosign]
+        if checkpoint is None:
+            return CollectReport(size=None, note=None, results=[])
+        async with self._lock:
+            held = await asyncio.to_thread(load_cosigned, ledger)
+            note = checkpoint.note
+            if held is not None and held.partition("\n\n")[0] == note.partition("\n\n")[0]:
+                note = held  # the same checkpoint: keep what was collected for it
+            results: list[CosignAsk] = []
+            lines: list[str] = []
+            async with aiohttp.ClientSession() as session:
+                for member in members:
+                    remote = _Remote(member, session)
+                    ask = await self._ask(ledger, remote, checkpoint)
+                    results.append(ask[0])
+                    if ask[1] is not None:
+                        lines.append(ask[1])
+            if lines:
+                note = attach(note, lines)
+                await asyncio.to_thread(save_cosigned, ledger, note)
+            return CollectReport(size=checkpoint.size, note=note, results=results)
+
+    async def _ask(
+        self, ledger: Ledger, remote: Any, checkpoint: Checkpoint
+    ) -> tuple[CosignAsk, str | None]:
+        name = remote.member.name
+        body = checkpoint.note.partition("\n\n")[0] + "\n"
+        try:
+            key_name, public = parse_cosigner_vkey(remote.member.tally_key)
+            old = self.sizes.get(name, 0)
+            for _ in range(2):
+                status, data = await remote.answer(
+                    "ledger_cosign",
+                    {
+                        "note": checkpoint.note,
+                        "old_size": old,
+                        "proof": await _proof(ledger, old, checkpoint.size),
+                    },
+                )
+                error = _object(data.get("error"))
+                theirs = _object(error.get("details")).get("size")
+                if (
+                    status == 409
+                    and error.get("code") == "cosign_conflict"
+                    and isinstance(theirs, int)
+                    and 0 <= theirs <= checkpoint.size
+                    and theirs != old
+                ):
+                    old = theirs  # prove from the size it holds, once
+                    continue
+                break
+            if status != 200:
+                message = str(error.get("message") or f"HTTP {status}")[:300]
+                return CosignAsk(member=name, status="failed", reason=message), None
+            line = data.get("line")
+            if not isinstance(line, str) or len(line) > 512:
+                raise CosignError("the answer holds no cosignature line")
+            stamp = check_cosignature(body, line, key_name, public)
+        except (CosignError, ValueError) as err:
+            reason = f"{name}: {err}"[:300]
+            return CosignAsk(member=name, status="failed", reason=reason), None
+        except aiohttp.ServerFingerprintMismatch as err:
+            why = f"{name}: its TLS certificate (sha256:{err.got.hex()}) is not the pinned one"
+            return CosignAsk(member=name, status="failed", reason=why), None
+        except TimeoutError:
+            return CosignAsk(
+                member=name, status="failed", reason=f"{name}: no answer in time"
+            ), None
+        except Exception as err:  # a member's surprise is a reason, not our failure
+            why = f"{name}: {type(err).__name__}: {err}"[:300]
+            return CosignAsk(member=name, status="failed", reason=why), None
+        self.sizes[name] = checkpoint.size
+        return CosignAsk(member=name, status="cosigned", timestamp=stamp), line
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+async def _proof(ledger: Ledger, old: int, new: int) -> list[str]:
+    if old == 0 or old >= new:
+        return []
+    return (await ledger.consistency_proof(old, new)).path
+
+
+async def collect_loop(collector: Collector, ledger: Ledger, roster_of: Any, every: float) -> None:
+    """Ask the cosigners after each checkpoint period (the ledger's own timer signs)."""
+    asked = None
+    while True:
+        await asyncio.sleep(max(every, 1.0))
+        checkpoint = ledger.latest_checkpoint()
+        if checkpoint is None or checkpoint.note == asked:
+            continue
+        roster = roster_of()
+        if not any(m.tally and m.cosign for m in roster.models):
+            continue
+        try:
+            report = await collector.collect(ledger, roster)
+            if all(r.status == "cosigned" for r in report.results):
+                asked = checkpoint.note  # else the next period asks the others again
+        except Exception:  # logged; the next period asks again
+            log.exception("cosigning: collecting cosignatures failed")
+
+
+__all__ = [
+    "COSIGN",
+    "INCONSISTENT",
+    "CollectReport",
+    "Collector",
+    "Cosigner",
+    "cosigner_vkey",
+]

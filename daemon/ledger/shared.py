@@ -40,6 +40,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -112,6 +113,7 @@ class SharedLedger(Ledger):
         self._grow = asyncio.Lock()  # the tree grows under it (a commit, a catch-up)
         self._conn: Any = None  # the writer's connection
         self._pool: Any = None  # readers'
+        self._lock_fd = -1
         self.name = ""
         """This daemon's name in the record: its checkpoint key's name."""
 
@@ -157,7 +159,7 @@ class SharedLedger(Ledger):
             kwargs={"autocommit": True},
         )
         await self._pool.open(wait=True, timeout=READ_TIMEOUT)
-        await self._catch_up(self._conn)
+        await self._follow_head(self._conn)
         if self.readonly:
             found = latest_note(await checkpoints(self._conn))
             if found is not None:
@@ -166,6 +168,8 @@ class SharedLedger(Ledger):
             return
         assert self.state_dir is not None
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # One daemon per state dir (its key names it in the record), as for a file ledger.
+        await asyncio.to_thread(self._take_lock)
         self._signer = await asyncio.to_thread(SignerOnDemand, self.dir)
         signer = await asyncio.to_thread(self._signer.get)
         self.name = signer.name
@@ -238,7 +242,8 @@ class SharedLedger(Ledger):
                         await self._follow()
                 continue
             while self._queue:
-                batch, size = [], 0
+                batch: list[_Pending] = []
+                size = 0
                 while self._queue and len(batch) < MAX_BATCH and size < MAX_BATCH_BYTES:
                     pending = self._queue.pop(0)
                     batch.append(pending)
@@ -265,7 +270,7 @@ class SharedLedger(Ledger):
             return
         except (psycopg.Error, OSError) as err:
             self._write_failures += 1
-            outage = Outage(UNREACHABLE, _said(err), time.monotonic(), None)
+            outage = Outage(UNREACHABLE, self._unreachable(err), time.monotonic(), None)
             self._begin_outage(outage)
             for pending in batch:
                 if not pending.future.done():
@@ -382,7 +387,7 @@ class SharedLedger(Ledger):
             self._levels.extend(leaves)
             self._size = self._levels.size
 
-    async def _catch_up(self, conn: Any) -> None:
+    async def _follow_head(self, conn: Any) -> None:
         async with self._grow:
             cur = await conn.execute("SELECT size, last_ts FROM tally_head")
             size, last_ts = await cur.fetchone()
@@ -390,12 +395,12 @@ class SharedLedger(Ledger):
             self._last_ts = max(self._last_ts, last_ts)
 
     async def _follow(self) -> None:
-        await self._catch_up(await self._writer())
+        await self._follow_head(await self._writer())
 
     async def refresh(self) -> int:
         """Catch up with the entries other daemons appended; the new size."""
         async with self._pool.connection() as conn:
-            await self._catch_up(conn)
+            await self._follow_head(conn)
         return self._size
 
     async def _writer(self) -> Any:
@@ -415,10 +420,10 @@ class SharedLedger(Ledger):
                     with contextlib.suppress(Exception):
                         await self._conn.close()
                 self._conn = None
-                await self._catch_up(await self._writer())
+                await self._follow_head(await self._writer())
             except (psycopg.Error, OSError) as err:
                 self._write_failures += 1
-                outage.reason, outage.detail = UNREACHABLE, _said(err)
+                outage.reason, outage.detail = UNREACHABLE, self._unreachable(err)
                 outage.failures += 1
                 outage.delay = min(outage.delay * 2, PROBE_MAX)
                 log.warning("ledger: the database is still unreachable (%s)", outage.detail)
@@ -429,13 +434,15 @@ class SharedLedger(Ledger):
             )
             self._outage = None
 
+    def _unreachable(self, err: BaseException) -> str:
+        return f"the shared record at {shown_dsn(self.dsn)} is unreachable: {_said(err)}"
+
     def _begin_outage(self, outage: Outage) -> None:
         if self._outage is not None:
             return
         self._outage = outage
         log.error(
-            "ledger: the shared record is unreachable (%s): appends fail with 503 until it "
-            "answers again",
+            "ledger: %s; appends fail with 503 until it answers again",
             outage.detail,
         )
         if not self._closed:
@@ -542,7 +549,8 @@ class SharedLedger(Ledger):
         size = self._size
         if limit <= 0 or start >= size:
             return []
-        where, params = ["seq >= %s", "seq < %s"], [max(start, 0), size]
+        where = ["seq >= %s", "seq < %s"]
+        params: list[Any] = [max(start, 0), size]
         for column, value in (("kind", kind), ("run", run), ("actor", actor)):
             if value is not None:
                 where.append(f"{column} = %s")
@@ -715,9 +723,12 @@ class SharedLedger(Ledger):
         if self._pool is not None:
             with contextlib.suppress(Exception):
                 await self._pool.close()
+        self._release()
 
     def _release(self) -> None:
-        return None
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     async def __aenter__(self) -> SharedLedger:
         return self

@@ -155,8 +155,8 @@ class SharedLedger(Ledger):
             max_size=4,
             open=False,
             timeout=READ_TIMEOUT,
-            check=AsyncConnectionPool.check_connection,
             kwargs={"autocommit": True},
+            configure=_durable,
         )
         await self._pool.open(wait=True, timeout=READ_TIMEOUT)
         await self._follow_head(self._conn)
@@ -330,7 +330,8 @@ class SharedLedger(Ledger):
                     )
                     prev = leaf.hex()
                     seq += 1
-                async with conn.cursor() as cur:
+                # One round trip for the writes (pipeline mode); the commit is the next.
+                async with conn.pipeline(), conn.cursor() as cur:
                     if bodies:
                         # A body redacted earlier and appended again is stored again (as the
                         # file ledger writes a new live copy).
@@ -340,12 +341,11 @@ class SharedLedger(Ledger):
                             "redacted_at = NULL WHERE tally_bodies.data IS NULL",
                             [(d, len(b), b) for d, b in bodies.items()],
                         )
-                    async with cur.copy(
-                        "COPY tally_entries (seq, line, leaf, kind, run, actor, body, daemon) "
-                        "FROM STDIN"
-                    ) as copy:
-                        for row in entry_rows:
-                            await copy.write_row(row)
+                    await cur.executemany(
+                        "INSERT INTO tally_entries (seq, line, leaf, kind, run, actor, body, daemon)"
+                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                        entry_rows,
+                    )
                     for at, digest in redactions:
                         await cur.execute(
                             "UPDATE tally_bodies SET data = NULL, redacted_at = %s "
@@ -682,12 +682,28 @@ class SharedLedger(Ledger):
         self._latest = checkpoint
         return checkpoint
 
+    async def _tick(self, interval: float) -> None:
+        """`Ledger._tick`, ending once the ledger closes (see `_stopped`)."""
+        while not self._closed:
+            await asyncio.sleep(interval)
+            latest = self._latest
+            healthy = self._failed is None and self._outage is None and not self._closed
+            if healthy and (latest is None or latest.size != self._size):
+                try:
+                    await self.checkpoint()
+                except LedgerUnwritable as err:
+                    log.warning("ledger: periodic checkpoint skipped: %s", err.message)
+                except Exception:
+                    log.exception("ledger: periodic checkpoint failed")
+
     # ---- lifecycle ----
 
     async def close(self) -> None:
         """Commit what is queued, checkpoint, disconnect."""
         if self._closed:
             return
+        await _stopped(self._ticker)  # the final checkpoint is this one
+        self._ticker = None
         if not self.readonly and self._committer is not None:
             for _ in range(200):  # appends queued before now are committed (or refused)
                 if not self._queue:
@@ -709,10 +725,7 @@ class SharedLedger(Ledger):
 
     async def _drop(self) -> None:
         for task in (self._ticker, self._prober, self._committer):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await _stopped(task)
         for pending in self._queue:
             if not pending.future.done():
                 pending.future.set_exception(LedgerFailed("the ledger is closed"))
@@ -732,6 +745,22 @@ class SharedLedger(Ledger):
 
     async def __aenter__(self) -> SharedLedger:
         return self
+
+
+async def _stopped(task: asyncio.Task[None] | None) -> None:
+    """Cancel a background task and wait for it, boundedly: a cancellation that lands inside
+    the driver's own `wait_for` can be swallowed on Python 3.11, leaving the task running on."""
+    if task is None or task.done():
+        return
+    task.cancel()
+    await asyncio.wait({task}, timeout=2.0)
+    if not task.done():
+        log.warning("ledger: %s did not stop when cancelled; left behind", task.get_name())
+
+
+async def _durable(conn: Any) -> None:
+    """Every session's commits are durable before they return (checkpoints go through these)."""
+    await conn.execute("SET synchronous_commit = on")
 
 
 def _said(err: BaseException) -> str:

@@ -38,14 +38,14 @@ from daemon.ledger.store import PACK_HEADER, REDACTED
 
 SCHEMA_LOCK = 0x7A11_7EC0  # pg_advisory_xact_lock key while the tables are created
 
-SCHEMA = """
+SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS tally_head (
     one boolean PRIMARY KEY DEFAULT true CHECK (one),
     size bigint NOT NULL,
     last_hash text NOT NULL,
     last_ts bigint NOT NULL
 );
-INSERT INTO tally_head (one, size, last_hash, last_ts) VALUES (true, 0, '{genesis}', 0)
+INSERT INTO tally_head (one, size, last_hash, last_ts) VALUES (true, 0, '{GENESIS_PREV}', 0)
     ON CONFLICT DO NOTHING;
 CREATE TABLE IF NOT EXISTS tally_daemons (
     name text PRIMARY KEY,
@@ -88,7 +88,7 @@ CREATE TABLE IF NOT EXISTS tally_cosignatures (
     PRIMARY KEY (daemon, size, cosigner),
     FOREIGN KEY (daemon, size) REFERENCES tally_checkpoints (daemon, size)
 );
-""".format(genesis=GENESIS_PREV)
+"""
 
 JOIN_KIND = "ledger.join"
 """The entry a daemon appends when it first writes to a shared record: its name and key."""
@@ -135,6 +135,11 @@ async def connect(dsn: str, timeout: float = 5.0) -> Any:
 
 
 async def ensure_schema(conn: Any) -> None:
+    """Create the tables once. When they exist, no DDL runs: `CREATE INDEX IF NOT EXISTS`
+    would take a share lock on the entries and stall the other daemons' appends."""
+    cur = await conn.execute("SELECT to_regclass('tally_cosignatures') IS NOT NULL")
+    if (await cur.fetchone())[0]:
+        return
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
         await conn.execute(SCHEMA)
@@ -184,7 +189,7 @@ async def rows(conn: Any, query: str, params: tuple[Any, ...] = ()) -> AsyncIter
 
 async def daemons(conn: Any) -> dict[str, str]:
     cur = await conn.execute("SELECT name, vkey FROM tally_daemons ORDER BY name")
-    return {name: vkey for name, vkey in await cur.fetchall()}
+    return dict(await cur.fetchall())
 
 
 async def checkpoints(conn: Any, upto: int | None = None) -> list[tuple[str, int, str]]:
@@ -225,11 +230,10 @@ async def _walk(conn: Any, deep: bool) -> VerifyReport:
     witnessed: set[str] = set()
     seen_redacted: dict[str, int] = {}
     query = (
-        "SELECT e.seq, e.line, e.leaf, e.daemon, b.data, b.digest, b.redacted_at, e.body "
+        "SELECT e.seq, e.line, e.leaf, e.daemon, b.data, b.digest, b.redacted_at "
         "FROM tally_entries e LEFT JOIN tally_bodies b ON b.digest = e.body ORDER BY e.seq"
         if deep
-        else "SELECT seq, line, leaf, daemon, NULL, NULL, NULL, NULL FROM tally_entries "
-        "ORDER BY seq"
+        else "SELECT seq, line, leaf, daemon, NULL, NULL, NULL FROM tally_entries ORDER BY seq"
     )
     expect = 0
 
@@ -238,7 +242,7 @@ async def _walk(conn: Any, deep: bool) -> VerifyReport:
             ok=False, size=size, root="", first_bad_seq=seq, reason=reason, warnings=warnings
         )
 
-    async for seq, line, leaf, daemon, data, found, redacted_at, body in rows(conn, query):
+    async for seq, line, leaf, daemon, data, found, redacted_at in rows(conn, query):
         line = bytes(line)
         if seq != expect:
             return failed(expect, f"entry {expect} is missing from the record (next: {seq})")
@@ -337,9 +341,10 @@ async def export_record(conn: Any, target: Path) -> dict[str, Any]:
         writers: list[dict[str, Any]] = []
         packed: set[bytes] = set()
         count = 0
+        # Blocking writes on the loop: the export is a CLI command, its loop serves no one else.
         with (
-            open(out / "entries.jsonl", "wb") as entries,
-            open(out / "bodies.pack", "wb") as pack,
+            open(out / "entries.jsonl", "wb") as entries,  # noqa: ASYNC230
+            open(out / "bodies.pack", "wb") as pack,  # noqa: ASYNC230
         ):
             query = (
                 "SELECT e.seq, e.line, e.daemon, e.body, b.length, b.data FROM tally_entries e "
@@ -375,7 +380,7 @@ async def export_record(conn: Any, target: Path) -> dict[str, Any]:
     (out / "daemons.json").write_text(
         json.dumps([{"name": n, "vkey": v} for n, v in keys.items()], indent=1) + "\n"
     )
-    with open(out / "writers.jsonl", "w") as f:
+    with open(out / "writers.jsonl", "w") as f:  # noqa: ASYNC230
         for span in writers:
             f.write(json.dumps(span, sort_keys=True) + "\n")
     return {

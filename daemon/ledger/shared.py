@@ -224,7 +224,17 @@ class SharedLedger(Ledger):
         head, tail = line_template(actor, kind, run, parent, body_hex)
         self._queue.append(
             _Pending(
-                actor, kind, run, parent, data, digest, body_hex, head, tail, future, redacts,
+                actor,
+                kind,
+                run,
+                parent,
+                data,
+                digest,
+                body_hex,
+                head,
+                tail,
+                future,
+                redacts,
                 on_commit,
             )
         )
@@ -342,8 +352,8 @@ class SharedLedger(Ledger):
                             [(d, len(b), b) for d, b in bodies.items()],
                         )
                     await cur.executemany(
-                        "INSERT INTO tally_entries (seq, line, leaf, kind, run, actor, body, daemon)"
-                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                        "INSERT INTO tally_entries (seq, line, leaf, kind, run, actor, body, "
+                        "daemon) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
                         entry_rows,
                     )
                     for at, digest in redactions:
@@ -563,8 +573,7 @@ class SharedLedger(Ledger):
         params.append(limit)
         async with self._reading() as conn:
             cur = await conn.execute(
-                f"SELECT line FROM tally_entries WHERE {' AND '.join(where)} "
-                "ORDER BY seq LIMIT %s",
+                f"SELECT line FROM tally_entries WHERE {' AND '.join(where)} ORDER BY seq LIMIT %s",
                 params,
             )
             found = await cur.fetchall()
@@ -710,12 +719,12 @@ class SharedLedger(Ledger):
                     break
                 await asyncio.sleep(0.01)
             latest = self._latest
-            if self._failed is None and self._outage is None and self._size:
-                if latest is None or latest.size != self._size:
-                    try:
-                        await self.checkpoint()
-                    except Exception as err:
-                        log.warning("ledger: closing without a final checkpoint: %s", err)
+            healthy = self._failed is None and self._outage is None and self._size
+            if healthy and (latest is None or latest.size != self._size):
+                try:
+                    await self.checkpoint()
+                except Exception as err:
+                    log.warning("ledger: closing without a final checkpoint: %s", err)
         self._closed = True
         await self._drop()
 

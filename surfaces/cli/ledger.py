@@ -155,7 +155,6 @@ def _runner(
 
     def run(args: argparse.Namespace) -> int:
         import asyncio
-
         import os
 
         from daemon.config import default_state_dir

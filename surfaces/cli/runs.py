@@ -84,9 +84,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     p = commands.add_parser("runs", help="list recent runs (from the record if the daemon is down)")
     p.add_argument("--state", help="only runs in this state")
     p.add_argument("--limit", type=int, default=20)
-    p.add_argument(
-        "--all", action="store_true", help="also the runs of daemons sharing the record"
-    )
+    p.add_argument("--all", action="store_true", help="also the runs of daemons sharing the record")
     _offline(p)
     _common(p)
     p.set_defaults(run=_on_daemon(runs))

@@ -1,8 +1,9 @@
 """A daemon's ledger in its own process, for the shared-record tests: 64 tasks append, and each
 acknowledged entry is printed as `seq hash` (one write per line) once its commit returned.
 
-`python -m tests.ledger_pg.child DSN STATE_DIR COUNT`: each task appends COUNT entries, then the
-ledger closes (0 = append until killed).
+`python -m tests.ledger_pg.child DSN STATE_DIR COUNT [gated]`: each task appends COUNT entries,
+then the ledger closes (0 = append until killed). `gated`: the ledger opens only once a line
+arrives on stdin (so the parent can start the next victim's interpreter early).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ async def worker(ledger: SharedLedger, n: int, count: int) -> None:
         i += 1
 
 
-async def main(dsn: str, state: str, count: int) -> None:
+async def main(dsn: str, state: str, count: int, gated: bool) -> None:
+    if gated:
+        await asyncio.to_thread(sys.stdin.readline)
     ledger = await SharedLedger.open_shared(dsn, Path(state), checkpoint_interval=0.2)
     os.write(1, f"ready {ledger.name}\n".encode())
     await asyncio.gather(*(worker(ledger, n, count) for n in range(WRITERS)))
@@ -34,4 +37,4 @@ async def main(dsn: str, state: str, count: int) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["gated"]))

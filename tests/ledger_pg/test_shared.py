@@ -6,6 +6,9 @@ and the export reads back with the file ledger's own verifier."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
+import itertools
 import os
 import signal
 import subprocess
@@ -25,6 +28,7 @@ from daemon.ledger.entry import GENESIS_PREV
 from daemon.ledger.postgres import JOIN_KIND
 from daemon.ledger.shared import SharedLedger
 from daemon.service import Daemon
+from surfaces.cli import main
 from surfaces.http import HttpOptions, create_app
 from tests.ledger import rfc9162
 from tests.ledger_pg.server import Server
@@ -32,13 +36,29 @@ from tests.runs.model_server import roster_toml, settings_for
 from tests.slots.fake_server import FakeServer
 
 ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-c", "import sys; from surfaces.cli import main; sys.exit(main())"]
 
 
-def child(dsn: str, state: Path, count: int) -> subprocess.Popen[bytes]:
+async def cli(*args: str) -> tuple[int, str, str]:
+    """`tally ARGS` in a worker thread (its own event loop), as from a shell: exit, out, err."""
+
+    def run() -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exit:
+                code = int(exit.code or 0)
+        return code, out.getvalue(), err.getvalue()
+
+    return await asyncio.to_thread(run)
+
+
+def child(dsn: str, state: Path, count: int, gated: bool = False) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.ledger_pg.child", dsn, str(state), str(count)],
+        [sys.executable, "-m", "tests.ledger_pg.child", dsn, str(state), str(count)]
+        + (["gated"] if gated else []),
         cwd=ROOT,
+        stdin=subprocess.PIPE if gated else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -81,14 +101,15 @@ async def test_two_daemons_append_at_once_into_one_chain(pg_dsn: str, tmp_path: 
     lines, writers = record_lines(pg_dsn)
     check_chain(lines)
     assert len(lines) == 1280 + 2  # and each daemon's `ledger.join`
-    names = {out.split(b"\n")[0].split()[1].decode() for out in outs}
+    owners = [out.split(b"\n")[0].split()[1].decode() for out in outs]  # "ready NAME"
+    names = set(owners)
     assert set(writers) == names
-    for mine, name in zip(acked, [o.split(b"\n")[0].split()[1].decode() for o in outs], strict=True):
+    for mine, name in zip(acked, owners, strict=True):
         for seq, leaf in mine.items():
             assert rfc9162._h(b"\x00" + lines[seq]).hex() == leaf
             assert writers[seq] == name  # the record says who wrote it
     # Both daemons' batches interleave (they did append at once), yet one chain.
-    switches = sum(1 for x, y in zip(writers, writers[1:], strict=False) if x != y)
+    switches = sum(1 for x, y in itertools.pairwise(writers) if x != y)
     assert switches >= 2
     reader = await SharedLedger.open_shared(pg_dsn, None, readonly=True)
     try:
@@ -102,10 +123,13 @@ async def test_two_daemons_append_at_once_into_one_chain(pg_dsn: str, tmp_path: 
         consistency = await reader.consistency_proof(640, size)
         assert bytes.fromhex(consistency.old_root) == rfc9162.mth(lines[:640])
         report = await reader.verify(deep=True)
-        assert report.ok and report.size == size, report
+        assert report.ok, report
+        assert report.size == size
         # Each daemon's checkpoints are in the record, each signed by its own key.
         with psycopg.connect(pg_dsn) as conn:
-            keys = dict(conn.execute("SELECT name, vkey FROM tally_daemons").fetchall())
+            keys: dict[str, str] = dict(
+                conn.execute("SELECT name, vkey FROM tally_daemons").fetchall()
+            )
             notes = conn.execute("SELECT daemon, size, note FROM tally_checkpoints").fetchall()
         assert {d for d, _, _ in notes} == names
         for daemon, at, note in notes:
@@ -120,12 +144,19 @@ async def test_sigkill_mid_load_ten_times_loses_nothing_acknowledged(
     steady = child(pg_dsn, tmp_path / "steady", 0)  # the other daemon, under load throughout
     acked: dict[int, str] = {}
     try:
-        for _ in range(10):
-            victim = child(pg_dsn, tmp_path / "victim", 0)
+        upcoming = child(pg_dsn, tmp_path / "victim", 0, gated=True)
+        for round_ in range(10):
+            # The same daemon (state dir) each time; the next one's interpreter starts early.
+            victim = upcoming
+            assert victim.stdin is not None
             assert victim.stdout is not None
+            victim.stdin.write(b"go\n")
+            victim.stdin.flush()
+            if round_ < 9:
+                upcoming = child(pg_dsn, tmp_path / "victim", 0, gated=True)
             seen = b""
             deadline = time.monotonic() + 20
-            while seen.count(b"\n") < 40 and time.monotonic() < deadline:
+            while seen.count(b"\n") < 30 and time.monotonic() < deadline:
                 seen += os.read(victim.stdout.fileno(), 65536)
             victim.send_signal(signal.SIGKILL)
             rest, _ = victim.communicate(timeout=10)
@@ -204,7 +235,8 @@ async def test_database_down_mid_load_is_503_and_degraded_then_resumes(
             while not refused:
                 await asyncio.sleep(0.02)
             health = await (await client.post("/v1/tools/health", json={})).json()
-            assert health["status"] == "degraded" and not health["ledger_writable"]
+            assert health["status"] == "degraded"
+            assert not health["ledger_writable"]
             assert "shared record at postgresql://" in health["reason"], health["reason"]
             assert "is unreachable" in health["reason"]
             # A surface's append: a clean 503 with Retry-After, no traceback.
@@ -245,7 +277,8 @@ async def test_export_redaction_and_runs_of_all_daemons(
     try:
         secret = await a.ledger.append(actor="t", kind="note", body={"secret": "s3cr3t"})
         kept = await b.ledger.append(actor="t", kind="note", body={"kept": 1})
-        assert secret.body is not None and kept.body is not None
+        assert secret.body is not None
+        assert kept.body is not None
         redaction = await b.ledger.redact(secret.body, actor="admin", reason="leaked")
         assert (await a.ledger.body(secret.body)).state == "redacted"
         assert (await a.ledger.body(kept.body)).value == {"kept": 1}
@@ -276,24 +309,17 @@ async def test_export_redaction_and_runs_of_all_daemons(
     finally:
         await a.stop()
         await b.stop()
-    cli = [*CLI, "ledger"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TALLY_")}
-    done = subprocess.run(
-        [*cli, "verify", "--deep", "--ledger", pg_dsn], capture_output=True, text=True, env=env
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 redacted, 0 tampered" in done.stdout
+    code, said, _ = await cli("ledger", "verify", "--deep", "--ledger", pg_dsn)
+    assert code == 0, said
+    assert "1 redacted, 0 tampered" in said, said
     out = tmp_path / "export"
-    done = subprocess.run(
-        [*cli, "export", str(out), "--ledger", pg_dsn], capture_output=True, text=True, env=env
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
+    code, said, err = await cli("ledger", "export", str(out), "--ledger", pg_dsn)
+    assert code == 0, said + err
     # The file ledger's own verifier, on the export as on a state dir.
-    done = subprocess.run(
-        [*cli, "verify", "--deep", "--state", str(out)], capture_output=True, text=True, env=env
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 redacted, 0 tampered" in done.stdout and "signature valid" in done.stdout
+    code, said, err = await cli("ledger", "verify", "--deep", "--state", str(out))
+    assert code == 0, said + err
+    assert "1 redacted, 0 tampered" in said, said
+    assert "signature valid" in said, said
     lines = (out / "ledger" / "entries.jsonl").read_bytes().split(b"\n")[:-1]
     assert lines == record_lines(pg_dsn)[0]
     assert Entry.from_line(lines[redaction.seq]).kind == "redaction"
@@ -304,18 +330,12 @@ async def test_export_redaction_and_runs_of_all_daemons(
             "UPDATE tally_bodies SET data = NULL, redacted_at = 1 WHERE digest = %s",
             (bytes.fromhex(kept.body),),
         )
-    done = subprocess.run(
-        [*cli, "verify", "--deep", "--ledger", pg_dsn], capture_output=True, text=True, env=env
-    )
-    assert done.returncode == 1 and kept.body in done.stdout, done.stdout
+    code, said, _ = await cli("ledger", "verify", "--deep", "--ledger", pg_dsn)
+    assert code == 1, said
+    assert kept.body in said, said
 
 
-def test_ledger_url_must_be_postgresql(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TALLY_")}
-    done = subprocess.run(
-        [*CLI, "ledger", "verify", "--ledger", "mysql://x/y"],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert done.returncode == 2 and "postgresql://" in done.stderr, done.stderr
+async def test_ledger_url_must_be_postgresql() -> None:
+    code, _, err = await cli("ledger", "verify", "--ledger", "mysql://x/y")
+    assert code == 2, err
+    assert "postgresql://" in err, err

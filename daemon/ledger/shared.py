@@ -78,6 +78,22 @@ from daemon.ledger.writer import MAX_BATCH, MAX_BATCH_BYTES, _Pending, _Stats
 
 log = logging.getLogger(__name__)
 
+WRITE = """
+WITH bodies AS (
+    INSERT INTO tally_bodies (digest, length, data)
+    SELECT * FROM unnest(%s::bytea[], %s::integer[], %s::bytea[])
+    ON CONFLICT (digest) DO UPDATE SET data = EXCLUDED.data, redacted_at = NULL
+        WHERE tally_bodies.data IS NULL
+), entries AS (
+    INSERT INTO tally_entries (seq, line, leaf, kind, run, actor, body, daemon)
+    SELECT e.*, %s FROM unnest(
+        %s::bigint[], %s::bytea[], %s::bytea[], %s::text[], %s::text[], %s::text[], %s::bytea[]
+    ) AS e
+)
+UPDATE tally_head SET size = %s, last_hash = %s, last_ts = %s
+"""
+"""A batch's bodies, entries and the new head, as one statement."""
+
 FOLLOW_S = 0.5
 """While idle, how often a daemon reads the head for entries other daemons appended."""
 UNREACHABLE = "database_unreachable"
@@ -309,7 +325,10 @@ class SharedLedger(Ledger):
                 size, prev, last_ts = await cur.fetchone()
                 known = await self._fetch_leaves(conn, size)
                 seq, ts = size, max(time.time_ns() // 1000, last_ts)
-                lines, entry_rows, leaves, entries = [], [], [], []
+                lines: list[bytes] = []
+                leaves: list[bytes] = []
+                entries: list[Entry] = []
+                entry_rows: list[tuple[Any, ...]] = []
                 bodies: dict[bytes, bytes] = {}
                 redactions: list[tuple[int, bytes]] = []
                 for p in batch:
@@ -317,9 +336,7 @@ class SharedLedger(Ledger):
                     leaf = hashlib.sha256(b"\x00" + line).digest()
                     lines.append(line)
                     leaves.append(leaf)
-                    entry_rows.append(
-                        (seq, line, leaf, p.kind, p.run, p.actor, p.digest, self.name)
-                    )
+                    entry_rows.append((seq, line, leaf, p.kind, p.run, p.actor, p.digest))
                     if p.digest is not None and p.body is not None:
                         bodies.setdefault(p.digest, p.body)
                     if p.redacts is not None:
@@ -340,31 +357,27 @@ class SharedLedger(Ledger):
                     )
                     prev = leaf.hex()
                     seq += 1
-                # One round trip for the writes (pipeline mode); the commit is the next.
-                async with conn.pipeline(), conn.cursor() as cur:
-                    if bodies:
-                        # A body redacted earlier and appended again is stored again (as the
-                        # file ledger writes a new live copy).
-                        await cur.executemany(
-                            "INSERT INTO tally_bodies (digest, length, data) VALUES (%s, %s, %s) "
-                            "ON CONFLICT (digest) DO UPDATE SET data = EXCLUDED.data, "
-                            "redacted_at = NULL WHERE tally_bodies.data IS NULL",
-                            [(d, len(b), b) for d, b in bodies.items()],
-                        )
-                    await cur.executemany(
-                        "INSERT INTO tally_entries (seq, line, leaf, kind, run, actor, body, "
-                        "daemon) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                        entry_rows,
-                    )
-                    for at, digest in redactions:
-                        await cur.execute(
-                            "UPDATE tally_bodies SET data = NULL, redacted_at = %s "
-                            "WHERE digest = %s",
-                            (at, digest),
-                        )
-                    await cur.execute(
-                        "UPDATE tally_head SET size = %s, last_hash = %s, last_ts = %s",
-                        (seq, prev, ts),
+                # The writes in one statement (one round trip; arrays, unnested server-side).
+                # A body redacted earlier and appended again is stored again (as the file
+                # ledger writes a new live copy).
+                columns = list(zip(*entry_rows, strict=True))
+                await conn.execute(
+                    WRITE,
+                    (
+                        list(bodies),
+                        [len(b) for b in bodies.values()],
+                        list(bodies.values()),
+                        self.name,
+                        *(list(c) for c in columns),
+                        seq,
+                        prev,
+                        ts,
+                    ),
+                )
+                for at, digest in redactions:  # after: a statement changes a row once
+                    await conn.execute(
+                        "UPDATE tally_bodies SET data = NULL, redacted_at = %s WHERE digest = %s",
+                        (at, digest),
                     )
             # Committed (durable: synchronous_commit = on): the tree grows, then the acks.
             self._extend(known)

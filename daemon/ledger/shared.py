@@ -43,6 +43,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,25 +80,44 @@ from daemon.ledger.writer import MAX_BATCH, MAX_BATCH_BYTES, _Pending, _Stats
 log = logging.getLogger(__name__)
 
 WRITE = """
-WITH bodies AS (
+WITH moved AS (
+    UPDATE tally_head SET size = %(size)s, last_hash = %(last)s, last_ts = %(ts)s
+    WHERE size = %(was_size)s AND last_hash = %(was_last)s
+    RETURNING 1
+), bodies AS (
     INSERT INTO tally_bodies (digest, length, data)
-    SELECT * FROM unnest(%s::bytea[], %s::integer[], %s::bytea[])
+    SELECT b.* FROM unnest(%(digests)s::bytea[], %(lengths)s::integer[], %(datas)s::bytea[]) AS b,
+        moved
     ON CONFLICT (digest) DO UPDATE SET data = EXCLUDED.data, redacted_at = NULL
         WHERE tally_bodies.data IS NULL
 ), entries AS (
     INSERT INTO tally_entries (seq, line, leaf, kind, run, actor, body, daemon)
-    SELECT e.*, %s FROM unnest(
-        %s::bigint[], %s::bytea[], %s::bytea[], %s::text[], %s::text[], %s::text[], %s::bytea[]
-    ) AS e
+    SELECT e.*, %(daemon)s FROM unnest(
+        %(seqs)s::bigint[], %(lines)s::bytea[], %(leaves)s::bytea[], %(kinds)s::text[],
+        %(runs)s::text[], %(actors)s::text[], %(bodies)s::bytea[]
+    ) AS e, moved
 )
-UPDATE tally_head SET size = %s, last_hash = %s, last_ts = %s
+SELECT count(*) FROM moved
 """
-"""A batch's bodies, entries and the new head, as one statement."""
+"""A batch's bodies, entries and the new head, as one statement, written only if the head is
+still where the batch was built on: the UPDATE takes the head row's lock and, if another daemon
+moved the head meanwhile, re-checks its condition on the committed row and matches nothing, so
+nothing is written (one chain, whatever the timing)."""
 
 FOLLOW_S = 0.5
 """While idle, how often a daemon reads the head for entries other daemons appended."""
 UNREACHABLE = "database_unreachable"
 READ_TIMEOUT = 5.0
+
+
+@dataclass(slots=True)
+class _Built:
+    entries: list[Entry]
+    leaves: list[bytes]
+    redactions: list[tuple[int, bytes]]
+    params: dict[str, Any]
+    last: str
+    ts: int
 
 
 class SharedLedger(Ledger):
@@ -130,6 +150,7 @@ class SharedLedger(Ledger):
         self._conn: Any = None  # the writer's connection
         self._pool: Any = None  # readers'
         self._lock_fd = -1
+        self._head_hash: str | None = None  # the head's last hash, where this daemon knows it
         self.name = ""
         """This daemon's name in the record: its checkpoint key's name."""
 
@@ -315,75 +336,100 @@ class SharedLedger(Ledger):
                 pending.future.set_result(entry)
 
     async def _transact(self, batch: list[_Pending]) -> list[Entry]:
-        """One transaction: lock the head, catch the tree up, write the batch, move the head."""
+        """Commit a batch. Where this daemon knows the head (it wrote last, or has caught up
+        since), the batch is one autocommit statement conditional on that head (`WRITE`): one
+        round trip. Otherwise, or if another daemon moved the head first, or for a redaction,
+        one transaction locks the head row (`SELECT … FOR UPDATE`), catches the tree up with
+        the entries it holds past this daemon's, and writes on that head."""
         conn = await self._writer()
         async with self._grow:
+            ts = max(time.time_ns() // 1000, self._last_ts)
+            head = self._head_hash
+            if head is not None and all(p.redacts is None for p in batch):
+                built = self._build(batch, self._levels.size, head, ts)
+                self._head_hash = None  # unknown until the answer: a lost one leaves it so
+                cur = await conn.execute(WRITE, built.params)
+                if (await cur.fetchone())[0] == 1:
+                    return self._committed([], built)
             async with conn.transaction():
                 cur = await conn.execute(
                     "SELECT size, last_hash, last_ts FROM tally_head FOR UPDATE"
                 )
                 size, prev, last_ts = await cur.fetchone()
                 known = await self._fetch_leaves(conn, size)
-                seq, ts = size, max(time.time_ns() // 1000, last_ts)
-                lines: list[bytes] = []
-                leaves: list[bytes] = []
-                entries: list[Entry] = []
-                entry_rows: list[tuple[Any, ...]] = []
-                bodies: dict[bytes, bytes] = {}
-                redactions: list[tuple[int, bytes]] = []
-                for p in batch:
-                    line = f'{p.head}{prev}{p.tail}{seq},"ts":{ts},"v":{VERSION}}}'.encode()
-                    leaf = hashlib.sha256(b"\x00" + line).digest()
-                    lines.append(line)
-                    leaves.append(leaf)
-                    entry_rows.append((seq, line, leaf, p.kind, p.run, p.actor, p.digest))
-                    if p.digest is not None and p.body is not None:
-                        bodies.setdefault(p.digest, p.body)
-                    if p.redacts is not None:
-                        redactions.append((seq, p.redacts))
-                    entries.append(
-                        Entry.model_construct(
-                            v=VERSION,
-                            seq=seq,
-                            ts=ts,
-                            actor=p.actor,
-                            kind=p.kind,
-                            run=p.run,
-                            parent=p.parent,
-                            body=p.body_hex,
-                            prev=prev,
-                            hash=leaf.hex(),
-                        )
-                    )
-                    prev = leaf.hex()
-                    seq += 1
-                # The writes in one statement (one round trip; arrays, unnested server-side).
-                # A body redacted earlier and appended again is stored again (as the file
-                # ledger writes a new live copy).
-                columns = list(zip(*entry_rows, strict=True))
-                await conn.execute(
-                    WRITE,
-                    (
-                        list(bodies),
-                        [len(b) for b in bodies.values()],
-                        list(bodies.values()),
-                        self.name,
-                        *(list(c) for c in columns),
-                        seq,
-                        prev,
-                        ts,
-                    ),
-                )
-                for at, digest in redactions:  # after: a statement changes a row once
+                built = self._build(batch, size, prev, max(ts, last_ts))
+                cur = await conn.execute(WRITE, built.params)
+                if (await cur.fetchone())[0] != 1:
+                    raise LedgerFailed("the record's head moved under its lock")
+                for at, digest in built.redactions:  # after: a statement changes a row once
                     await conn.execute(
                         "UPDATE tally_bodies SET data = NULL, redacted_at = %s WHERE digest = %s",
                         (at, digest),
                     )
-            # Committed (durable: synchronous_commit = on): the tree grows, then the acks.
-            self._extend(known)
-            self._extend(leaves)
-            self._last_ts = ts
-        return entries
+            return self._committed(known, built)
+
+    def _committed(self, known: list[bytes], built: _Built) -> list[Entry]:
+        """Committed (durable: synchronous_commit = on): the tree grows, then the acks."""
+        self._extend(known)
+        self._extend(built.leaves)
+        self._last_ts = built.ts
+        self._head_hash = built.last
+        return built.entries
+
+    def _build(self, batch: list[_Pending], seq: int, prev: str, ts: int) -> _Built:
+        """The batch's lines on the head (seq, prev), their leaf hashes, and the statement's
+        parameters."""
+        was_size, was_last = seq, prev
+        leaves: list[bytes] = []
+        entries: list[Entry] = []
+        rows: list[tuple[Any, ...]] = []
+        bodies: dict[bytes, bytes] = {}
+        redactions: list[tuple[int, bytes]] = []
+        for p in batch:
+            line = f'{p.head}{prev}{p.tail}{seq},"ts":{ts},"v":{VERSION}}}'.encode()
+            leaf = hashlib.sha256(b"\x00" + line).digest()
+            leaves.append(leaf)
+            rows.append((seq, line, leaf, p.kind, p.run, p.actor, p.digest))
+            if p.digest is not None and p.body is not None:
+                bodies.setdefault(p.digest, p.body)
+            if p.redacts is not None:
+                redactions.append((seq, p.redacts))
+            entries.append(
+                Entry.model_construct(
+                    v=VERSION,
+                    seq=seq,
+                    ts=ts,
+                    actor=p.actor,
+                    kind=p.kind,
+                    run=p.run,
+                    parent=p.parent,
+                    body=p.body_hex,
+                    prev=prev,
+                    hash=leaf.hex(),
+                )
+            )
+            prev = leaf.hex()
+            seq += 1
+        columns = [list(c) for c in zip(*rows, strict=True)]
+        params = {
+            "size": seq,
+            "last": prev,
+            "ts": ts,
+            "was_size": was_size,
+            "was_last": was_last,
+            "digests": list(bodies),
+            "lengths": [len(b) for b in bodies.values()],
+            "datas": list(bodies.values()),
+            "daemon": self.name,
+            **dict(
+                zip(
+                    ("seqs", "lines", "leaves", "kinds", "runs", "actors", "bodies"),
+                    columns,
+                    strict=True,
+                )
+            ),
+        }
+        return _Built(entries, leaves, redactions, params, prev, ts)
 
     async def _fetch_leaves(self, conn: Any, size: int) -> list[bytes]:
         """The leaf hashes the record holds past this daemon's tree (others' appends)."""
@@ -412,10 +458,11 @@ class SharedLedger(Ledger):
 
     async def _follow_head(self, conn: Any) -> None:
         async with self._grow:
-            cur = await conn.execute("SELECT size, last_ts FROM tally_head")
-            size, last_ts = await cur.fetchone()
+            cur = await conn.execute("SELECT size, last_hash, last_ts FROM tally_head")
+            size, last_hash, last_ts = await cur.fetchone()
             self._extend(await self._fetch_leaves(conn, size))
             self._last_ts = max(self._last_ts, last_ts)
+            self._head_hash = last_hash
 
     async def _follow(self) -> None:
         await self._follow_head(await self._writer())

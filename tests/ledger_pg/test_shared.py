@@ -339,3 +339,11 @@ async def test_ledger_url_must_be_postgresql() -> None:
     code, _, err = await cli("ledger", "verify", "--ledger", "mysql://x/y")
     assert code == 2, err
     assert "postgresql://" in err, err
+
+
+def test_a_shown_url_never_carries_its_password() -> None:
+    from daemon.ledger.postgres import shown_dsn
+
+    shown = shown_dsn("postgresql://tally:s3cret@db.example:5433/record?sslmode=require")
+    assert shown == "postgresql://tally@db.example/record"
+    assert "s3cret" not in shown_dsn("postgresql://tally:s3cret@/x?host=/tmp/sock")

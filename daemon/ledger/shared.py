@@ -10,10 +10,12 @@ The record is the file ledger's, byte for byte: the same canonical lines (built 
 `line_template`), RFC 9162 leaf hashes, bodies hashed the same way, C2SP checkpoint notes.
 What differs is where it is kept (`daemon.ledger.postgres` has the tables) and:
 - Several daemons append. Each group-commits its own appends: the appends queued while a
-  transaction runs form the next batch, one transaction each. The transaction locks the head
-  row (`SELECT … FOR UPDATE`), reads the size and last leaf hash there, writes the batch's
-  lines, bodies and the new head, and commits (`synchronous_commit = on`); seq and `prev` come
-  from the head row under its lock, so two daemons never fork the chain. Only then are the
+  commit runs form the next batch, committed as one. Seq and `prev` come from the head row
+  under its lock, so two daemons never fork the chain: where the daemon knows the head (it
+  wrote last, or caught up since), the batch is one statement that moves the head only if it
+  is still there, and writes nothing otherwise (`WRITE`); else a transaction locks the head
+  row (`SELECT … FOR UPDATE`), reads the size and last leaf hash there and writes on them.
+  Every commit is durable before it returns (`synchronous_commit = on`); only then are the
   appends acknowledged. Each row names the daemon that wrote it (its checkpoint key's name),
   and a daemon's first write is a `ledger.join` entry witnessing its name and key.
 - The Merkle tree is held in memory (`postgres.Levels`), loaded at open from the leaf hashes

@@ -4,7 +4,10 @@ Why a subclass of `Ledger`: the engine, the gateway, the tools and the CLI are w
 `Ledger`'s public methods; this class overrides every one that touches storage (appends,
 redaction, reads, proofs, verify, checkpoints, open and close) and keeps the ones that do not
 (the owner's key: `vkey`, `seal`, `check_mac`, `check_signature`; `size`; `stats`). None of
-the file ledger's parts (journal, pack, index, tree files) is ever opened.
+the file ledger's parts (journal, pack, index, tree files) is ever opened. One piece (past 500
+lines) for the same reason: it is one class, whose appends, reads and proofs share the
+in-memory tree and the head this daemon knows, grown under one lock (`_grow`); the tables and
+what reads them without a daemon (verify, export) live in `postgres`.
 
 The record is the file ledger's, byte for byte: the same canonical lines (built by the same
 `line_template`), RFC 9162 leaf hashes, bodies hashed the same way, C2SP checkpoint notes.

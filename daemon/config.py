@@ -89,6 +89,9 @@ class Settings(BaseModel):
     otlp_headers: tuple[tuple[str, str], ...] = ()
     otel_capture_content: bool = False
     """Put prompts and replies in the chat spans (off by default)."""
+    ledger_url: str | None = Field(default=None, pattern=r"^postgres(ql)?://")
+    """The shared record on PostgreSQL (`--ledger postgresql://…`, `TALLY_LEDGER`); None = the
+    file ledger in the state dir. See `daemon.ledger.shared`."""
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:
@@ -109,6 +112,8 @@ class Settings(BaseModel):
             overrides["roster_path"] = Path(os.environ["TALLY_ROSTER"])
         if "otlp_endpoint" not in overrides:
             overrides.update(_otel_from_env())
+        if os.environ.get("TALLY_LEDGER") and "ledger_url" not in overrides:
+            overrides["ledger_url"] = os.environ["TALLY_LEDGER"]
         return cls(
             state_dir=state_dir, runtime_dir=runtime_dir, socket_path=socket_path, **overrides
         )

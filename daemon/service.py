@@ -134,9 +134,18 @@ class Daemon:
         roster = _loaded(self.roster_path)  # a bad roster at start is fatal: nothing to keep
         # The ledger's own timer is the one checkpoint timer: it signs every interval, and
         # only when the tree grew since the last checkpoint.
-        self._ledger = await Ledger.open(
-            settings.state_dir, checkpoint_interval=settings.checkpoint_interval_s
-        )
+        if settings.ledger_url:  # the shared record (daemon.ledger.shared)
+            from daemon.ledger.shared import SharedLedger
+
+            self._ledger = await SharedLedger.open_shared(
+                settings.ledger_url,
+                settings.state_dir,
+                checkpoint_interval=settings.checkpoint_interval_s,
+            )
+        else:
+            self._ledger = await Ledger.open(
+                settings.state_dir, checkpoint_interval=settings.checkpoint_interval_s
+            )
         try:
             self._roster = roster
             self._router = Router(roster)

@@ -728,16 +728,36 @@ async def run_get(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:
 class RunsIn(_In):
     state: RunState | None = Field(default=None, description="Only runs in this state.")
     limit: Annotated[int, Field(ge=1, le=1000), Whole] = 50
+    all: bool = Field(
+        default=False,
+        description="Also the runs of the other daemons sharing this daemon's record (a record "
+        "on PostgreSQL), read from the record; `daemons` names who owns each.",
+    )
 
 
 class RunsOut(_Out):
     runs: list[RunOut]
+    daemons: dict[str, str] = Field(
+        default_factory=dict,
+        description="With `all`: each run's daemon (its checkpoint key's name in the record).",
+    )
 
 
 async def runs_list(daemon: Daemon, data: RunsIn, ctx: ToolContext) -> RunsOut:
-    return RunsOut(
-        runs=[run_out(v) for v in daemon.engine.shown_list(state=data.state, limit=data.limit)]
-    )
+    ours = daemon.engine.shown_list(state=data.state, limit=data.limit)
+    foreign = getattr(daemon.ledger, "foreign_runs", None)
+    if not data.all or foreign is None:
+        return RunsOut(runs=[run_out(v) for v in ours])
+    # Runs stay per daemon: the others' are read from the shared record as it stands.
+    name = getattr(daemon.ledger, "name", "")
+    views = [(v, name) for v in ours]
+    for run_id, owner in await foreign(data.limit):
+        view = (await replay(daemon.ledger, run=run_id)).get(run_id)
+        if view is not None and (data.state is None or view.state == data.state):
+            views.append((view, owner))
+    views.sort(key=lambda p: (p[0].created_at_us, p[0].id), reverse=True)
+    views = views[: data.limit]
+    return RunsOut(runs=[run_out(v) for v, _ in views], daemons={v.id: o for v, o in views})
 
 
 async def run_cancel(daemon: Daemon, data: RunIdIn, ctx: ToolContext) -> RunOut:

@@ -73,6 +73,13 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         help="state dir (default: $TALLY_STATE_DIR, $STATE_DIRECTORY, $XDG_STATE_HOME/tally)",
     )
     common.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_argument(
+        "--ledger",
+        metavar="URL",
+        default=argparse.SUPPRESS,
+        help="a shared record on PostgreSQL (postgresql://…; default: $TALLY_LEDGER, else "
+        "the state dir's file ledger)",
+    )
     group = commands.add_parser("ledger", help="inspect and verify the ledger (offline)")
     group.add_argument("--state", metavar="DIR", default=None, help=argparse.SUPPRESS)
     sub = group.add_subparsers(
@@ -145,6 +152,14 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     checkpoint = sub.add_parser("checkpoint", parents=[common], help="the latest checkpoint")
     checkpoint.set_defaults(run=_runner(_checkpoint))
 
+    export = sub.add_parser(
+        "export",
+        parents=[common],
+        help="write a shared record as a file ledger's layout, for file verifiers",
+    )
+    export.add_argument("dir", metavar="DIR", help="a new directory (DIR/ledger is written)")
+    export.set_defaults(run=_runner(_export))
+
     from surfaces.cli.reading import register_summary  # stdlib only at import, as this module
 
     register_summary(sub)
@@ -160,11 +175,17 @@ def _runner(
 
     def run(args: argparse.Namespace) -> int:
         import asyncio
+        import os
 
         from daemon.config import default_state_dir
         from daemon.ledger import LedgerCorrupt
 
         state = Path(args.state) if args.state else default_state_dir()
+        args.ledger = getattr(args, "ledger", None) or os.environ.get("TALLY_LEDGER") or None
+        if args.ledger is not None:
+            return _shared_runner(command, args)
+        if command is _export:
+            return _fail(args, "usage", "export reads a shared record: give --ledger URL", 2)
         if not (state / "ledger").is_dir():
             return _fail(args, "no_ledger", f"no ledger in {state}", 2)
         try:
@@ -191,6 +212,53 @@ def _runner(
             return _unforeseen(args, state, err, reports)
 
     return run
+
+
+def _shared_runner(command: Command, args: argparse.Namespace) -> int:
+    """`--ledger postgresql://…`: the same commands on the shared record, read-only (from any
+    machine that reaches the database; no state dir)."""
+    import asyncio
+
+    from daemon.ledger.postgres import check_dsn
+
+    async def run() -> int:
+        from daemon.ledger.shared import SharedLedger
+
+        ledger = await SharedLedger.open_shared(check_dsn(args.ledger), None, readonly=True)
+        try:
+            return await command(ledger, args)
+        finally:
+            await ledger.close()
+
+    try:
+        if getattr(args, "since", None):
+            try:
+                args.since_text = Path(args.since).read_text()
+            except (OSError, UnicodeDecodeError) as err:
+                raise UsageError(f"cannot read checkpoint {args.since}: {err}") from err
+        return asyncio.run(run())
+    except UsageError as err:
+        return _fail(args, "usage", str(err), 2)
+    except TallyError as err:
+        return _fail(args, err.code, err.message, 2 if err.status == 422 else 1)
+    except OSError as err:
+        return _fail(args, "os_error", str(err), 1)
+
+
+async def _export(ledger: Ledger, args: argparse.Namespace) -> int:
+    from daemon.ledger.shared import SharedLedger
+
+    assert isinstance(ledger, SharedLedger)
+    done = await ledger.export(Path(args.dir))
+    if args.json:
+        _print_json(done)
+    else:
+        print(f"exported {done['entries']} entries to {done['dir']}")
+        if done["checkpoint"] is not None:
+            cp = done["checkpoint"]
+            print(f"  checkpoint: size {cp['size']}, signed by {cp['daemon']}")
+        print(f"  check it:   tally ledger verify --deep --state {args.dir}")
+    return 0
 
 
 def _unforeseen(args: argparse.Namespace, state: Path, err: Exception, reports: bool) -> int:
@@ -388,7 +456,9 @@ async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
     report = _vouched(await ledger.verify(deep=args.deep))
     from daemon.runs.snapshot import check as check_snapshot  # derived: a warning, not a fault
 
-    stale = await asyncio.to_thread(check_snapshot, ledger.state_dir, ledger)
+    stale = None
+    if not getattr(ledger, "shared", False):  # a shared record has no run snapshot
+        stale = await asyncio.to_thread(check_snapshot, ledger.state_dir, ledger)
     if stale is not None:
         report = report.model_copy(update={"warnings": [*report.warnings, stale]})
     if pinned is not None and since is not None:

@@ -84,6 +84,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     p = commands.add_parser("runs", help="list recent runs (from the record if the daemon is down)")
     p.add_argument("--state", help="only runs in this state")
     p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--all", action="store_true", help="also the runs of daemons sharing the record")
     _offline(p)
     _common(p)
     p.set_defaults(run=_on_daemon(runs))
@@ -452,9 +453,13 @@ async def runs(args: argparse.Namespace) -> int:
     query: dict[str, Any] = {"limit": args.limit}
     if args.state:
         query["state"] = args.state
+    if getattr(args, "all", False):
+        query["all"] = True
+    owners: dict[str, str] = {}
     try:
         async with DaemonClient(Endpoint.from_env(args.socket)) as client:
-            found = (await client.call("runs_list", query))["runs"]
+            listed = await client.call("runs_list", query)
+            found, owners = listed["runs"], listed.get("daemons") or {}
     except DaemonDown as down:  # read the record instead, and say so
         found = await _from_record(args, down, "the runs", None)
         if found is None:
@@ -470,7 +475,7 @@ async def runs(args: argparse.Namespace) -> int:
         created = local_time(run.get("created_at_us"))
         print(
             f"{run['id']:<24} {run['state']:<16} {created:<19} {shown_lane(run) or '-':<14} "
-            f"{request[:60]}"
+            f"{request[:60]}" + (f"  [{owners[run['id']]}]" if run["id"] in owners else "")
         )
     if not found:
         print("(no runs)" if not args.state else f"(no runs in state {args.state})")

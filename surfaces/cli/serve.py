@@ -43,6 +43,12 @@ def serve_options(p: argparse.ArgumentParser) -> None:
         help="allow runs to work on projects inside DIR (repeatable; roster: "
         "[policy.workspace] roots)",
     )
+    p.add_argument(
+        "--ledger",
+        metavar="URL",
+        help="keep the record on PostgreSQL, shared with other daemons (postgresql://…; "
+        "$TALLY_LEDGER); default: the file ledger in the state dir",
+    )
 
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
@@ -159,6 +165,7 @@ def settings_from(args: argparse.Namespace) -> Any:
         ("roster_path", "roster"),
         ("coordinator", "coordinator"),
         ("judge", "judge"),
+        ("ledger_url", "ledger"),
     ):
         value = getattr(args, attr, None)
         if value is not None:

@@ -486,7 +486,18 @@ def main() -> None:
     print("|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    print("\n### the shared record (PostgreSQL)\n")
+    postgres()
+
+
+def postgres() -> None:
+    """The shared record's rows alone: `python -m tests.bench.bench_ledger postgres`."""
+    from tests.bench.shared_record import print_table, rows
+
+    print_table(rows())
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    postgres() if sys.argv[1:] == ["postgres"] else main()

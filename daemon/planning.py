@@ -417,7 +417,7 @@ def _executor_problems(tasks: Sequence[Task]) -> list[PlanProblem]:
 
 def agent_needs_view(plan: Plan, workspace: bool) -> None:
     """Refuse (`PlanInvalid`) agent tasks with nothing to work on: an agent reads and edits a
-    view, which a run has with a workspace, or a task with `files` or a `run` check."""
+    view of the run's workspace, or (no workspace) a dir holding the task's `files`."""
     found = [
         PlanProblem(
             code="executor",
@@ -427,10 +427,7 @@ def agent_needs_view(plan: Plan, workspace: bool) -> None:
             "or give the task `files` to start from",
         )
         for i, task in enumerate(plan.tasks)
-        if task.executor == "agent"
-        and not workspace
-        and not task.files
-        and not any(a.type == "run" for a in task.assertions)
+        if task.executor == "agent" and not workspace and not task.files
     ]
     if found:
         raise PlanInvalid(found)

@@ -719,10 +719,14 @@ class ProgressSteps:
         its task, step, tool, arguments and outcome, in at most 240 characters."""
         self.step += 1
         arguments = data.get("arguments") if isinstance(data.get("arguments"), dict) else {}
-        args = ", ".join(f"{k}={' '.join(str(v).split())[:60]}" for k, v in arguments.items())
+        args = ", ".join(
+            f"{k}={' '.join(str(v).split())[:60]}" for k, v in arguments.items() if v is not None
+        )
         tool = data.get("tool") or "(no call)"
         said = f"{data.get('task') or 'agent'} step {data.get('step')}: {tool}({args[:120]})"
         said += f" → {data.get('outcome')}"
+        # the model wrote most of it: no control character reaches the client's display
+        said = "".join(c if c.isprintable() else "?" for c in said)
         return float(self.step), None, said[:240]
 
     def tokens(self, task: str | None, text: str) -> tuple[float, float | None, str]:

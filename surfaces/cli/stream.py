@@ -124,7 +124,9 @@ def step_line(b: dict[str, Any]) -> str:
     """One `agent.step` (its body, whole or as the live feed cuts it) on one line: step, tool,
     arguments, outcome and observation, tokens (cached of prompt) and time."""
     arguments = b.get("arguments") if isinstance(b.get("arguments"), dict) else {}
-    args = ", ".join(f"{_plain(k, 40)}={_plain(v, 60)}" for k, v in arguments.items())
+    args = ", ".join(
+        f"{_plain(k, 40)}={_plain(v, 60)}" for k, v in arguments.items() if v is not None
+    )
     call = f"{_plain(b.get('tool'), 40)}({_plain(args, 160)})" if b.get("tool") else "(no call)"
     tokens = b.get("tokens") if isinstance(b.get("tokens"), dict) else {}
     timings = b.get("timings") if isinstance(b.get("timings"), dict) else {}

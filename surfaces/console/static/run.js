@@ -123,7 +123,7 @@ function timeline(entries, tasks) {
 
 const CUT = 4000;
 const cut = (text, n = CUT) => { const s = String(text ?? ""); return s.length > n ? `${s.slice(0, n - 1)}…` : s; };
-const argsText = (args) => Object.entries(args).map(([k, v]) => `${k}=${cut(typeof v === "string" ? v : JSON.stringify(v), 80)}`).join(", ");
+const argsText = (args) => Object.entries(args).filter(([, v]) => v !== null && v !== undefined).map(([k, v]) => `${k}=${cut(typeof v === "string" ? v : JSON.stringify(v), 80)}`).join(", ");
 
 // An agent attempt's steps as a timeline: time since the attempt began, the tool and its
 // arguments, the outcome, tokens (cached of prompt) and time; the observation and the model's

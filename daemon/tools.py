@@ -718,7 +718,8 @@ class ProgressSteps:
         """A progress message for one step of an agent task (an `agent.step` event's data):
         its task, step, tool, arguments and outcome, in at most 240 characters."""
         self.step += 1
-        arguments = data.get("arguments") if isinstance(data.get("arguments"), dict) else {}
+        got = data.get("arguments")
+        arguments: dict[str, Any] = got if isinstance(got, dict) else {}
         args = ", ".join(
             f"{k}={' '.join(str(v).split())[:60]}" for k, v in arguments.items() if v is not None
         )

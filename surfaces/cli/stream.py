@@ -123,13 +123,14 @@ def _plain(value: Any, limit: int) -> str:
 def step_line(b: dict[str, Any]) -> str:
     """One `agent.step` (its body, whole or as the live feed cuts it) on one line: step, tool,
     arguments, outcome and observation, tokens (cached of prompt) and time."""
-    arguments = b.get("arguments") if isinstance(b.get("arguments"), dict) else {}
+    got = b.get("arguments")
+    arguments: dict[str, Any] = got if isinstance(got, dict) else {}
     args = ", ".join(
         f"{_plain(k, 40)}={_plain(v, 60)}" for k, v in arguments.items() if v is not None
     )
     call = f"{_plain(b.get('tool'), 40)}({_plain(args, 160)})" if b.get("tool") else "(no call)"
-    tokens = b.get("tokens") if isinstance(b.get("tokens"), dict) else {}
-    timings = b.get("timings") if isinstance(b.get("timings"), dict) else {}
+    tokens: dict[str, Any] = b["tokens"] if isinstance(b.get("tokens"), dict) else {}
+    timings: dict[str, Any] = b["timings"] if isinstance(b.get("timings"), dict) else {}
     cost = (
         f"{tokens.get('prompt', 0)}+{tokens.get('completion', 0)} tok"
         f" ({tokens.get('cached', 0)} cached), {int(timings.get('step_us') or 0) // 1000} ms"

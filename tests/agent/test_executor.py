@@ -120,7 +120,8 @@ async def test_an_agent_task_fixes_the_bug_in_a_workspace_run(fleet: Make) -> No
     assert (src / "calc.py").read_text() != FIXED  # the user's files wait for `apply`
 
     ((start_seq, _, start),) = await bodies(daemon, k.TASK_START, view.id)
-    assert start["executor"] == "agent" and start["tier"] == "cheap"
+    assert start["executor"] == "agent"
+    assert start["tier"] == "cheap"
     steps = await bodies(daemon, k.AGENT_STEP, view.id)
     assert [b["outcome"] for _, _, b in steps] == OUTCOMES
     assert [b["tool"] for _, _, b in steps] == [s.tool for s in SCRIPT if isinstance(s, Step)]
@@ -131,7 +132,8 @@ async def test_an_agent_task_fixes_the_bug_in_a_workspace_run(fleet: Make) -> No
     assert "exit 1" in steps[3][2]["observation"]  # the failing check's output, shown
     # the same slot step after step (the prompt cache stays warm), json mode asked each time
     chats = server.chats
-    assert len(chats) == 8 and len({c.get("id_slot") for c in chats}) == 1
+    assert len(chats) == 8
+    assert len({c.get("id_slot") for c in chats}) == 1
     assert all(c["response_format"]["type"] == "json_schema" for c in chats)
     assert chats[0]["messages"][0]["content"].startswith("You do backend work.")
     # the result is the finish summary and hangs off the last step; the diff and checks follow
@@ -152,7 +154,8 @@ async def test_an_agent_task_fixes_the_bug_in_a_workspace_run(fleet: Make) -> No
     assert len(stepped) == 8
     assert stepped[1].lstrip().startswith("step 2 read_file(path=calc.py) → ok: ")
     assert f"[seq {steps[1][0]}]" in stepped[1]
-    assert "\x1b" not in "".join(stepped) and "\\u001b" in stepped[6]
+    assert "\x1b" not in "".join(stepped)
+    assert "\\u001b" in stepped[6]
     assert all(len(line) < 600 for line in stepped)
 
     # replay rebuilds the steps from the record, no model call
@@ -196,7 +199,8 @@ async def test_the_event_stream_and_mcp_progress_show_each_step(
             result = await session.call_tool("submit", args, progress_callback=on_progress)
         assert not result.is_error, result.content
         run = result.structured_content
-        assert run is not None and run["state"] == "done", run
+        assert run is not None
+        assert run["state"] == "done", run
         stepped = [m for m in seen if " step " in m]
         assert "t1 step 2: read_file(path=calc.py) → ok" in stepped, seen
         assert any(m.startswith("t1 step 4: finish(") and "finish_refused" in m for m in stepped)
@@ -237,9 +241,8 @@ async def test_a_stuck_agent_fails_its_attempt_and_the_next_is_told_why(fleet: M
     starts = await bodies(daemon, k.TASK_START, view.id)
     assert len(results) == len(starts) >= 2  # retried, then climbed: each attempt a loop
     first = results[0]
-    assert (
-        first[2]["ok"] is False and "the agent stopped (stuck) after 3 steps" in first[2]["error"]
-    )
+    assert first[2]["ok"] is False
+    assert "the agent stopped (stuck) after 3 steps" in first[2]["error"]
     assert first[1] == steps[2][0]  # the failed result hangs off its last step
     assert steps[2][2]["outcome"] == "stuck"
     assert any("the agent stopped (stuck)" in f for f in starts[1][2]["feedback"])
@@ -257,30 +260,37 @@ async def test_a_lane_with_agent_on_makes_tallys_own_plan_an_agent_task(fleet: M
     view = await daemon.engine.submit("Fix add", lane="testing", workspace=str(src))
     done = await daemon.engine.wait(view.id, timeout=120)
     assert done.state == "done", done.error
-    assert done.plan is not None and done.plan["tasks"][0]["executor"] == "agent"
+    assert done.plan is not None
+    assert done.plan["tasks"][0]["executor"] == "agent"
     assert done.tasks[0].steps == 2
     checks = await bodies(daemon, ws.CHECK_RUN, view.id)
     assert [(b["source"], b["exit_code"]) for _, _, b in checks] == [("lane", 0)]
     # without a workspace the same lane's tasks stay chat tasks (nothing to act on)
     plain = await daemon.engine.submit("Fix add", lane="testing")
     ended = await daemon.engine.wait(plain.id, timeout=60)
-    assert ended.plan is not None and ended.plan["tasks"][0]["executor"] == "chat"
+    assert ended.plan is not None
+    assert ended.plan["tasks"][0]["executor"] == "chat"
 
 
 async def test_hostile_plans_are_refused_with_the_task_and_what_to_do(fleet: Make) -> None:
-    daemon, server, src = await fleet([Raw("never asked")])
+    daemon, server, _src = await fleet([Raw("never asked")])
     with pytest.raises(PlanInvalid) as refused:
         await daemon.engine.submit("x", plan=agent_plan())  # no workspace, no files
     (problem,) = refused.value.problems
-    assert problem.code == "executor" and problem.tasks == ["t1"]
-    assert "workspace" in problem.message and "tally submit --workspace" in problem.message
+    assert problem.code == "executor"
+    assert problem.tasks == ["t1"]
+    assert "workspace" in problem.message
+    assert "tally submit --workspace" in problem.message
 
     unknown = {"tasks": [{"id": "t1", "lane": "backend", "instruction": "x", "executor": "robot"}]}
     with pytest.raises(PlanInvalid) as bad:
         await tool(daemon, "plan", {"plan": unknown})
     assert any("executor" in p.message and "agent" in p.message for p in bad.value.problems)
     found = await _plan(daemon, agent_plan(output_file="out.txt"))
-    assert found == [("executor", "tasks[0]: an agent task edits the files itself and its output is its finish summary; drop `output_file` (or use a chat task)")]  # fmt: skip
+    ((code, message),) = found
+    assert code == "executor"
+    assert message.startswith("tasks[0]: an agent task edits the files itself")
+    assert "drop `output_file`" in message
     chat_steps = {"tasks": [{"id": "c", "lane": "backend", "instruction": "x", "max_steps": 3}]}
     assert [c for c, _ in await _plan(daemon, chat_steps)] == ["executor"]
     assert [c for c, _ in await _plan(daemon, agent_plan(argv=["ls"]))] == ["executor"]
@@ -310,8 +320,12 @@ def test_progress_and_step_lines_are_bounded_and_tame() -> None:
         "timings": {"step_us": 12_000},
     }
     line = step_line(body)
-    assert len(line) < 500 and "\x1b" not in line and "\u202e" not in line and "\x07" not in line
+    assert len(line) < 500
+    assert "\x1b" not in line
+    assert "\u202e" not in line
+    assert "\x07" not in line
     assert line.startswith("step 3 edit(path=a\\u202eb.py, old=xxx")
     assert line.endswith("10+2 tok (8 cached), 12 ms")
     _, _, message = ProgressSteps().agent_step(body)
-    assert len(message) <= 240 and message.startswith("t1")
+    assert len(message) <= 240
+    assert message.startswith("t1")

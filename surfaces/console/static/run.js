@@ -105,13 +105,13 @@ function timeline(entries, tasks) {
       model.style.left = pct(queued);
       model.style.width = pct(t0 + Math.max(end - queued, 0));
       bars.push(wait, model);
-    }
       for (const st of a.steps || []) { // an agent's steps: one tick each, its tool in the title
         const tick = h("span", { class: `bar step step-${st.outcome}`, title: `step ${st.step}: ${st.tool || "(no call)"} → ${st.outcome}` });
         tick.style.left = pct(st.at);
         tick.style.width = pct(t0 + Math.max(st.done - st.at, 0));
         bars.push(tick);
       }
+    }
     rows.push(h("div", { class: "tl-row", "data-task": id }, h("span", { class: "tl-label" }, id), h("span", { class: "tl-track" }, bars)));
   }
   rows.push(axis(t0, t1));

@@ -190,12 +190,13 @@ async def real(tasks: list[Task], root: Path) -> list[str]:
         await daemon.stop()
 
 
-async def _main(tasks: list[Task]) -> list[str]:
+async def _main(tasks: list[Task]) -> None:
     with tempfile.TemporaryDirectory(prefix="tally-bench-agent-") as tmp:
         root = Path(tmp)
-        rows = await scripted(tasks, root)
-        rows += await real(tasks, root)
-    return rows
+        for row in await scripted(tasks, root):  # printed at once: the real model is slow
+            print(row, flush=True)
+        for row in await real(tasks, root):
+            print(row, flush=True)
 
 
 def main() -> None:
@@ -206,15 +207,13 @@ def main() -> None:
         return
     os.environ.setdefault("TASKS", "2")
     tasks = load_tasks()
-    rows = asyncio.run(_main(tasks))
     print(f"{len(tasks)} tasks, each judged by its own pytest file in the sandbox\n")
     print(
         "| model | tier | way | pass | model calls | tokens | tally ms (p50) | "
         "model ms/step (p50) | cached/evaluated from step 3 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        print(row)
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
+    asyncio.run(_main(tasks))
 
 
 if __name__ == "__main__":

@@ -34,10 +34,13 @@ from daemon.patterns import MAX_PATTERN, compile_pattern, schema_patterns
 from daemon.workspace.paths import check_relative
 from roster.models import Whole
 
-ProblemCode = Literal["schema", "duplicate_id", "unknown_need", "unknown_lane", "cycle", "bad_path"]
+ProblemCode = Literal[
+    "schema", "duplicate_id", "unknown_need", "unknown_lane", "cycle", "bad_path", "executor"
+]
 
 MAX_TASK_TIMEOUT_S = 86_400.0
 MAX_TASK_FILES_CHARS = 1_000_000
+MAX_AGENT_STEPS = 200
 
 
 class _Model(BaseModel):
@@ -185,7 +188,12 @@ class Task(_Model):
     instruction: str
     needs: list[str] = []
     assertions: list[Assertion] = []
-    executor: Literal["chat", "command", "stub"] = "chat"
+    executor: Literal["chat", "command", "stub", "agent"] = Field(
+        default="chat",
+        description="chat: one model call; command: `argv` in the sandbox; agent: a bounded "
+        "tool-calling loop (list, read, search, write, edit, run, finish) on the task's "
+        "workspace view; stub: the daemon's test executor.",
+    )
     argv: list[str] | None = Field(default=None, min_length=1)
     timeout_s: float | None = Field(default=None, gt=0, le=MAX_TASK_TIMEOUT_S)
     network: bool = False
@@ -195,6 +203,11 @@ class Task(_Model):
     output_file: str | None = Field(default=None, min_length=1, max_length=4096)
     """Where in the view the task's output is written before its checks run: the first
     fenced code block of the output if it has one, else the whole output."""
+    max_steps: Annotated[int, Field(ge=1, le=MAX_AGENT_STEPS), Whole] | None = Field(
+        default=None,
+        description="An agent task's model calls per attempt (default 30); the run's budget "
+        "bounds them too.",
+    )
 
     @field_validator("files")
     @classmethod
@@ -345,6 +358,7 @@ def problems(plan: Plan, lanes: Collection[str] | None = None) -> list[PlanProbl
             found.extend(_task_problems(task, positions, known))
     found.extend(_unstorable_assertions(plan.tasks))
     found.extend(_unusable_paths(plan.tasks))
+    found.extend(_executor_problems(plan.tasks))
     ids, deps = _graph(plan.tasks)
     order, _ = _topological(deps)
     if len(order) < len(ids):
@@ -376,6 +390,47 @@ def _unusable_paths(tasks: Sequence[Task]) -> list[PlanProblem]:
             except ValueError as refused:
                 found.append(_path_problem(task, i, "output_file", str(refused)))
     return found
+
+
+def _executor_problems(tasks: Sequence[Task]) -> list[PlanProblem]:
+    """Fields an executor does not use, said rather than silently ignored: `argv` belongs to
+    command tasks, `max_steps` to agent tasks; an agent writes files itself, so it has no
+    `output_file` (its output is its finish summary)."""
+    found: list[PlanProblem] = []
+    for i, task in enumerate(tasks):
+        why = None
+        if task.executor == "agent" and task.output_file is not None:
+            why = (
+                "an agent task edits the files itself and its output is its finish summary; "
+                "drop `output_file` (or use a chat task)"
+            )
+        elif task.executor == "agent" and task.argv is not None:
+            why = "`argv` is a command task's; an agent runs commands with its `run` tool"
+        elif task.executor != "agent" and task.max_steps is not None:
+            why = f"`max_steps` is an agent task's; this task's executor is {task.executor!r}"
+        if why is not None:
+            found.append(
+                PlanProblem(code="executor", tasks=[task.id], message=f"tasks[{i}]: {why}")
+            )
+    return found
+
+
+def agent_needs_view(plan: Plan, workspace: bool) -> None:
+    """Refuse (`PlanInvalid`) agent tasks with nothing to work on: an agent reads and edits a
+    view of the run's workspace, or (no workspace) a dir holding the task's `files`."""
+    found = [
+        PlanProblem(
+            code="executor",
+            tasks=[task.id],
+            message=f"tasks[{i}]: task {task.id!r} runs the agent executor, which works on "
+            "a workspace; submit the run with `workspace` (`tally submit --workspace DIR`), "
+            "or give the task `files` to start from",
+        )
+        for i, task in enumerate(plan.tasks)
+        if task.executor == "agent" and not workspace and not task.files
+    ]
+    if found:
+        raise PlanInvalid(found)
 
 
 def _path_problem(task: Task, index: int, field: str, why: str) -> PlanProblem:

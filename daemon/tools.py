@@ -647,12 +647,13 @@ def require(ctx: ToolContext, scope: Scope, why: str) -> None:
 
 
 def _commands(plan: Plan | dict[str, Any] | None) -> bool:
-    """Whether a plan (a model, or the dict a run view keeps) has a command task."""
+    """Whether a plan (a model, or the dict a run view keeps) has a command or agent task."""
     if plan is None:
         return False
     tasks = plan.tasks if isinstance(plan, Plan) else plan.get("tasks") or []
-    return any(
-        (t.executor if isinstance(t, Task) else t.get("executor")) == "command" for t in tasks
+    return any(  # an agent task runs commands too (its `run` tool)
+        (t.executor if isinstance(t, Task) else t.get("executor")) in ("command", "agent")
+        for t in tasks
     ) or any(_checks_run(t) for t in tasks)
 
 
@@ -712,6 +713,22 @@ class ProgressSteps:
         self.step += 1
         self.last = message
         return float(self.step), None, message
+
+    def agent_step(self, data: dict[str, Any]) -> tuple[float, float | None, str]:
+        """A progress message for one step of an agent task (an `agent.step` event's data):
+        its task, step, tool, arguments and outcome, in at most 240 characters."""
+        self.step += 1
+        got = data.get("arguments")
+        arguments: dict[str, Any] = got if isinstance(got, dict) else {}
+        args = ", ".join(
+            f"{k}={' '.join(str(v).split())[:60]}" for k, v in arguments.items() if v is not None
+        )
+        tool = data.get("tool") or "(no call)"
+        said = f"{data.get('task') or 'agent'} step {data.get('step')}: {tool}({args[:120]})"
+        said += f" → {data.get('outcome')}"
+        # the model wrote most of it: no control character reaches the client's display
+        said = "".join(c if c.isprintable() else "?" for c in said)
+        return float(self.step), None, said[:240]
 
     def tokens(self, task: str | None, text: str) -> tuple[float, float | None, str]:
         """A progress message carrying what a task (None: the synthesis) is writing."""

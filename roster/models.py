@@ -461,6 +461,14 @@ class Lane(_Strict):
     )
     """Requests this lane should get, in users' own words: the router scores a request by its
     likeness to them (see daemon.examples), and `tally route --teach` adds to them."""
+    agent: Literal["off", "json", "native"] = "off"
+    """How this lane's tasks act on a workspace. "off": tally plans them as chat tasks (one
+    model call whose answer is edits). "json" / "native": tally plans them, on a run with a
+    workspace, as `agent` tasks (a tool-calling loop that reads, edits and runs the tests),
+    asking for each tool call as schema-constrained JSON (any llama.cpp server) or as OpenAI
+    `tool_calls` (a server with a tool-capable template, `--jinja`; it falls back to JSON if
+    the server refuses tools). A client's plan may name `"executor": "agent"` on any lane:
+    the lane's "native" or else JSON."""
 
 
 class Budget(_Strict):

@@ -176,6 +176,8 @@ class Adapter:
                             shown = time.monotonic()
                             await ctx.session.report_progress(*steps.tokens(task, written[task]))
                         continue
+                    if event.event == "agent.step" and isinstance(event.data, dict):
+                        await ctx.session.report_progress(*steps.agent_step(event.data))
                     run = RunOut.model_validate(
                         await self.client.call("run_get", {"run_id": run.id})
                     )

@@ -3,8 +3,9 @@
 Input: a planned run and one of its tasks whose needs are done (their outputs in
 `run.outputs`). Each attempt on a rung is witnessed as
 `task.start` (parent: the plan, the last need's verdict, or the escalation) → the executor's
-own entries (`model.call`/`model.reply` for chat, `command.run` for a command, none for a
-stub) → `task.result` (parent: the executor's last entry; output cut to RESULT_CAP, or the
+own entries (`model.call`/`model.reply` for chat, `command.run` for a command, one
+`agent.step` per step for an agent (see `daemon.runs.agent.executor`), none for a stub)
+→ `task.result` (parent: the executor's last entry; output cut to RESULT_CAP, or the
 executor's error) → `task.verdict` (parent: the result) with the failed assertions and the
 judge's verdict, and `next`. An attempt with a view (see `views`) witnesses its diff and its
 `run` checks between the result and the verdict. A failed verdict is retried on the same rung
@@ -28,6 +29,8 @@ from daemon.errors import InvalidInput
 from daemon.planning import Plan, Task
 from daemon.runs import agentcli, checks, guard, views
 from daemon.runs import entries as k
+from daemon.runs.agent import executor as agent_executor
+from daemon.runs.agent.executor import AgentStopped
 from daemon.runs.budget import BudgetExhausted
 from daemon.runs.calls import call, structured
 from daemon.runs.context import Run, Setting, TaskFailed, describe
@@ -163,6 +166,8 @@ async def _attempt(
         )
     except (BudgetExhausted, asyncio.CancelledError):
         raise
+    except AgentStopped as exc:  # a failed attempt whose result follows its last step
+        error, result_parent = describe(exc), exc.seq
     except Exception as exc:  # an executor error is a failed attempt, not a crash
         error = describe(exc)
     output = clip(output, RESULT_CAP)
@@ -224,10 +229,25 @@ async def _run_executor(
         return await _run_command(s, run, task, start_seq, opened)
     if task.executor == "stub":
         return await s.stub(task.id, task.instruction, attempt, upstream), None, start_seq
+    # An agent-cli tier runs its CLI for chat and agent tasks alike: the CLI is the agent.
     if clis := agentcli.member_for(s.roster, tier or lane.tier):  # see daemon.runs.agentcli
         return await agentcli.run(
             s, run, task, clis, attempt, upstream, feedback, previous, start_seq, opened
         )
+    if task.executor == "agent":
+        output, last = await agent_executor.run(
+            s,
+            run,
+            task,
+            lane,
+            tier or lane.tier,
+            dict(upstream),
+            feedback,
+            previous,
+            start_seq,
+            opened,
+        )
+        return output, None, last
     rest = len(lane.system) + sum(min(len(v), 4000) for v in upstream.values())
     rest += sum(len(f) for f in feedback) + 1600
     text = views.instruction(s, run, task, lane, tier, opened, rest)

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from daemon.errors import Busy, Conflict, InvalidInput, NotFound
-from daemon.planning import Plan, check_plan
+from daemon.planning import Plan, agent_needs_view, check_plan
 from daemon.runs import checks, lifecycle, planning, reuse, routing, synthesis, waves
 from daemon.runs import entries as k
 from daemon.runs import views as spaces
@@ -51,7 +51,7 @@ from daemon.runs.budget import Meter, limits
 from daemon.runs.context import EngineOptions, Run, Setting, TaskFailed, describe
 from daemon.runs.dispatch import Capacity
 from daemon.runs.executors import Stub, echo_stub
-from daemon.runs.feed import OVERRUN, Feed, Watcher
+from daemon.runs.feed import OVERRUN, Feed, Watcher, live_data
 from daemon.runs.keys import Keys
 from daemon.runs.ports import EntryLike, LedgerPort, PoolPort, RouterPort
 from daemon.runs.sandbox import admit_commands
@@ -184,7 +184,7 @@ class Engine:
                             yield event
                         writing = []
                     last = entry.seq
-                    yield RunEvent(seq=entry.seq, kind=entry.kind, data=body)
+                    yield RunEvent(seq=entry.seq, kind=entry.kind, data=live_data(entry.kind, body))
                 if len(batch) < 500:
                     break
                 start = batch[-1].seq + 1
@@ -354,6 +354,8 @@ class Engine:
                 )
             return existing
         checked = self._checked(request, plan, lane, max_parallel)
+        if checked is not None:  # an agent reads and edits files: it needs some to work on
+            agent_needs_view(checked, workspace is not None)
         self._check_target(tier, member)
         budget_limits = limits(budget, self.roster.policy.budget)
         run_id = "r" + uuid.uuid4().hex[:15]  # see table.RUN_ID

@@ -10,6 +10,7 @@ A listener's queue is bounded (`limit`, LISTENER_LIMIT events): one that falls t
 emptied and holds one `overrun` event, and nothing more is queued for it — so a slow reader
 costs the daemon a bounded amount of memory. Its stream ends with that event; the client
 resumes from the ledger with Last-Event-ID (the tokens it missed are in the run's answer).
+An `agent.step` goes to listeners with its texts cut (`live_data`): the ledger has it whole.
 
 A listener that arrives while a call is streaming would miss the text written so far (tokens
 are not in the record until the reply is): the feed keeps each streaming call's text, per run
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from daemon.runs.agent.record import step_event
 from daemon.runs.ports import EntryLike
 from daemon.runs.state import RunEvent
 
@@ -40,6 +42,12 @@ WRITING_CAP = 64 * 1024
 
 Watcher = Callable[[EntryLike, dict[str, Any]], None]
 """Sees each run entry the engine witnesses (seq, ts, kind, run, parent) with its body."""
+
+
+def live_data(kind: str, body: Any) -> Any:
+    """An entry's body as listeners get it: whole, but for an `agent.step`, whose texts are
+    cut (`record.step_event`: a step may carry a file's content and a test run's output)."""
+    return step_event(body) if kind == "agent.step" else body
 
 
 class Listener(asyncio.Queue[RunEvent]):
@@ -112,7 +120,7 @@ class Feed:
         self._track(run_id, kind, entry, body)
         listeners = self._listeners.get(run_id)
         if listeners:
-            event = RunEvent(seq=entry.seq, kind=kind, data=body)
+            event = RunEvent(seq=entry.seq, kind=kind, data=live_data(kind, body))
             for queue in listeners:
                 queue.offer(event)
 

@@ -6,7 +6,8 @@ Input: a routed run (lane, and the seq of its route or classify entry). Witnesse
 from: the client's plan ("client"), the coordinator model's ("coordinator", through the
 structured-output guard, chat tasks only, checked against the roster's lanes), one task in the
 routed lane ("single", no coordinator configured) or that same task because the coordinator
-failed ("fallback", with its error).
+failed ("fallback", with its error). On a run with a workspace, the tasks tally plans
+(not a client's) in a lane whose roster `agent` setting is on run as `agent` tasks.
 Guarantees: the witnessed plan passes `check_plan`; budget exhaustion and cancellation are
 never swallowed as a coordinator failure.
 """
@@ -43,6 +44,8 @@ async def plan(s: Setting, run: Run, lane: str, parent: int) -> int:
             source, error = "fallback", describe(exc)
     if chosen is None:
         chosen = Plan(tasks=[Task(id="t1", lane=lane, instruction=view.request)])
+    if source != "client" and view.workspace is not None:
+        chosen = _agents(s, chosen)
     nodes = [Node(t.id, t.lane, tuple(t.needs)) for t in chosen.tasks]
     waves = levels(nodes, view.max_parallel or s.roster.policy.max_parallel)
     body = {
@@ -128,6 +131,20 @@ async def _coordinate(s: Setting, run: Run, lane: str, parent: int) -> tuple[Pla
 
     got = await structured(s, run, "plan", s.coordinator or "", messages, schema, valid, parent)
     return got.value, got.reply_seq or parent
+
+
+def _agents(s: Setting, chosen: Plan) -> Plan:
+    """A plan tally made, on a workspace: each task in a lane with `agent` on runs as an agent
+    (it reads, edits and runs the tests itself) rather than answering with edits."""
+    tasks = [
+        t.model_copy(update={"executor": "agent"})
+        if t.executor == "chat"
+        and (lane := s.lanes.get(t.lane)) is not None
+        and lane.agent != "off"
+        else t
+        for t in chosen.tasks
+    ]
+    return Plan(tasks=tasks)
 
 
 def _depth(nodes: list[Node]) -> int:

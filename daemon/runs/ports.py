@@ -121,7 +121,18 @@ class RouteResult(Protocol):
     def matched(self) -> Mapping[str, Sequence[str]]: ...
 
 
+class SentReply(ChatReply, Protocol):
+    """What sending a request body as is returns (the pool's `Completion`): a chat reply and
+    the tool calls it made (OpenAI `tool_calls`; empty when it made none)."""
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]: ...
+
+
 class LeasePort(Protocol):
+    """One leased slot (the pool's `Lease`). `chat` for a task's call; `request` and `send` for
+    a caller that shapes the body itself (the agent loop: its `tools`, its `tool_choice`)."""
+
     member: str
     instance: int
     id_slot: int
@@ -143,6 +154,10 @@ class LeasePort(Protocol):
         on_delta: Callable[[str], Any] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> ChatReply: ...
+
+    async def send(self, body: dict[str, Any]) -> SentReply:
+        """POST `body` as is (`request`'s, amended) to this slot's server."""
+        ...
 
 
 class PoolPort(Protocol):

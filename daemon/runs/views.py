@@ -231,6 +231,14 @@ def first_code_block(output: str) -> str:
     return text if text.endswith("\n") or not text else text + "\n"
 
 
+def checks_of(
+    s: Setting, run: Run, task: Task, lane: Lane, opened: View
+) -> list[tuple[list[str], float, str]]:
+    """The checks `settle` runs in the attempt's view: (argv, timeout, "task" or "lane") each
+    (the agent executor runs them when its model calls `finish`)."""
+    return _checks(s, s.views[run.id], task, lane, opened)
+
+
 def _checks(
     s: Setting, view: RunView, task: Task, lane: Lane, opened: View
 ) -> list[tuple[list[str], float, str]]:

@@ -383,6 +383,8 @@ async def follow(
                 continue
             if tokens is not None:
                 tokens.entry(event.event, event.data)
+            if event.event == "agent.step" and not as_json and isinstance(event.data, dict):
+                _step(event.data, live, tokens)
             run = await client.call("run_get", {"run_id": run["id"]})
             line = status_line(run)
             if line != last:
@@ -400,6 +402,18 @@ async def follow(
     if live:
         _draw(status_line(run), final=True)
     return run
+
+
+def _step(data: dict[str, Any], live: bool, tokens: Any) -> None:
+    """An agent task's step as it happens, one line on stderr (the status line redraws after)."""
+    from surfaces.cli.stream import step_line
+
+    if tokens is not None:
+        tokens.pause()
+    task = data.get("task") if isinstance(data.get("task"), str) else "agent"
+    line = f"tally: {task} {step_line(data)}"
+    sys.stderr.write(("\r\x1b[K" if live else "") + line + "\n")
+    sys.stderr.flush()
 
 
 def _progress(line: str, live: bool) -> None:
@@ -606,6 +620,8 @@ def _task_head(task: dict[str, Any]) -> str:
         parts.append(f"member {task['member']}")
     attempts = task.get("attempts") or 0
     parts.append(f"{attempts} attempt{'s' if attempts != 1 else ''}")
+    if task.get("executor") == "agent":
+        parts.append(f"agent, {task.get('steps') or 0} steps")
     start, end = task.get("started_at_us"), task.get("ended_at_us")
     if isinstance(start, int) and isinstance(end, int):
         parts.append(f"{(end - start) / 1e6:.1f} s")

@@ -109,6 +109,38 @@ def _cut(value: Any, limit: int = SHOWN) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _plain(value: Any, limit: int) -> str:
+    """Model-written text made safe for a terminal: whitespace runs as one space, every other
+    control or invisible character (an escape sequence, a bidi override) shown as its code."""
+    text = " ".join(str(value if value is not None else "").split())
+    text = _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def step_line(b: dict[str, Any]) -> str:
+    """One `agent.step` (its body, whole or as the live feed cuts it) on one line: step, tool,
+    arguments, outcome and observation, tokens (cached of prompt) and time."""
+    got = b.get("arguments")
+    arguments: dict[str, Any] = got if isinstance(got, dict) else {}
+    args = ", ".join(
+        f"{_plain(k, 40)}={_plain(v, 60)}" for k, v in arguments.items() if v is not None
+    )
+    call = f"{_plain(b.get('tool'), 40)}({_plain(args, 160)})" if b.get("tool") else "(no call)"
+    tokens: dict[str, Any] = b["tokens"] if isinstance(b.get("tokens"), dict) else {}
+    timings: dict[str, Any] = b["timings"] if isinstance(b.get("timings"), dict) else {}
+    cost = (
+        f"{tokens.get('prompt', 0)}+{tokens.get('completion', 0)} tok"
+        f" ({tokens.get('cached', 0)} cached), {int(timings.get('step_us') or 0) // 1000} ms"
+    )
+    seen = _plain(b.get("observation"), 160)
+    return (
+        f"step {_plain(b.get('step'), 6)} {call} → {_plain(b.get('outcome'), 20)}: {seen} · {cost}"
+    )
+
+
 def attempt_lines(entries: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
     """Per task id, its attempts and what happened to each, from the run's entries in order
     (each `{"kind", "seq", "content"}` as `ledger_entries` returns them with bodies)."""
@@ -180,6 +212,8 @@ def _describe(kind: str, b: dict[str, Any]) -> str | None:
         return f"  check `{_cut(argv, 120)}` ({b.get('source')}): {how}{shown}"
     if kind == "task.escalate":
         return f"  climbs {b.get('from_tier')} → {b.get('to_tier')}: {_cut(b.get('reason'))}"
+    if kind == "agent.step":
+        return "  " + step_line(b)
     if kind == "task.skip":
         return f"skipped: {_cut(b.get('reason'))}"
     if kind == "task.reuse":

@@ -153,6 +153,7 @@ class ChatResult:
     id_slot: int = 0
     request: dict[str, Any] = field(default_factory=dict)
     model: str = "fake"
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 Script = Callable[[str, list[dict[str, Any]]], Any]
@@ -207,6 +208,10 @@ class FakeLease:
             id_slot=self.id_slot,
             request={"messages": messages, "max_tokens": max_tokens, "temperature": 0.2},
         )
+
+    async def send(self, body: dict[str, Any]) -> ChatResult:
+        """A body sent as is (the agent loop's way): the script answers its messages."""
+        return await self.chat(list(body.get("messages") or []), int(body.get("max_tokens", 256)))
 
 
 class ScriptedPool:

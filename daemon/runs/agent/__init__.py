@@ -4,7 +4,8 @@
 from the command executor's sandbox; `native_supported` reads a member's `/props`. The parts:
 `paths` (what a tool may touch), `toolbox` (the tools), `calls` (asking for a call and reading
 it back), `conversation` (the messages inside `n_ctx`), `record` (the `agent.step` body),
-`loop` (the steps and guardrails).
+`loop` (the steps and guardrails); `executor` runs it as one attempt of a task with
+`"executor": "agent"` (imported by `attempts` directly: it needs the engine's `Setting`).
 
 It lives under `daemon.runs` because it is one of the runs engine's executors: it uses the
 engine's sandbox and entry kinds, and `attempts` imports it without an import cycle.

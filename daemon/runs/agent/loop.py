@@ -33,11 +33,11 @@ import hashlib
 import json
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from daemon.runs import entries as k
 from daemon.runs.agent import calls
@@ -47,7 +47,7 @@ from daemon.runs.agent.paths import DEFAULT_HIDDEN, Jail
 from daemon.runs.agent.record import AgentStep, Outcome, StepTimings, StepTokens
 from daemon.runs.agent.toolbox import TOOLS, Observation, Runner, Toolbox, ToolLimits
 from daemon.runs.executors import CommandOutcome, run_command
-from daemon.runs.ports import UsageLike
+from daemon.runs.ports import LeasePort, SentReply
 from daemon.runs.sandbox import Confinement
 from daemon.slots.errors import ModelError
 from daemon.slots.records import ledger_timings
@@ -58,36 +58,10 @@ REPLY_CHARS = 4000
 """Characters of a reply kept in its step (and in the conversation)."""
 
 
-class AgentReply(Protocol):
-    """What a chat request returns, as the loop reads it (the pool's `Completion`)."""
-
-    @property
-    def text(self) -> str: ...
-    @property
-    def usage(self) -> UsageLike: ...
-    @property
-    def timings(self) -> Mapping[str, Any]: ...
-    @property
-    def tool_calls(self) -> list[dict[str, Any]]: ...
-
-
-class AgentLease(Protocol):
-    """One leased slot (the pool's `Lease`): the request it would send, and sending it."""
-
-    member: str
-    instance: int
-    id_slot: int
-
-    def request(
-        self,
-        messages: list[dict[str, Any]],
-        max_tokens: int = 256,
-        response_format: dict[str, Any] | None = None,
-        *,
-        stream: bool = False,
-    ) -> dict[str, Any]: ...
-
-    async def send(self, body: dict[str, Any]) -> AgentReply: ...
+AgentReply = SentReply
+"""What a chat request returns, as the loop reads it (the pool's `Completion`)."""
+AgentLease = LeasePort
+"""One leased slot: the engine's lease port serves the loop too (`request`, then `send`)."""
 
 
 LeaseFactory = Callable[[], AbstractAsyncContextManager[AgentLease]]
@@ -515,8 +489,8 @@ async def run_agent(
     first step's parent (task.start). `reserve` is called before each model call (the run's
     `Meter.reserve_call`): what it raises propagates. Model errors propagate too.
 
-    The engine's wiring, in `attempts` (a sketch; the pool's `Lease` has `send`, which the
-    runs `LeasePort` protocol does not declare yet):
+    The engine's wiring is `daemon.runs.agent.executor` (a task with `"executor": "agent"`);
+    in short:
 
         result = await run_agent(
             task.instruction, view.path,

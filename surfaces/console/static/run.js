@@ -36,6 +36,16 @@ export function attempts(entries) {
         call.timings = b.timings;
         call.error = b.error;
       }
+    } else if (e.kind === "agent.step") {
+      // One step of an agent task's tool loop; every text in it was written by a model.
+      const att = task(b.task).at(-1);
+      if (!att) continue;
+      const t = b.timings || {};
+      (att.steps ||= []).push({
+        step: b.step, tool: b.tool, args: b.arguments || {}, outcome: b.outcome, parse: b.parse,
+        observation: b.observation, reply: b.reply, tokens: b.tokens || {}, member: b.member, slot: b.slot,
+        at: e.ts - (t.step_us || 0), done: e.ts, modelUs: t.model_us || 0, toolUs: t.tool_us || 0, seq: e.seq,
+      });
     } else if (["task.result", "task.verdict", "task.escalate", "command.run", "task.diff", "check.run"].includes(e.kind)) {
       const att = task(b.task).at(-1);
       if (!att) continue;
@@ -85,7 +95,7 @@ function timeline(entries, tasks) {
     for (const a of list) {
       const end = a.end || entries.at(-1).ts;
       spans.push([a.start, end]);
-      const first = a.calls[0];
+      const first = a.calls[0] || a.steps?.[0]; // an agent's first step is its first model call
       // Until its first model call a chat attempt waits for a slot; a command runs at once.
       const queued = first ? first.at : a.executor === "command" ? a.start : end;
       const wait = h("span", { class: "bar wait", title: `queue wait ${((queued - a.start) / 1000).toFixed(0)} ms` });
@@ -95,6 +105,12 @@ function timeline(entries, tasks) {
       model.style.left = pct(queued);
       model.style.width = pct(t0 + Math.max(end - queued, 0));
       bars.push(wait, model);
+      for (const st of a.steps || []) { // an agent's steps: one tick each, its tool in the title
+        const tick = h("span", { class: `bar step step-${st.outcome}`, title: `step ${st.step}: ${st.tool || "(no call)"} → ${st.outcome}` });
+        tick.style.left = pct(st.at);
+        tick.style.width = pct(t0 + Math.max(st.done - st.at, 0));
+        bars.push(tick);
+      }
     }
     rows.push(h("div", { class: "tl-row", "data-task": id }, h("span", { class: "tl-label" }, id), h("span", { class: "tl-track" }, bars)));
   }
@@ -103,6 +119,24 @@ function timeline(entries, tasks) {
   return h("div", { id: "timeline" },
     h("p", {}, `makespan ${((t1 - t0) / 1000).toFixed(0)} ms · peak parallelism ${peak} · grey = queue wait, blue = model/executor, hatched = cut off`),
     rows);
+}
+
+const CUT = 4000;
+const cut = (text, n = CUT) => { const s = String(text ?? ""); return s.length > n ? `${s.slice(0, n - 1)}…` : s; };
+const argsText = (args) => Object.entries(args).filter(([, v]) => v !== null && v !== undefined).map(([k, v]) => `${k}=${cut(typeof v === "string" ? v : JSON.stringify(v), 80)}`).join(", ");
+
+// An agent attempt's steps as a timeline: time since the attempt began, the tool and its
+// arguments, the outcome, tokens (cached of prompt) and time; the observation and the model's
+// reply open below. Every text goes in as text (dom.h): the model's output is hostile.
+function stepsView(a) {
+  if (!a.steps?.length) return null;
+  return h("ol", { class: "steps" }, a.steps.map((st) => h("li", { class: `step step-${st.outcome}`, "data-step": st.step },
+    h("details", {},
+      h("summary", {}, `+${((st.at - a.start) / 1e6).toFixed(1)} s · step ${st.step} · `,
+        h("code", {}, `${st.tool || "(no call)"}(${cut(argsText(st.args), 200)})`),
+        ` → ${st.outcome} · ${st.tokens.prompt ?? "?"}+${st.tokens.completion ?? "?"} tokens (${st.tokens.cached ?? 0} cached) · model ${(st.modelUs / 1000).toFixed(0)} ms, tool ${(st.toolUs / 1000).toFixed(0)} ms · seq ${st.seq}`),
+      h("pre", { class: "observation" }, cut(st.observation)),
+      st.parse !== "native" ? h("pre", { class: "reply" }, cut(st.reply)) : null))));
 }
 
 function attemptView(a, streaming) {
@@ -119,6 +153,7 @@ function attemptView(a, streaming) {
     h("div", {}, `attempt ${a.attempt}${a.tier ? ` on ${a.tier}` : ""}`, a.command ? ` · exit ${a.command.exit} in ${a.command.ms} ms` : "",
       a.cut ? h("span", { class: "bad cut-note" }, ` · ${a.cut} after ${((a.end - a.start) / 1000).toFixed(0)} ms, at ${new Date(a.end / 1000).toLocaleTimeString()}`) : ""),
     h("ul", {}, calls),
+    stepsView(a),
     v ? h("div", { class: v.ok ? "ok" : "bad" }, `verdict: ${v.ok ? "pass" : "fail"} → ${v.next}`, v.failures?.length ? ` (${v.failures.join("; ")})` : "", v.judge ? ` · judge: ${v.judge.reason || v.judge.ok}` : "") : null,
     a.escalate ? h("div", { class: "bad" }, `escalated ${a.escalate.from} → ${a.escalate.to}: ${a.escalate.reason}`) : null,
     a.diff ? h("div", {}, `changed: ${a.diff.files.join(", ") || "nothing"}`, a.diff.error ? ` · ${a.diff.error}` : "") : null,
@@ -244,7 +279,7 @@ export async function runPage(main, id) {
     end: () => { source.close(); soon(); },
   });
   source.onmessage = soon;
-  for (const kind of ["task.start", "task.result", "task.verdict", "task.escalate", "task.skip", "model.call", "model.reply", "run.plan", "run.route", "run.answer", "run.state", "run.cancel", "run.resume", "run.interrupted", "task.diff", "check.run", "run.patch"]) {
+  for (const kind of ["task.start", "task.result", "task.verdict", "task.escalate", "task.skip", "model.call", "model.reply", "run.plan", "run.route", "run.answer", "run.state", "run.cancel", "run.resume", "run.interrupted", "task.diff", "check.run", "run.patch", "agent.step"]) {
     source.addEventListener(kind, soon);
   }
   return () => { source.close(); clearTimeout(timer); };

@@ -193,6 +193,24 @@ def test_the_file_then_its_directory_are_fsynced_after_the_rename(
     assert order == ["file", "rename", "dir"]
 
 
+def undeclared(state_dir: Path) -> list[Path]:
+    """The files and directories under `state_dir` that `daemon.layout` does not name."""
+    out = []
+    for path in state_dir.rglob("*"):
+        rel = path.relative_to(state_dir).parts
+        if rel[0] == layout.LEDGER and len(rel) == 3:
+            ok = rel[1] == layout.TREE and rel[2] == layout.tree_level(int(rel[2][6:8]))
+        elif rel[0] == layout.LEDGER and len(rel) == 2:
+            ok = rel[1] in layout.LEDGER_FILES | {layout.TREE}
+        elif rel[0] == layout.TLS and len(rel) == 2:
+            ok = rel[1] in (layout.TLS_CERT, layout.TLS_KEY)
+        else:
+            ok = len(rel) == 1 and rel[0] in layout.STATE_FILES | layout.STATE_DIRS
+        if not ok:
+            out.append(path)
+    return out
+
+
 async def test_every_file_the_state_writers_create_is_named_in_the_layout(
     state_dir: Path,
 ) -> None:
@@ -208,17 +226,7 @@ async def test_every_file_the_state_writers_create_is_named_in_the_layout(
     DigestCache(state_dir).sha256(model)
     ensure_self_signed(state_dir, ["localhost"])
 
-    for path in state_dir.rglob("*"):
-        rel = path.relative_to(state_dir).parts
-        if rel[0] == layout.LEDGER and len(rel) == 3:
-            assert rel[1] == layout.TREE
-            assert rel[2] == layout.tree_level(int(rel[2][6:8])), path
-        elif rel[0] == layout.LEDGER and len(rel) == 2:
-            assert rel[1] in layout.LEDGER_FILES | {layout.TREE}, path
-        elif rel[0] == layout.TLS and len(rel) == 2:
-            assert rel[1] in (layout.TLS_CERT, layout.TLS_KEY), path
-        else:
-            assert rel == (rel[0],) and rel[0] in layout.STATE_FILES | layout.STATE_DIRS, path
+    assert undeclared(state_dir) == []
     # The secrets are the owner's alone.
     for secret in (
         state_dir / layout.HTTP_TOKEN,

@@ -185,7 +185,7 @@ class Task(_Model):
     instruction: str
     needs: list[str] = []
     assertions: list[Assertion] = []
-    executor: Literal["chat", "command", "stub"] = "chat"
+    executor: Literal["chat", "command"] = "chat"
     argv: list[str] | None = Field(default=None, min_length=1)
     timeout_s: float | None = Field(default=None, gt=0, le=MAX_TASK_TIMEOUT_S)
     network: bool = False

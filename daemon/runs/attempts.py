@@ -3,8 +3,8 @@
 Input: a planned run and one of its tasks whose needs are done (their outputs in
 `run.outputs`). Each attempt on a rung is witnessed as
 `task.start` (parent: the plan, the last need's verdict, or the escalation) → the executor's
-own entries (`model.call`/`model.reply` for chat, `command.run` for a command, none for a
-stub) → `task.result` (parent: the executor's last entry; output cut to RESULT_CAP, or the
+own entries (`model.call`/`model.reply` for chat, `command.run` for a command, none for an
+injected stub) → `task.result` (parent: the executor's last entry; output cut to RESULT_CAP, or the
 executor's error) → `task.verdict` (parent: the result) with the failed assertions and the
 judge's verdict, and `next`. An attempt with a view (see `views`) witnesses its diff and its
 `run` checks between the result and the verdict. A failed verdict is retried on the same rung
@@ -220,7 +220,7 @@ async def _run_executor(
     """(output, exit code, the seq the result hangs off) of the task's executor."""
     if task.executor == "command":
         return await _run_command(s, run, task, start_seq, opened)
-    if task.executor == "stub":
+    if s.stub is not None:  # injected by a test or benchmark in place of the model
         return await s.stub(task.id, task.instruction, attempt, upstream), None, start_seq
     rest = len(lane.system) + sum(min(len(v), 4000) for v in upstream.values())
     rest += sum(len(f) for f in feedback) + 1600

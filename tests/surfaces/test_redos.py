@@ -11,6 +11,7 @@ import pytest
 
 from daemon import patterns
 from daemon.planning import PlanInvalid
+from daemon.runs.executors import echo_stub
 from daemon.runs.state import FINAL
 from daemon.service import Daemon
 
@@ -31,7 +32,6 @@ async def test_patterns_re2_cannot_run_are_refused_at_submit(daemon: Daemon, pat
                 "id": "t",
                 "lane": "backend",
                 "instruction": "x",
-                "executor": "stub",
                 "assertions": [{"type": "regex", "pattern": pattern}],
             }
         ]
@@ -49,11 +49,11 @@ async def test_healthz_answers_while_evil_assertions_are_checked(
             "id": f"t{i}",
             "lane": "backend",
             "instruction": subject,
-            "executor": "stub",
             "assertions": [{"type": "regex", "pattern": EVIL}],
         }
         for i in range(8)
     ]
+    daemon.engine.setting.stub = echo_stub  # the tasks answer their instruction, no model
     view = await daemon.engine.submit("evil", plan={"tasks": tasks})
     worst = 0.0
     while daemon.engine.get(view.id).state not in FINAL:
@@ -89,7 +89,7 @@ def test_schema_patterns_match_with_re2() -> None:
 async def test_schemas_with_patterns_re2_cannot_run_are_refused(
     daemon: Daemon, schema: dict[str, Any]
 ) -> None:
-    task = {"id": "t", "lane": "backend", "instruction": "x", "executor": "stub"}
+    task = {"id": "t", "lane": "backend", "instruction": "x"}
     plan = {"tasks": [task | {"assertions": [{"type": "json_schema", "schema": schema}]}]}
     with pytest.raises((PlanInvalid, ValueError)):
         await daemon.engine.submit("x", plan=plan)

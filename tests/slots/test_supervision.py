@@ -161,7 +161,6 @@ async def test_repeated_failures_cool_down_then_recover(
     make_pool: PoolFactory, events: Events, state_dir: Path
 ) -> None:
     pool = make_pool(spawned("fake", "--die-on-start"))
-    started = time.monotonic()
     with pytest.raises(PoolBusy) as err:
         async with pool.lease("fake"):
             pass
@@ -173,9 +172,8 @@ async def test_repeated_failures_cool_down_then_recover(
     assert status.state == "cooldown"
     assert status.cooldown_remaining_ms > 0
     assert "code 5" in (status.last_error or "")
-    with pytest.raises(PoolBusy):  # refused at once while cooling down
-        await pool.acquire("fake")
-    assert time.monotonic() - started < 3
+    with pytest.raises(PoolBusy):  # refused at once while cooling down: a deadline that
+        await pool.acquire("fake", deadline=time.monotonic())  # passed is never reached
     # after the cooldown a (fixed) member starts again on the next lease
     await pool.reload(roster_of(spawned("fake")))
     await asyncio.sleep(0.7)

@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
-
-T = TypeVar("T")
+from collections.abc import Callable
+from typing import Any
 
 INTERVAL_S = 0.02
 TIMEOUT_S = 30.0
@@ -27,10 +25,10 @@ def _what(what: str | Callable[[], str] | None) -> str:
 
 
 async def until(
-    check: Callable[[], T | Awaitable[T]],
+    check: Callable[[], Any],
     timeout: float = TIMEOUT_S,
     what: str | Callable[[], str] | None = None,
-) -> T:
+) -> Any:
     """Poll `check` (sync or async) until it returns something true, and return that; raise
     AssertionError naming `what` (a string, or a function giving one at the time of failure)
     once `timeout` seconds passed."""
@@ -40,17 +38,17 @@ async def until(
         if inspect.isawaitable(value):
             value = await value
         if value:
-            return value  # type: ignore[return-value]
+            return value
         if time.monotonic() > deadline:
             raise AssertionError(f"{_what(what)}: not reached within {timeout:g} s")
         await asyncio.sleep(INTERVAL_S)
 
 
 def until_sync(
-    check: Callable[[], T],
+    check: Callable[[], Any],
     timeout: float = TIMEOUT_S,
     what: str | Callable[[], str] | None = None,
-) -> T:
+) -> Any:
     """`until` for code outside an event loop (it sleeps the thread)."""
     deadline = time.monotonic() + timeout
     while not (value := check()):

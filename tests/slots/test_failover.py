@@ -5,6 +5,7 @@ consumer is never sent twice. External members on the in-process fake server."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator
 
@@ -25,6 +26,10 @@ async def pair() -> AsyncIterator[tuple[FakeServer, FakeServer]]:
     yield a, b
     await a.stop()
     await b.stop()
+
+
+def recovered(events: Events, times: int) -> bool:
+    return events.kinds("a").count("slot.recovered") == times
 
 
 async def ready(make_pool: PoolFactory, a: FakeServer, b: FakeServer) -> Pool:
@@ -159,7 +164,7 @@ async def test_a_member_that_fails_calls_but_answers_health_is_held_down(
             assert lease.member == "a"
             result = await lease.chat(MSG, max_tokens=3)
             assert result.member == "b"
-        await until(lambda n=failures: events.kinds("a").count("slot.recovered") == n)
+        await until(functools.partial(recovered, events, failures))
     down = [e for e in events if e.member == "a" and e.kind == "slot.unhealthy"]
     holds = [e.detail["next_probe_ms"] for e in down]
     assert holds == [int(opts.probe_base_s * 1000), int(opts.probe_base_s * 2000)]

@@ -31,7 +31,7 @@ def test_the_table_covers_every_state_and_names_only_states() -> None:
     for targets in states.TRANSITIONS.values():
         assert targets <= set(states.STATES)
     # every state is reachable from `stopped`, and `stopped` from every state
-    reach = {"stopped"}
+    reach: set[InstanceState] = {"stopped"}
     while grown := {n for o in reach for n in states.TRANSITIONS[o]} - reach:
         reach |= grown
     assert reach == set(states.STATES)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from daemon import layout
+from daemon.slots.digest import DigestCache
+from roster import resolve_model_path
+from tests.integration.embedded import MODEL
 from tests.integration.processes import ROOT, TALLY, alive
 from tests.polling import until_sync
 
@@ -55,12 +60,16 @@ def _gone(pid: int, port: int) -> bool:
     return not alive(pid) and _port_free(port)
 
 
-def _kill_once(i: int, run: Path, base: dict[str, str]) -> list[str]:
+def _kill_once(i: int, run: Path, base: dict[str, str], digests: Path) -> list[str]:
     """Start serve, make it start a model server, SIGKILL it `i`-dependent time into that
     start-up; the launchers that survived (killed here so the next round starts clean)."""
     env = base | {"TALLY_STATE_DIR": str(run / "state"), "TALLY_RUNTIME_DIR": str(run / "run")}
     sock = run / "run" / "tally.sock"
     run.mkdir(parents=True)
+    # The model's sha256 is known already (the state dir's cache, keyed by path, size and
+    # mtime): each round still checks it, without hashing 98 MB again before its launcher.
+    (run / "state").mkdir(mode=0o700)
+    shutil.copy(digests, run / "state" / layout.MODEL_DIGESTS)
     with (run / "serve.log").open("w") as log:
         serve = subprocess.Popen([str(TALLY), "serve"], env=env, cwd=ROOT, stdout=log, stderr=log)
     submit: subprocess.Popen[bytes] | None = None
@@ -99,5 +108,8 @@ def _kill_once(i: int, run: Path, base: dict[str, str]) -> list[str]:
 def test_sigkill_during_model_server_start_leaves_no_launcher(tmp_path: Path) -> None:
     base = {k: v for k, v in os.environ.items() if not k.startswith("TALLY_")}
     base.pop("NOTIFY_SOCKET", None)
-    survivors = [s for i in range(KILLS) for s in _kill_once(i, tmp_path / f"r{i}", base)]
+    seed = tmp_path / "seed"
+    DigestCache(seed).sha256(resolve_model_path(MODEL))
+    digests = seed / layout.MODEL_DIGESTS
+    survivors = [s for i in range(KILLS) for s in _kill_once(i, tmp_path / f"r{i}", base, digests)]
     assert survivors == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -236,3 +237,17 @@ async def test_every_file_the_state_writers_create_is_named_in_the_layout(
         state_dir / layout.LEDGER / layout.CHECKPOINT_KEY,
     ):
         assert secret.stat().st_mode & 0o777 == 0o600, secret
+
+
+def test_a_certificate_split_from_its_key_by_a_crash_is_made_again(state_dir: Path) -> None:
+    """Two files, two renames: a crash between them pairs a new key with the old certificate."""
+    cert, key = ensure_self_signed(state_dir, ["localhost"])
+    old_cert = cert.read_bytes()
+    other = state_dir.parent / "other"
+    other.mkdir()
+    _, other_key = ensure_self_signed(other, ["localhost"])
+    files.write_atomic(key, other_key.read_bytes())  # the new key landed, its cert did not
+    assert ensure_self_signed(state_dir, ["localhost"]) == (cert, key)
+    assert cert.read_bytes() != old_cert  # made again: the pair loads together
+    ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    assert key.stat().st_mode & 0o777 == 0o600

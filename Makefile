@@ -1,6 +1,7 @@
 # The README's commands: `make run` starts the daemon on the embedded model pool,
-# `make test` runs the whole suite (lint, types, unit and integration tests), `make bench`
-# prints the benchmark tables. Each installs what it needs into .venv first.
+# `make test` runs the whole suite (lint, types, unit and integration tests), `make unit` only
+# the tests that start no real model server and are not marked slow (minutes, not the whole
+# suite's ten), `make bench` prints the benchmark tables. Each installs what it needs into .venv first.
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -56,6 +57,10 @@ lint: install
 
 test: lint
 	$(VENV)/bin/pytest
+
+# Fast feedback while editing: no xllamacpp server, no test marked slow (see pyproject.toml).
+unit: $(STAMP)
+	$(VENV)/bin/pytest -q -m "not integration and not slow"
 
 bench: install
 	$(PY) -m tests.bench

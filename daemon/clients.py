@@ -33,14 +33,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from daemon import layout
 from daemon.errors import Busy, Conflict, InvalidInput, NotFound
-from daemon.ledger.store import write_atomic
+from daemon.files import PRIVATE, write_atomic
 from roster.models import Whole
 
 Scope = Literal["read", "submit", "command", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "submit", "command", "admin")
 CLIENT_NAME = r"^[a-z0-9][a-z0-9_.-]{0,63}$"
-CLIENTS_FILE = "clients.json"
+CLIENTS_FILE = layout.CLIENTS
 RESERVED = ("owner", "default")
 MAX_TOKENS = 2**53 - 1
 LOCK_WAIT_S = 10.0
@@ -178,7 +179,7 @@ class ClientStore:
         """The records as the file holds them now, with every other writer (thread or process)
         kept out until the block ends. Blocking: the daemon calls it off its event loop."""
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        lock = self.path.with_name(self.path.name + ".lock")
+        lock = self.path.with_name(layout.CLIENTS_LOCK)
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             deadline = time.monotonic() + LOCK_WAIT_S
@@ -202,6 +203,6 @@ class ClientStore:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Unset limits stay out of the file, so a file without any reads as it did before.
         data = ClientFile(clients=records).model_dump(mode="json", exclude_none=True)
-        write_atomic(self.path, (json.dumps(data, indent=2) + "\n").encode(), mode=0o600)
+        write_atomic(self.path, (json.dumps(data, indent=2) + "\n").encode(), mode=PRIVATE)
         self._mtime = None  # re-read on next use
         os.utime(self.path)  # a new mtime even within the same clock tick

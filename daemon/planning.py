@@ -188,11 +188,11 @@ class Task(_Model):
     instruction: str
     needs: list[str] = []
     assertions: list[Assertion] = []
-    executor: Literal["chat", "command", "stub", "agent"] = Field(
+    executor: Literal["chat", "command", "agent"] = Field(
         default="chat",
         description="chat: one model call; command: `argv` in the sandbox; agent: a bounded "
         "tool-calling loop (list, read, search, write, edit, run, finish) on the task's "
-        "workspace view; stub: the daemon's test executor.",
+        "workspace view.",
     )
     argv: list[str] | None = Field(default=None, min_length=1)
     timeout_s: float | None = Field(default=None, gt=0, le=MAX_TASK_TIMEOUT_S)

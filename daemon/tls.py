@@ -14,7 +14,6 @@ import datetime
 import hashlib
 import ipaddress
 import logging
-import os
 import re
 import ssl
 from collections.abc import Sequence
@@ -23,7 +22,9 @@ from pathlib import Path
 import aiohttp
 from pydantic import BaseModel
 
+from daemon import layout
 from daemon.errors import TallyError
+from daemon.files import PRIVATE, PUBLIC, write_atomic
 
 log = logging.getLogger("tally.tls")
 
@@ -98,12 +99,12 @@ def fingerprint(cert_pem: bytes) -> str:
 
 
 def tls_dir(state_dir: Path) -> Path:
-    return state_dir / "tls"
+    return state_dir / layout.TLS
 
 
 def self_signed_paths(state_dir: Path) -> tuple[Path, Path]:
     base = tls_dir(state_dir)
-    return base / "cert.pem", base / "key.pem"
+    return base / layout.TLS_CERT, base / layout.TLS_KEY
 
 
 def _names_of(cert_pem: bytes) -> set[str]:
@@ -116,6 +117,16 @@ def _names_of(cert_pem: bytes) -> set[str]:
         return set()
     names = {str(n).lower() for n in san.get_values_for_type(x509.DNSName)}
     return names | {str(a) for a in san.get_values_for_type(x509.IPAddress)}
+
+
+def _pair_loads(cert_path: Path, key_path: Path) -> bool:
+    """Whether the key belongs to the certificate (a crash while making them can split them)."""
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert_path, key_path)
+    except (ssl.SSLError, OSError):
+        log.warning("the self-signed certificate and its key do not match: making a new pair")
+        return False
+    return True
 
 
 def _wanted(names: Sequence[str]) -> list[str]:
@@ -148,7 +159,7 @@ def ensure_self_signed(state_dir: Path, names: Sequence[str]) -> tuple[Path, Pat
             have = _names_of(cert_path.read_bytes())
         except ValueError as exc:
             raise TallyError(f"{cert_path}: not a PEM certificate ({exc}); remove it") from None
-        if set(wanted) <= have:
+        if set(wanted) <= have and _pair_loads(cert_path, key_path):
             return cert_path, key_path
         log.warning(
             "the self-signed certificate lacks %s: making a new one (clients must pin the new "
@@ -209,15 +220,10 @@ def _write_self_signed(cert_path: Path, key_path: Path, names: list[str]) -> Non
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    tmp_key = key_path.with_suffix(".tmp")
-    tmp_key.unlink(missing_ok=True)
-    fd = os.open(tmp_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others
-    with os.fdopen(fd, "wb") as out:
-        out.write(key_bytes)
-    tmp_cert = cert_path.with_suffix(".tmp")
-    tmp_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    os.replace(tmp_key, key_path)
-    os.replace(tmp_cert, cert_path)
+    # Two files, two renames: a crash between them pairs the new key with the old (or no)
+    # certificate, which `ensure_self_signed` finds does not load and makes again.
+    write_atomic(key_path, key_bytes, mode=PRIVATE)  # never readable by others
+    write_atomic(cert_path, cert.public_bytes(serialization.Encoding.PEM), mode=PUBLIC)
 
 
 def server_context(cert_path: Path, key_path: Path) -> ssl.SSLContext:

@@ -55,7 +55,7 @@ from daemon.quotas import RateLimited
 from daemon.runs import entries as k
 from daemon.runs.replay import replay
 from daemon.runs.state import STOPPED as TERMINAL
-from daemon.runs.state import TASK_ENDED, RunState
+from daemon.runs.state import TASK_ENDED, RunState, TaskState
 from daemon.tls import Listener
 from daemon.version import package_version
 from roster.models import NAME, Budget, Whole
@@ -131,10 +131,29 @@ class SpentOut(_Out):
 
 
 class TaskOut(_Out):
-    model_config = ConfigDict(extra="allow")
+    """A task of a run as it stands. Every field is published: a field the run state gains
+    is added here too (tests/surfaces/test_task_out.py holds them equal), never passed
+    through undescribed."""
+
     id: str
     lane: str | None = None
-    state: str
+    executor: str = "chat"
+    needs: list[str] = []
+    state: TaskState
+    attempts: int = 0
+    tier: str | None = None
+    member: str | None = None
+    result: str | None = Field(default=None, description="Its output, once done.")
+    error: str | None = None
+    failures: list[str] = Field(default=[], description="Why its attempts failed.")
+    verdict_seq: int | None = Field(default=None, description="Its latest task.verdict entry.")
+    steps: int = Field(default=0, description="An agent task's tool-loop steps witnessed.")
+    last_tool: str | None = Field(default=None, description="The tool of its latest step.")
+    started_at_us: int | None = None
+    ended_at_us: int | None = None
+    reused_from: str | None = Field(
+        default=None, description="The run whose done task this one took (a retried run)."
+    )
 
 
 class RunOut(_Out):

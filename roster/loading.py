@@ -7,12 +7,10 @@ on the raw document even when pydantic already failed, so a user sees all proble
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import re
 import stat
-import tempfile
 import tomllib
 from collections.abc import Iterator
 from importlib import resources
@@ -23,6 +21,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails
 
+from daemon import files  # the lowest layer (standard library only): one set of write guarantees
 from roster.models import MAX_EXAMPLES, Roster
 from roster.positions import FieldPath, PositionIndex, format_path
 
@@ -145,32 +144,9 @@ def dump_roster(roster: Roster, path: Path) -> None:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """A temp file in the same directory, fsync, rename, fsync the directory: a reader sees
-    the old file or the new one, never a part; the file keeps its mode, and a symlink
-    stays a link (its target is replaced)."""
-    path = Path(os.path.realpath(path))
-    data = text.encode()
-    try:
-        mode = path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        mode = 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Replace a roster file through `daemon.files` (old or new content, never a part, after a
+    crash too); it keeps its mode, and a symlink stays a link (its target is replaced)."""
+    files.write_atomic(Path(path), text, mode=None, follow=True)
 
 
 # -- problems -------------------------------------------------------------------------------

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hmac
-import os
 import secrets
 from pathlib import Path
 
-TOKEN_FILE = "http.token"
+from daemon import layout
+from daemon.files import PRIVATE, write_atomic
+
+TOKEN_FILE = layout.HTTP_TOKEN
 
 
 def token_path(state_dir: Path) -> Path:
@@ -28,14 +30,7 @@ def load_or_create_token(state_dir: Path) -> str:
         return existing
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     token = secrets.token_urlsafe(32)
-    tmp = state_dir / f".{TOKEN_FILE}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, token.encode() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, token_path(state_dir))
+    write_atomic(token_path(state_dir), token + "\n", mode=PRIVATE)
     return token
 
 

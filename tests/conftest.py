@@ -8,12 +8,16 @@ from typing import Any
 
 import pytest
 
+from daemon.slots import states as slot_states
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """The suite never reads a user's TALLY_* settings: `make test` passes while a daemon runs
     with TALLY_SOCKET, TALLY_STATE_DIR, TALLY_URL... exported. Tests that need one set it."""
     for name in [n for n in os.environ if n.startswith("TALLY_")]:
         del os.environ[name]
+    # An illegal slot state change fails the test that made it (production logs it loudly).
+    slot_states.STRICT = True
 
 
 @pytest.fixture

@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 from binascii import hexlify
 from dataclasses import dataclass, field
 from hashlib import sha256
@@ -39,7 +38,7 @@ from pydantic import BaseModel
 
 from daemon.ledger.entry import GENESIS_PREV, Entry
 from daemon.ledger.merkle import EMPTY_ROOT, node_hash
-from daemon.ledger.store import INDEX_RECORD, BodyStore, Tree
+from daemon.ledger.store import INDEX_ENTRY, INDEX_RECORD, BodyStore, Tree
 
 # Deep verify's own parts (the RE2 pattern, the pack scan) load at the first deep verify, not
 # with the daemon: every start imports this module, few verify deeply.
@@ -47,7 +46,7 @@ if TYPE_CHECKING:
     from daemon.ledger.lineform import FormCheck
     from daemon.ledger.packjob import PackJob
 
-_RECORD = struct.Struct("<32sQ")  # an index.bin record: leaf hash, end offset
+_RECORD = INDEX_ENTRY  # an index.bin record: leaf hash, end offset
 _PLUS_ONE = (1).__add__
 
 CHUNK_ENTRIES = 65536

@@ -32,12 +32,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from daemon import layout
 from daemon.ledger.store import open_append, pwrite_all, reopen
 
 MAGIC = b"TWL1"
 HEADER = struct.Struct("<4sIQQQIII")
 _BODY = struct.Struct("<QQQIII")  # the header after the magic and the CRC, as hashed
-JOURNAL = "wal"
+JOURNAL = layout.JOURNAL
 FILL_STEP = 1 << 20  # zeros written ahead of a new file's records at a time
 
 log = logging.getLogger(__name__)

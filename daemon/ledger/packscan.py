@@ -3,8 +3,9 @@
 Imports a few modules of the standard library only (no dataclasses, no typing: ~10 ms of a
 child's start), so that `packjob` can run this file as a small child process (`python -I -S
 packscan.py FD`): deep verify then hashes the pack on the other core while the verifying
-thread walks the entries. The pack's layout is restated here for the same reason; a test holds
-it equal to `store`'s. The parent's side (snapshot, child, table audit) is in `packjob`.
+thread walks the entries. For the same reason the pack's record formats are declared here,
+once: `store` imports them from this file. The parent's side (snapshot, child, table audit) is
+in `packjob`.
 
 The child reads a request (the pack size and table snapshot the parent took under the store's
 lock) and writes its `PackScan`, each through a file the parent passes; `packjob` checks every
@@ -20,9 +21,9 @@ import sys
 from array import array
 from hashlib import sha256
 
-PACK_HEADER = struct.Struct("<32sII")  # as in store: body hash, length, flags
-REDACTED = 1  # as in store: the record's flag for a redacted body
-SLOT = struct.Struct("<QQ")  # as in store: a bodies.idx slot, hash prefix (0 -> 1), offset + 1
+PACK_HEADER = struct.Struct("<32sII")  # a pack record: body hash, length, flags, the bytes
+REDACTED = 1  # the record's flag for a redacted body (its bytes zeroed)
+SLOT = struct.Struct("<QQ")  # a bodies.idx slot: hash prefix (0 -> 1), pack offset + 1 (0 = empty)
 READ_BYTES = 1 << 22
 
 

@@ -31,6 +31,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from daemon import layout
+from daemon.files import create_dir as create_dir
+from daemon.files import fsync_dir
+from daemon.files import write_atomic as write_atomic  # the ledger modules import it from here
+from daemon.ledger import packscan
 from daemon.ledger.merkle import EMPTY_ROOT, Frontier, node_hash, split_point
 
 log = logging.getLogger(__name__)
@@ -40,23 +45,9 @@ NODE_RECORD = 32
 _END = struct.Struct("<Q")
 INDEX_END = _END  # an index record: the leaf hash, then this (the line's end offset)
 _RECORD = struct.Struct("<32sQ")
+INDEX_ENTRY = _RECORD  # an index.bin record: leaf hash, end offset (`audit` reads it too)
 FLUSH_BYTES = 1 << 16  # the writer's per-batch flush leaves smaller buffers in memory
 RECHECK_CHUNK = 1 << 16  # leaves per read when recomputing stored nodes
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def create_dir(path: Path) -> None:
-    """mkdir + fsync of the parent, so the new directory survives power loss."""
-    if not path.exists():
-        path.mkdir(mode=0o700, parents=True)
-        fsync_dir(path.parent)
 
 
 def open_append(path: Path, append: bool = True) -> int:
@@ -93,27 +84,6 @@ def pread_exact(fd: int, size: int, offset: int) -> bytes:
     if len(data) != size:
         raise OSError(f"short read at {offset}: wanted {size}, got {len(data)}")
     return data
-
-
-def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """Write a small file so a crash leaves either the old or the new content.
-
-    A failed write (a full disk) removes its temporary file: it must not keep the space.
-    """
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-    try:
-        try:
-            write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    fsync_dir(path.parent)
 
 
 def reopen(fd: int, path: Path, flags: int) -> None:
@@ -246,11 +216,11 @@ class Tree:
     """Leaf index + per-level complete-subtree hashes + the in-memory frontier."""
 
     def __init__(self, root: Path, writable: bool, trusted: int) -> None:
-        self.dir = root / "tree"
+        self.dir = root / layout.TREE
         self.writable = writable
         if writable:
             create_dir(self.dir)
-        self.index = Column(root / "index.bin", INDEX_RECORD, writable, trusted)
+        self.index = Column(root / layout.INDEX, INDEX_RECORD, writable, trusted)
         self.levels: list[Column] = [self.index]  # levels[0] is a view on the index
         n = self.index.count
         level = 1
@@ -264,7 +234,7 @@ class Tree:
         self.frontier = self._load_frontier(self.size)
 
     def _open_level(self, level: int, trusted: int) -> Column:
-        column = Column(self.dir / f"level-{level:02d}.bin", NODE_RECORD, self.writable, trusted)
+        column = Column(self.dir / layout.tree_level(level), NODE_RECORD, self.writable, trusted)
         self.levels.append(column)
         return column
 
@@ -402,9 +372,11 @@ class Tree:
 
 # ---- bodies ---------------------------------------------------------------------------------
 
-PACK_HEADER = struct.Struct("<32sII")  # body hash, length, flags
-REDACTED = 1
-_SLOT = struct.Struct("<QQ")  # hash prefix, pack offset + 1 (0 = empty)
+# The pack's record header and the table's slot, declared once in `packscan` (whose child
+# process runs on the standard library alone, so it cannot import them from here).
+PACK_HEADER = packscan.PACK_HEADER  # body hash, length, flags
+REDACTED = packscan.REDACTED
+_SLOT = packscan.SLOT  # hash prefix, pack offset + 1 (0 = empty)
 
 if sys.byteorder != "little":  # `_words` reads the table's little-endian words in place
     raise ImportError("tally's ledger reads its body table in place: it needs a little-endian CPU")
@@ -443,7 +415,7 @@ class BodyStore:
         # the writer builds a grown table and fsyncs outside it. Reentrant: `rebuild_table`
         # inserts (and may grow) while holding it.
         self.lock = threading.RLock()
-        self.pack_path, self.table_path = root / "bodies.pack", root / "bodies.idx"
+        self.pack_path, self.table_path = root / layout.BODIES_PACK, root / layout.BODIES_TABLE
         pack_path = self.pack_path
         if writable:
             self.pack = open_append(pack_path, append=False)
@@ -824,7 +796,7 @@ def body_digest(data: bytes) -> bytes:
 
 # ---- meta -----------------------------------------------------------------------------------
 
-MARKS = "marks.bin"
+MARKS = layout.MARKS
 _MARK = struct.Struct("<QQ")  # entries, pack bytes: at a derived sync, entries [0, n) had
 # all their bodies in pack bytes [0, p). Appended at every sync (derived: a hint for naming
 # the first entry whose body a truncated pack lost; see `Ledger._lost_body`).

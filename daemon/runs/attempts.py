@@ -4,7 +4,7 @@ Input: a planned run and one of its tasks whose needs are done (their outputs in
 `run.outputs`). Each attempt on a rung is witnessed as
 `task.start` (parent: the plan, the last need's verdict, or the escalation) → the executor's
 own entries (`model.call`/`model.reply` for chat, `command.run` for a command, one
-`agent.step` per step for an agent (see `daemon.runs.agent.executor`), none for a stub)
+`agent.step` per step for an agent (see `daemon.runs.agent.executor`), none for an injected stub)
 → `task.result` (parent: the executor's last entry; output cut to RESULT_CAP, or the
 executor's error) → `task.verdict` (parent: the result) with the failed assertions and the
 judge's verdict, and `next`. An attempt with a view (see `views`) witnesses its diff and its
@@ -227,7 +227,7 @@ async def _run_executor(
     """(output, exit code, the seq the result hangs off) of the task's executor."""
     if task.executor == "command":
         return await _run_command(s, run, task, start_seq, opened)
-    if task.executor == "stub":
+    if s.stub is not None and task.executor == "chat":  # a test's or benchmark's model
         return await s.stub(task.id, task.instruction, attempt, upstream), None, start_seq
     # An agent-cli tier runs its CLI for chat and agent tasks alike: the CLI is the agent.
     if clis := agentcli.member_for(s.roster, tier or lane.tier):  # see daemon.runs.agentcli

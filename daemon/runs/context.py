@@ -77,7 +77,7 @@ class Setting:
         pool: PoolPort,
         router: RouterPort,
         options: EngineOptions,
-        stub: Stub,
+        stub: Stub | None,
         roster: Roster,
         views: Mapping[str, RunView],
         witness: Witness,

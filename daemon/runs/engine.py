@@ -50,7 +50,7 @@ from daemon.runs import views as spaces
 from daemon.runs.budget import Meter, limits
 from daemon.runs.context import EngineOptions, Run, Setting, TaskFailed, describe
 from daemon.runs.dispatch import Capacity
-from daemon.runs.executors import Stub, echo_stub
+from daemon.runs.executors import Stub
 from daemon.runs.feed import OVERRUN, Feed, Watcher, live_data
 from daemon.runs.keys import Keys
 from daemon.runs.ports import EntryLike, LedgerPort, PoolPort, RouterPort
@@ -78,7 +78,7 @@ class Engine:
         router: RouterPort,
         *,
         options: EngineOptions | None = None,
-        stub: Stub = echo_stub,
+        stub: Stub | None = None,
     ) -> None:
         self.ledger = ledger
         self.options = options or EngineOptions()

@@ -486,7 +486,8 @@ async def _await_outcome(
 
 
 Stub = Callable[[str, str, int, Mapping[str, str]], Awaitable[str]]
-"""(task id, instruction, attempt, upstream results) -> output. For tests and benchmarks."""
+"""(task id, instruction, attempt, upstream results) -> output. Tests and benchmarks inject
+one (`Engine(stub=...)`) to answer the chat tasks in place of the model; never in the plan."""
 
 
 async def echo_stub(task: str, instruction: str, attempt: int, upstream: Mapping[str, str]) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,11 +27,13 @@ from typing import Protocol
 
 from pydantic import BaseModel, ValidationError
 
+from daemon import layout
+from daemon.files import PRIVATE, write_atomic
 from daemon.runs.state import FINAL, RunView
 
 log = logging.getLogger(__name__)
 
-FILE = "runs.snapshot.json"
+FILE = layout.RUNS_SNAPSHOT
 VERSION = 2  # 2: sealed (a version 1 file is never trusted: the next start replays)
 DOMAIN = b"tally/runs-snapshot/v2\n"  # what a seal signs begins so (never a checkpoint note)
 _SEALED = re.compile(rb'(.*),"mac":"([0-9a-f]{64})","sig":"([0-9a-f]{128})"\}', re.DOTALL)
@@ -103,22 +104,7 @@ def unseal(data: bytes) -> tuple[bytes, bytes, bytes] | None:
 
 def save(state_dir: Path, data: bytes) -> None:
     """Write atomically: a crash leaves the old snapshot or the new one, never a torn one."""
-    path = state_dir / FILE
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    write_atomic(state_dir / FILE, data, mode=PRIVATE)
 
 
 def load(state_dir: Path, ledger: StampedLedger) -> Snapshot | None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
+
+from daemon import layout
+from daemon.files import PRIVATE, write_atomic
 
 _CHUNK = 1 << 20
 
@@ -28,7 +30,7 @@ def file_sha256(path: Path) -> str:
 
 class DigestCache:
     def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / "model-digests.json"
+        self.path = state_dir / layout.MODEL_DIGESTS
 
     def _load(self) -> dict[str, str]:
         try:
@@ -47,9 +49,7 @@ class DigestCache:
         cache[key] = value
         try:  # the cache only saves time: failing to write it is not an error
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(cache, sort_keys=True), encoding="utf-8")
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps(cache, sort_keys=True), mode=PRIVATE)
         except OSError:
             pass
         return value

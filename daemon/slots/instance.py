@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from daemon.slots import states
 from daemon.slots.context import PoolContext
 from daemon.slots.digest import DigestMismatch
 from daemon.slots.discovery import connection_problem, read_props, split_url
@@ -102,7 +103,7 @@ class Instance:
         self.member = member
         self.ctx = member.ctx
         self.index = index
-        self.state: InstanceState = "stopped"
+        self.state: InstanceState = "stopped"  # changed only through `enter`
         self.process: ServerProcess | None = None
         self.port: int | None = None
         self.root_url: str | None = None
@@ -126,9 +127,14 @@ class Instance:
 
     # --- lifecycle -------------------------------------------------------------------------
 
+    def enter(self, state: InstanceState) -> None:
+        """The one way the state changes: checked against `states.TRANSITIONS`."""
+        states.check(f"{self.member.name}/{self.index}", self.state, state)
+        self.state = state
+
     def ensure_running(self) -> None:
         if self.task is None:
-            self.state = "starting"
+            self.enter("starting")
             self.task = asyncio.get_running_loop().create_task(self._lifecycle())
 
     def report_fault(self, reason: str) -> None:
@@ -169,7 +175,7 @@ class Instance:
 
     async def _serve_spawned(self) -> None:
         while True:
-            self.state = "starting"
+            self.enter("starting")
             self._fault = None
             started = time.monotonic()
             try:
@@ -183,7 +189,7 @@ class Instance:
                 if not await self._after_failure(err.message, bool(err.details.get("fatal"))):
                     return
                 continue
-            self.state = "ready"
+            self.enter("ready")
             self.last_used = time.monotonic()
             self.member.unready_failures = 0
             await self.emit(
@@ -206,9 +212,9 @@ class Instance:
         """Back off before the next start (True), or cool the member down (False)."""
         delay = await self.member.record_failure(self, reason, fatal)
         if delay is None:
-            self.state = "cooldown"
+            self.enter("cooldown")
             return False
-        self.state = "backoff"
+        self.enter("backoff")
         self.member.grow_queues()  # waiters need not wait out the backoff if another can start
         self.restarts += 1
         self.member.restarts += 1
@@ -413,7 +419,7 @@ class Instance:
         self.down_since = self.next_probe = None
         self.incarnation += 1
         self.slots = [Slot(self, i) for i in range(self._total_slots)]
-        self.state = "ready"
+        self.enter("ready")
         self._fault = None
         self.last_used = time.monotonic()
         if was_down is None:
@@ -438,7 +444,7 @@ class Instance:
         self.member.add_slots(self)
 
     async def _went_down(self, reason: str, lost: int, next_probe_s: float) -> None:
-        self.state = "unhealthy"
+        self.enter("unhealthy")
         self.down_since = time.monotonic()
         self.last_error = reason
         log.warning("%s/%d: unhealthy: %s", self.member.name, self.index, reason)
@@ -559,11 +565,11 @@ class Instance:
 
     async def _unload(self) -> None:
         idle_ms = int((time.monotonic() - self.last_used) * 1000)
-        self.state = "stopping"
+        self.enter("stopping")
         self._drop_slots("unloaded")
         if self.process is not None:
             await self.process.terminate(self.ctx.options.stop_grace_s)
-        self.state = "stopped"
+        self.enter("stopped")
         await self.emit("slot.unloaded", idle_ms=idle_ms)
 
     async def stop(
@@ -578,12 +584,12 @@ class Instance:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             self.task = None
-        self.state = "stopping"
+        self.enter("stopping")
         lost = self._drop_slots(message)
         code: int | None = None
         if self.process is not None and self.process.returncode is None:
             code = await self.process.terminate(self.ctx.options.stop_grace_s)
-        self.state = state
+        self.enter(state)
         if lost:
             await self.emit("slot.lost", reason=message, leases=lost)
         if was != "stopped":

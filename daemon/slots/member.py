@@ -241,7 +241,7 @@ class MemberRuntime:
             return
         for other in self.instances:
             if other.state == "cooldown":
-                other.state = "stopped"  # startable again, as status() already showed
+                other.enter("stopped")  # startable again, as status() already showed
         self.ctx.background(instance.emit("slot.cooldown_ended", last_error=self.last_error))
         if not self.retiring:
             self.dispatch()

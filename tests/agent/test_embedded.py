@@ -20,7 +20,7 @@ from daemon.runs.agent import AgentLimits, native_supported, run_agent, sandboxe
 from daemon.runs.sandbox import Confinement
 from daemon.slots import Pool, PoolOptions
 from roster import Lane, Member, Roster, Tiers, resolve_model_path
-from tests.integration.test_slots_real import LAUNCHER, MODEL, MODEL_SHA256
+from tests.integration.embedded import LAUNCHER, MODEL, MODEL_SHA256
 
 pytestmark = [
     pytest.mark.integration,

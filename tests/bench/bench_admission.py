@@ -12,12 +12,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from daemon.runs.executors import echo_stub
 from daemon.service import Daemon
 from tests.runs.model_server import ScriptedServer, roster_toml, settings_for
 
 ROUNDS = 8
 SUBMITS = 200
-PLAN = {"tasks": [{"id": "t", "lane": "backend", "instruction": "x", "executor": "stub"}]}
+PLAN = {"tasks": [{"id": "t", "lane": "backend", "instruction": "x"}]}  # answered by echo_stub
 
 
 async def _round(daemon: Daemon) -> float:
@@ -38,6 +39,7 @@ async def _measure() -> tuple[list[float], list[float]]:
         roster = roster_toml(server.url, max_runs=4096, max_queued_runs=4096)
         daemon = Daemon(settings_for(Path(tmp), roster))
         await daemon.start()
+        daemon.engine.setting.stub = echo_stub  # the tasks answer their instruction, no model
         checked: list[float] = []
         bypassed: list[float] = []
         admit = daemon.engine._admit

@@ -23,8 +23,8 @@ from daemon.routing import Router
 from roster.loading import load_roster_text
 from roster.models import Roster
 from surfaces.cli.route import read_roster
+from tests.routing.corpus import big_roster
 from tests.routing.labelled import LABELLED, Example, end_to_end, load
-from tests.routing.test_examples import big_roster
 
 PASSES = 15
 

@@ -55,6 +55,7 @@ from daemon.ledger.bulk import build
 from daemon.runs import snapshot as snapshots
 from daemon.runs.dispatch import Capacity, Node, dispatch, ranks
 from daemon.runs.engine import Engine, EngineOptions
+from daemon.runs.executors import echo_stub
 from daemon.runs.state import FINAL
 from daemon.service import Daemon
 from tests.runs.fakes import KeywordRouter, MemoryLedger, ScriptedPool, make_roster
@@ -159,7 +160,6 @@ def stub_plan(n: int, chain: bool = False) -> dict[str, Any]:
                 "id": f"s{i}",
                 "lane": "backend",
                 "instruction": f"step {i}",
-                "executor": "stub",
                 "needs": [f"s{i - 1}"] if chain and i else [],
             }
             for i in range(n)
@@ -179,7 +179,9 @@ async def open_ledger(state_dir: Path) -> tuple[Any, str]:
 def engine_on(ledger: Any, max_runs: int = 64) -> Engine:
     roster = make_roster(max_runs=max_runs, max_parallel=8)
     pool = ScriptedPool(roster, lambda member, messages: "combined", slots=64)
-    return Engine(ledger, pool, roster, KeywordRouter(roster), options=EngineOptions())
+    return Engine(
+        ledger, pool, roster, KeywordRouter(roster), options=EngineOptions(), stub=echo_stub
+    )
 
 
 async def task_latencies(ledger: Any, run_ids: list[str]) -> list[float]:

@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 
 from daemon.tools import TOOLS
-from tests.surfaces.test_mcp import session_for
+from tests.surfaces.mcp_client import session_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests/e2e/ajv_strict.cjs"

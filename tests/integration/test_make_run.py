@@ -7,16 +7,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+from tests.integration.processes import ROOT, TALLY, alive
 
-ROOT = Path(__file__).resolve().parents[2]
-TALLY = Path(sys.executable).with_name("tally")
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _tally(
@@ -31,14 +29,6 @@ def _tally(
         timeout=timeout,
         check=False,
     )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
 
 
 @pytest.mark.skipif(not TALLY.exists(), reason="run `make install` for the tally command")
@@ -96,9 +86,9 @@ def test_serve_submit_sigterm_verify(tmp_path: Path) -> None:
         serve.send_signal(signal.SIGTERM)
         assert serve.wait(60) == 0, (tmp_path / "serve.log").read_text()
         deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(pid) for pid in pids), "a model server outlived the daemon"
+        assert not any(alive(pid) for pid in pids), "a model server outlived the daemon"
         assert not socket_path.exists()
     finally:
         if serve.poll() is None:

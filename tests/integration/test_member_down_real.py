@@ -14,7 +14,7 @@ from daemon.runs import entries as k
 from daemon.service import Daemon
 from daemon.slots.process import free_port
 from roster import resolve_model_path
-from tests.integration.test_slots_real import LAUNCHER, MODEL, MODEL_SHA256
+from tests.integration.embedded import LAUNCHER, MODEL, MODEL_SHA256
 from tests.runs.model_server import settings_for
 
 pytestmark = pytest.mark.integration

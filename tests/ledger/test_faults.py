@@ -6,20 +6,16 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from daemon.ledger import Ledger, LedgerUnwritable, writer
+from tests.polling import until
 
 
-async def until_writable(ledger: Ledger, timeout: float = 15.0) -> float:
-    started = time.monotonic()
-    while not ledger.health.writable:
-        assert time.monotonic() - started < timeout, ledger.health
-        await asyncio.sleep(0.02)
-    return time.monotonic() - started
+async def until_writable(ledger: Ledger) -> None:
+    await until(lambda: ledger.health.writable, what=lambda: f"writable: {ledger.health}")
 
 
 def sizes(state_dir: Path) -> tuple[int, int]:

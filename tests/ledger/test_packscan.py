@@ -17,10 +17,10 @@ from daemon.ledger.packjob import PackJob, decode_reply, snapshot, start_scan
 from daemon.ledger.packscan import PackScan, encode_reply, scan
 
 
-def test_the_scan_restates_the_stores_layout() -> None:
-    assert packscan.PACK_HEADER.format == store.PACK_HEADER.format
-    assert packscan.REDACTED == store.REDACTED
-    assert packscan.SLOT.format == store._SLOT.format
+def test_the_store_uses_the_scans_one_declaration_of_the_pack() -> None:
+    assert store.PACK_HEADER is packscan.PACK_HEADER
+    assert store.REDACTED == packscan.REDACTED
+    assert store._SLOT is packscan.SLOT
 
 
 @pytest.fixture

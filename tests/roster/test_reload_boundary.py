@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -38,10 +37,8 @@ async def reload(daemon: Daemon, path: Path | str) -> object:
 async def test_paths_outside_the_roster_dirs_are_refused_unread(
     daemon: Daemon, outside: str
 ) -> None:
-    started = time.monotonic()
-    with pytest.raises(Forbidden) as refused:
-        await reload(daemon, outside)
-    assert time.monotonic() - started < 1.0
+    with pytest.raises(Forbidden) as refused:  # unread: reading /dev/zero would never end
+        await asyncio.wait_for(reload(daemon, outside), 30)
     assert "root:" not in str(refused.value)  # no content, and no existence oracle either
     assert "no roster file" not in str(refused.value)
 

@@ -14,7 +14,7 @@ import pytest
 
 from daemon.runs import entries as k
 from tests.runs.conftest import Factory
-from tests.runs.test_daemon_runs import DAG, DAG_RULES, bodies, kinds
+from tests.runs.dag import DAG, DAG_RULES, bodies, kinds
 
 
 async def test_model_call_witnesses_every_request_parameter(fleet: Factory) -> None:

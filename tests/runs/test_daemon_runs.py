@@ -10,7 +10,6 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,32 +17,10 @@ from daemon.errors import Conflict
 from daemon.runs import entries as k
 from daemon.service import Daemon
 from tests.runs.conftest import Factory
-from tests.runs.model_server import Reply, ScriptedServer
-
-DAG = {
-    "tasks": [
-        {"id": "api", "lane": "backend", "instruction": "Design the API."},
-        {"id": "doc", "lane": "docs", "instruction": "Document it.", "needs": ["api"]},
-        {"id": "test", "lane": "testing", "instruction": "Test it.", "needs": ["api"]},
-    ]
-}
-DAG_RULES: list[tuple[str, Reply, float]] = [
-    ("Combine", "FINAL ANSWER about the api, docs and tests", 0.0),
-    ("Design the API", "GET /items", 0.0),
-    ("Document it", "docs for GET /items", 0.0),
-    ("Test it", "tests for GET /items", 0.0),
-]
+from tests.runs.dag import DAG, DAG_RULES, bodies, kinds
+from tests.runs.model_server import ScriptedServer
 
 PRINT_ARGV = "import json, sys; print(json.dumps(sys.argv[1:]))"
-
-
-async def bodies(daemon: Daemon, kind: str, run: str) -> list[Any]:
-    found = await daemon.ledger.entries(start=0, limit=10_000, kind=kind, run=run)
-    return [(await daemon.ledger.body(e.body)).value if e.body else None for e in found]
-
-
-async def kinds(daemon: Daemon, run: str) -> list[str]:
-    return [e.kind for e in await daemon.ledger.entries(start=0, limit=10_000, run=run)]
 
 
 def user_texts(server: ScriptedServer) -> list[str]:

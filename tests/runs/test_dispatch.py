@@ -240,7 +240,9 @@ async def test_command_timeout_kills_the_process_group() -> None:
     outcome = await run_command([sys.executable, "-c", code], timeout_s=0.5)
     assert outcome.timed_out
     assert outcome.exit_code is None
-    assert time.monotonic() - started < 5
+    # killed with its group at the timeout, not after the children's 30 s sleeps (20: a loaded
+    # machine)
+    assert time.monotonic() - started < 20
 
 
 async def test_command_env_is_allow_listed_and_output_capped(monkeypatch) -> None:

@@ -7,7 +7,7 @@ import pytest
 from daemon.runs import entries as k
 from daemon.runs.repetition import cut_loop
 from tests.runs.conftest import Factory
-from tests.runs.test_daemon_runs import DAG, DAG_RULES, bodies
+from tests.runs.dag import DAG, DAG_RULES, bodies
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,15 @@ def spawned(name: str = "fake", *flags: str, **kw: Any) -> Member:
     return Member(name=name, command=fake_command(*flags), **kw)
 
 
+MSG = [{"role": "user", "content": "say hello"}]
+
+
+def single(url: str, name: str = "ext", **kw: Any) -> Member:
+    """An external member (the server at `url`), one slot unless told."""
+    kw.setdefault("slots", 1)
+    return Member(name=name, url=url, **kw)
+
+
 class Events(list[SlotEvent]):
     def __call__(self, event: SlotEvent) -> None:
         self.append(event)

@@ -12,6 +12,7 @@ import pytest
 
 from daemon.slots import PoolBusy, SlotLost
 from roster import Member
+from tests.polling import until
 from tests.slots.conftest import FAST, Events, PoolFactory, roster_of, spawned
 from tests.slots.fake_server import FakeServer
 
@@ -22,12 +23,8 @@ def ext(url: str, name: str = "ext", **kw: Any) -> Member:
     return Member(name=name, url=url, **kw)
 
 
-async def wait_for_kind(events: Events, kind: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while kind not in events.kinds():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {kind} in {events.kinds()}")
-        await asyncio.sleep(0.02)
+async def wait_for_kind(events: Events, kind: str) -> None:
+    await until(lambda: kind in events.kinds(), what=lambda: f"no {kind} in {events.kinds()}")
 
 
 async def test_pool_stop_reports_each_running_instance_stopped(
@@ -79,13 +76,13 @@ async def test_cooldown_stops_the_other_instances_and_its_end_is_reported(
     waits = [asyncio.ensure_future(pool.acquire("m")) for _ in range(2)]
     for result in await asyncio.gather(*waits, return_exceptions=True):
         assert isinstance(result, PoolBusy)
-    await wait_for_kind(events, "slot.stopped", 5)
+    await wait_for_kind(events, "slot.stopped")
     cooled = next(e for e in events if e.kind == "slot.cooldown")
     stopped = [e for e in events if e.kind == "slot.stopped"]
     assert [(e.instance, e.detail["reason"]) for e in stopped] == [
         (1 - cooled.instance, "cooldown")
     ]
-    await wait_for_kind(events, "slot.cooldown_ended", 3)
+    await wait_for_kind(events, "slot.cooldown_ended")
     ended = next(e for e in events if e.kind == "slot.cooldown_ended")
     assert ended.instance == cooled.instance
     assert "not ready" in ended.detail["last_error"]

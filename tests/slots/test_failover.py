@@ -5,15 +5,17 @@ consumer is never sent twice. External members on the in-process fake server."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
 from daemon.slots import Pool, SlotLost
-from tests.slots.conftest import Events, PoolFactory
+from tests.polling import until
+from tests.slots.conftest import MSG, Events, PoolFactory
+from tests.slots.conftest import single as ext
 from tests.slots.fake_server import FakeServer
-from tests.slots.test_health import MSG, ext, wait_until
 
 
 @pytest.fixture
@@ -24,6 +26,10 @@ async def pair() -> AsyncIterator[tuple[FakeServer, FakeServer]]:
     yield a, b
     await a.stop()
     await b.stop()
+
+
+def recovered(events: Events, times: int) -> bool:
+    return events.kinds("a").count("slot.recovered") == times
 
 
 async def ready(make_pool: PoolFactory, a: FakeServer, b: FakeServer) -> Pool:
@@ -54,7 +60,7 @@ async def test_a_call_whose_member_dies_moves_to_the_other_member(
     assert moved[0].detail["tier"] == "t"
     reason = moved[0].detail["reason"]
     assert ("502" in reason) if how == "502" else ("connection failed" in reason)
-    await wait_until(lambda: not pool.status().member("a").healthy, 3)  # type: ignore[union-attr]
+    await until(lambda: not pool.status().member("a").healthy)  # type: ignore[union-attr]
     assert pool.status().member("a").state == "unhealthy"  # type: ignore[union-attr]
     assert "slot.restarting" not in events.kinds("a")  # an external member is never restarted
     tier = pool.status().tiers[0]
@@ -71,15 +77,17 @@ async def test_with_no_member_left_the_call_fails_at_once_naming_them(
     with pytest.raises(SlotLost) as err:
         async with pool.lease("t") as lease:
             await lease.chat(MSG, max_tokens=3)
-    assert time.monotonic() - started < 2
+    # No member left: the call fails rather than waiting for one to come back (a bound for a
+    # hang, generous for a loaded machine; the members' probes back off for far longer).
+    assert time.monotonic() - started < 30
     message = err.value.message
     assert message.startswith("no member of 't' could finish the call: a failed in flight: ")
     assert "; b failed in flight: " in message
     assert "502" in err.value.details["members"]["b"]
     assert "connection failed" in err.value.details["members"]["a"]
-    await wait_until(lambda: not any(m.healthy for m in pool.status().members), 3)
+    await until(lambda: not any(m.healthy for m in pool.status().members))
     b.dead = False  # b answers again; a stays down
-    await wait_until(lambda: pool.status().member("b").healthy, 3)  # type: ignore[union-attr]
+    await until(lambda: pool.status().member("b").healthy)  # type: ignore[union-attr]
     b.dying = "502"
     with pytest.raises(SlotLost) as again:  # a member already down is named with why
         async with pool.lease("t") as lease:
@@ -156,7 +164,7 @@ async def test_a_member_that_fails_calls_but_answers_health_is_held_down(
             assert lease.member == "a"
             result = await lease.chat(MSG, max_tokens=3)
             assert result.member == "b"
-        await wait_until(lambda n=failures: events.kinds("a").count("slot.recovered") == n, 3)
+        await until(functools.partial(recovered, events, failures))
     down = [e for e in events if e.member == "a" and e.kind == "slot.unhealthy"]
     holds = [e.detail["next_probe_ms"] for e in down]
     assert holds == [int(opts.probe_base_s * 1000), int(opts.probe_base_s * 2000)]

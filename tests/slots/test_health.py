@@ -7,35 +7,20 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from daemon.slots import NoHealthyMember, PoolBusy, SlotLost
 from daemon.slots.process import free_port
-from roster import Member
-from tests.slots.conftest import FAST, Events, PoolFactory, spawned
+from tests.polling import until
+from tests.slots.conftest import FAST, MSG, Events, PoolFactory, spawned
+from tests.slots.conftest import single as ext
 from tests.slots.fake_server import FakeServer
-
-MSG = [{"role": "user", "content": "say hello"}]
-
-
-def ext(url: str, name: str = "ext", **kw: Any) -> Member:
-    kw.setdefault("slots", 1)
-    return Member(name=name, url=url, **kw)
 
 
 def closed_url() -> tuple[int, str]:
     port = free_port()  # bound and released: nothing listens there now
     return port, f"http://127.0.0.1:{port}/v1"
-
-
-async def wait_until(check: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
 
 
 async def test_a_closed_port_is_unhealthy_at_once_never_restarted(
@@ -46,16 +31,17 @@ async def test_a_closed_port_is_unhealthy_at_once_never_restarted(
     started = time.monotonic()
     with pytest.raises(NoHealthyMember) as err:
         await pool.acquire("gone")
-    assert time.monotonic() - started < 2
+    # At once: a refused connection is not waited on until the member's 60 s ready timeout
+    # (the bound is generous: the suite runs on a loaded machine).
+    assert time.monotonic() - started < 30
     assert "gone" in err.value.message
     assert "connection refused" in err.value.message
     assert err.value.details["members"]["gone"].startswith("is unreachable: cannot connect")
     assert isinstance(err.value, PoolBusy)  # callers that retry on busy wait retry_after
     assert events.kinds() == ["slot.starting", "slot.unhealthy"]
-    started = time.monotonic()
-    with pytest.raises(NoHealthyMember):
-        await pool.acquire("gone")  # known down: no wait at all
-    assert time.monotonic() - started < 0.05
+    with pytest.raises(NoHealthyMember):  # known down: no wait at all, so a deadline that
+        await pool.acquire("gone", deadline=time.monotonic())  # passed is never reached
+    assert events.kinds() == ["slot.starting", "slot.unhealthy"]  # and no new probe for it
     await asyncio.sleep(0.5)  # several probes later: still no restart, no failure loop
     kinds = set(events.kinds())
     assert not kinds & {"slot.restarting", "slot.failed", "slot.cooldown", "slot.exited"}
@@ -127,7 +113,7 @@ async def test_when_no_member_can_serve_the_error_names_each_and_why(
     started = time.monotonic()
     with pytest.raises(NoHealthyMember) as err:
         await pool.acquire("cheap")
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 30  # not the members' 60 s ready timeouts (generous)
     message = err.value.message
     assert "'cheap'" in message
     assert url_a.removesuffix("/v1") in message
@@ -145,7 +131,7 @@ async def test_a_member_that_comes_back_is_used_again(
     fake = FakeServer(slots=1)
     await fake.start(port)  # the same port, later
     try:
-        await wait_until(lambda: "slot.recovered" in events.kinds(), 3)
+        await until(lambda: "slot.recovered" in events.kinds())
         async with pool.lease("late") as lease:
             result = await lease.chat(MSG, max_tokens=1)
         assert result.member == "late"
@@ -178,13 +164,13 @@ async def test_a_server_that_goes_away_under_a_lease_is_down_at_once_then_recove
     with pytest.raises(SlotLost, match="connection refused"):
         await lease.chat(MSG, max_tokens=1)
     lease.release()
-    await wait_until(lambda: "slot.unhealthy" in events.kinds(), 2)
+    await until(lambda: "slot.unhealthy" in events.kinds())
     with pytest.raises(NoHealthyMember):
         await pool.acquire("flaky")
     back = FakeServer(slots=1)
     await back.start(port)
     try:
-        await wait_until(lambda: "slot.recovered" in events.kinds(), 3)
+        await until(lambda: "slot.recovered" in events.kinds())
         async with pool.lease("flaky") as lease:
             await lease.chat(MSG, max_tokens=1)
     finally:
@@ -198,13 +184,13 @@ async def test_a_5xx_health_check_marks_it_unhealthy_and_a_200_brings_it_back(
     pool = make_pool(ext(fake.url, "ext"))
     await pool.wait_ready("ext")
     fake.health_status = 502  # e.g. a proxy whose upstream went away
-    await wait_until(lambda: "slot.unhealthy" in events.kinds(), 2)
+    await until(lambda: "slot.unhealthy" in events.kinds())
     unhealthy = next(e for e in events if e.kind == "slot.unhealthy")
     assert "answered 502" in unhealthy.detail["reason"]
     with pytest.raises(NoHealthyMember):
         await pool.acquire("ext")
     fake.health_status = None
-    await wait_until(lambda: "slot.recovered" in events.kinds(), 3)
+    await until(lambda: "slot.recovered" in events.kinds())
     async with pool.lease("ext") as lease:
         await lease.chat(MSG, max_tokens=1)
 
@@ -234,10 +220,8 @@ async def test_waiters_of_a_member_that_goes_down_fail_at_once(
     await asyncio.sleep(0.05)
     assert not waiter.done()
     await fake.stop()
-    started = time.monotonic()
-    with pytest.raises(NoHealthyMember):
-        await asyncio.wait_for(waiter, 3)  # found by the health check, not by a timeout
-    assert time.monotonic() - started < 1.5
+    with pytest.raises(NoHealthyMember):  # the waiter has no deadline: only the health
+        await asyncio.wait_for(waiter, 30)  # check can end its wait (30 s: a hang's bound)
     assert held.lost is not None
     held.release()
 
@@ -249,10 +233,8 @@ async def test_a_spawned_server_that_never_gets_ready_cools_down_instead_of_retr
     options = FAST.model_copy(update={"failure_window_s": 0.05})
     never = spawned("slow", "--ready-file", str(tmp_path / "never"), ready_timeout_s=0.3)
     pool = make_pool(never, options=options)
-    started = time.monotonic()
-    with pytest.raises(NoHealthyMember, match="cooling down"):
-        await asyncio.wait_for(pool.acquire("slow"), 10)
-    assert time.monotonic() - started < 5
+    with pytest.raises(NoHealthyMember, match="cooling down"):  # 30 s: a hang's bound
+        await asyncio.wait_for(pool.acquire("slow"), 30)
     assert events.kinds().count("slot.failed") == 3
     assert events.kinds()[-1] == "slot.cooldown"
 

@@ -141,10 +141,10 @@ async def test_idle_unauthenticated_connections_leave_the_owner_its_descriptors(
         print(f"flood took {time.monotonic() - flooded:.2f} s")
         try:
             await asyncio.sleep(0.5)  # the daemon accepts (and refuses) what it can
-            started = time.monotonic()
-            await served.owner("health")  # the owner, over the unix socket
-            await served.owner("runs_list")
-            assert time.monotonic() - started < 1.0
+            # the owner, over the unix socket, is answered (a daemon out of descriptors
+            # would not answer at all: 30 s bounds that hang)
+            await asyncio.wait_for(served.owner("health"), 30)
+            await asyncio.wait_for(served.owner("runs_list"), 30)
             assert served.fds() <= base + 768 + 8 < 1024  # the reserve stayed free
             refused = _answered(conns)
             held = [c for c in conns if c not in set(refused)]
@@ -161,14 +161,16 @@ async def test_idle_unauthenticated_connections_leave_the_owner_its_descriptors(
             # while the flood holds the total cap, from 18 addresses: a client with a token
             # gets in (the oldest unauthenticated connection makes room), five times over
             headers = {"Authorization": f"Bearer {served.token()}"}
-            started = time.monotonic()
             for _ in range(5):
+                started = time.monotonic()
                 async with (
                     aiohttp.ClientSession() as http,
                     http.post(f"{served.url}/v1/tools/health", json={}, headers=headers) as r,
                 ):
                     assert r.status == 200, await r.text()
-            assert time.monotonic() - started < 2.0
+                # let in by an eviction, not by waiting out the 5 s auth timeout of the
+                # connection it replaces
+                assert time.monotonic() - started < 5
             # unauthenticated connections are closed after TALLY_AUTH_TIMEOUT_S
             await asyncio.sleep(5.5)
             assert len(_answered(held)) == len(held)

@@ -28,31 +28,7 @@ from surfaces.cli import main as cli
 from surfaces.http import HttpOptions, create_app
 from tests.runs.model_server import roster_toml, settings_for
 from tests.slots.fake_server import FakeServer
-
-TOKEN_ENV = "FEDERATION_TEST_TOKEN"
-
-
-def _second_roster(url: str, key: str) -> str:
-    return f"""version = 1
-[[models]]
-name = "first"
-url = "{url}"
-model_id = "tier:cheap"
-tally = true
-tally_key = "{key}"
-api_key_env = "{TOKEN_ENV}"
-slots = 2
-
-[tiers]
-ladder = ["remote"]
-remote = ["first"]
-
-[[lanes]]
-name = "docs"
-keywords = ["docs"]
-tier = "remote"
-system = "You write docs."
-"""
+from tests.surfaces.federation import TOKEN_ENV, run_through, second_roster
 
 
 class Pair:
@@ -78,7 +54,7 @@ async def pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
     key = first.ledger.vkey
     assert key is not None
     (tmp_path / "b").mkdir()
-    settings = settings_for(tmp_path / "b", _second_roster(url, key))
+    settings = settings_for(tmp_path / "b", second_roster(url, key))
     second = Daemon(settings)
     await second.start()
     try:
@@ -90,15 +66,8 @@ async def pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
         await model.stop()
 
 
-async def _run(second: Daemon) -> str:
-    view = await second.engine.submit("write the docs", lane="docs")
-    view = await second.engine.wait(view.id, timeout=30)
-    assert view.state == "done", view.error
-    return view.id
-
-
 async def test_a_run_through_another_daemon_is_proven_in_its_ledger(pair: Pair) -> None:
-    run = await _run(pair.second)
+    run = await run_through(pair.second)
     [reply] = await pair.second.ledger.entries(limit=100, kind=k.MODEL_REPLY, run=run)
     remote = (await pair.second.ledger.body(reply.body)).value["remote"]
     [theirs] = await pair.first.ledger.entries(limit=100, kind=REPLY)
@@ -114,7 +83,7 @@ async def test_a_run_through_another_daemon_is_proven_in_its_ledger(pair: Pair) 
 
 
 async def test_the_cli_proves_it_and_a_tampered_entry_fails(pair: Pair) -> None:
-    await _run(pair.second)
+    await run_through(pair.second)
     await pair.first.ledger.checkpoint()
     state = pair.second.settings.state_dir
     code, out = await _cli(["ledger", "verify", "--remote", "--state", str(state), "--roster",
@@ -133,7 +102,7 @@ async def test_the_cli_proves_it_and_a_tampered_entry_fails(pair: Pair) -> None:
 
 
 async def test_a_wrong_pinned_key_fails(pair: Pair, tmp_path: Path) -> None:
-    await _run(pair.second)
+    await run_through(pair.second)
     await pair.first.ledger.checkpoint()
     (tmp_path / "c").mkdir()
     other = Daemon(settings_for(tmp_path / "c", pair.roster.read_text()))
@@ -202,7 +171,7 @@ async def test_an_entry_altered_in_transit_fails(
 ) -> None:
     """A daemon (or a proxy) that serves a different entry line than the one it signed, or a
     body no ledger can hold."""
-    await _run(pair.second)
+    await run_through(pair.second)
     await pair.first.ledger.checkpoint()
     member = pair.second.roster.member("first")
     assert member is not None
@@ -250,7 +219,7 @@ def test_a_tally_member_needs_a_well_formed_pinned_key(member: str, problem: str
     from roster import RosterError
     from roster.loading import load_roster_text
 
-    text = _second_roster("http://127.0.0.1:9/v1", "x+00000000+" + "A" * 43 + "=")
+    text = second_roster("http://127.0.0.1:9/v1", "x+00000000+" + "A" * 43 + "=")
     start, end = text.index("[[models]]"), text.index("[tiers]")
     text = text[:start] + f'[[models]]\nname = "first"\n{member}\n\n' + text[end:]
     with pytest.raises(RosterError) as caught:

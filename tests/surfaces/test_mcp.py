@@ -7,8 +7,6 @@ import itertools
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,30 +21,9 @@ from daemon.tools import TOOLS
 from surfaces.units import user_unit
 from tests.slots.fake_server import FakeServer
 from tests.surfaces.conftest import roster_toml, two_tasks
+from tests.surfaces.mcp_client import session_for
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def params(socket_path: Path, env: dict[str, str] | None = None) -> StdioServerParameters:
-    return StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "surfaces", "mcp"],
-        env={"TALLY_SOCKET": str(socket_path)} | (env or {}),
-        cwd=str(ROOT),
-    )
-
-
-@asynccontextmanager
-async def session_for(
-    socket_path: Path, env: dict[str, str] | None = None
-) -> AsyncIterator[ClientSession]:
-    # Inline in each test, not a fixture: anyio scopes must exit in the task that entered them.
-    async with (
-        stdio_client(params(socket_path, env)) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        yield session
 
 
 async def test_tools_list_parity_with_http(

@@ -16,8 +16,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.surfaces.test_mcp import ROOT
-from tests.surfaces.test_mcp_protocol import Stdio
+from tests.interpreter import ROOT
+from tests.surfaces.mcp_client import Stdio
 
 
 @asynccontextmanager

@@ -19,7 +19,8 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from daemon.service import Daemon
-from tests.surfaces.test_mcp import ROOT, session_for
+from tests.interpreter import ROOT
+from tests.surfaces.mcp_client import Stdio, session_for
 
 
 async def test_unknown_tool_is_invalid_params(unix_server: Path) -> None:
@@ -62,33 +63,6 @@ async def test_arguments_are_strict(
     # A plan failing its schema is refused by the daemon with every problem of it at once.
     assert "invalid arguments" in text or text.startswith("invalid_plan: tasks[0].argv")
     assert daemon.ledger.size == size  # refused before anything was witnessed
-
-
-class Stdio:
-    """The adapter as a subprocess, driven line by line."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-
-    async def send(self, line: str | bytes) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() if isinstance(line, str) else line)
-        self.proc.stdin.write(b"\n")
-        await self.proc.stdin.drain()
-
-    async def request(self, id_: int, method: str, params: dict[str, Any]) -> None:
-        await self.send(
-            json.dumps({"jsonrpc": "2.0", "id": id_, "method": method, "params": params})
-        )
-
-    async def receive(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        while True:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), 20)
-            assert line, "the adapter closed its stdout"
-            message: dict[str, Any] = json.loads(line)
-            if "id" in message:  # skip notifications (logging, progress)
-                return message
 
 
 @asynccontextmanager

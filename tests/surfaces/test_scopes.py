@@ -19,7 +19,7 @@ from mcp.client.stdio import stdio_client
 from daemon.clients import SCOPES, Client, ClientStore, Scope
 from daemon.tools import TOOLS
 from tests.slots.fake_server import FakeServer
-from tests.surfaces.test_tcp import ROOT, Tcp
+from tests.surfaces.tcp import ROOT, Tcp
 
 # Arguments every tool accepts and that are harmless however often they are sent: an allowed
 # call answers 200, 404 or 409, a refused one 403, before anything is validated or done.

@@ -37,7 +37,7 @@ from roster.models import Member
 from surfaces.http import HttpOptions, Listen, parse_tcp, serve
 from tests.runs.model_server import roster_toml, settings_for
 from tests.slots.fake_server import FakeServer
-from tests.surfaces.test_federation import TOKEN_ENV, _run, _second_roster
+from tests.surfaces.federation import TOKEN_ENV, run_through, second_roster
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.2"  # loopback, but not the address `localhost` names
@@ -347,14 +347,14 @@ async def test_two_daemons_federate_over_tls_and_verification_is_ok(
     key = first.ledger.vkey
     assert key is not None
     pin = fingerprint(served.cert.read_bytes())
-    text = _second_roster(f"{served.origin}/v1", key).replace(
+    text = second_roster(f"{served.origin}/v1", key).replace(
         "tally = true\n", f'tally = true\ntls_fingerprint = "{pin}"\n'
     )
     (tmp_path / "b").mkdir()
     second = Daemon(settings_for(tmp_path / "b", text))
     await second.start()
     try:
-        await _run(second)
+        await run_through(second)
         await first.ledger.checkpoint()
         report = await verify_remote(second.ledger, second.roster)
         assert (report.ok, report.failed) == (1, 0), report

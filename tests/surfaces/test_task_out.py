@@ -33,7 +33,7 @@ def test_a_run_out_carries_its_tasks_fields_and_drops_none_undescribed() -> None
 def test_the_plan_schema_offers_only_the_real_executors() -> None:
     schema = Plan.model_json_schema()
     executor = schema["$defs"]["Task"]["properties"]["executor"]
-    assert set(executor["enum"]) == {"chat", "command"}
+    assert set(executor["enum"]) == {"chat", "command", "agent"}
     assert "stub" not in str(schema)
     with pytest.raises(ValidationError, match="executor"):
         Task.model_validate({"id": "t", "lane": "x", "instruction": "y", "executor": "stub"})

@@ -34,13 +34,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
 from pydantic import BaseModel
 
-from daemon.errors import Conflict, InvalidInput, NotFound
+from daemon.errors import Conflict, InvalidInput, NotFound, TallyError
 from daemon.ledger.checkpoint import Checkpoint, CheckpointError, parse_note, verify_note
 from daemon.ledger.cosign import (
     MAX_NOTE_CHARS,
@@ -57,6 +58,7 @@ from daemon.ledger.store import write_atomic
 
 if TYPE_CHECKING:
     from daemon.ledger import Ledger
+    from daemon.ledger.shared import SharedLedger
     from roster import Member, Roster
 
 log = logging.getLogger("tally.cosigning")
@@ -233,7 +235,7 @@ class Cosigner:
         self,
         last: Witnessed,
         checkpoint: Checkpoint,
-        member: Member,
+        member: Member | Peer,
         client: str,
         proven: bool,
         why: str | None = None,
@@ -318,6 +320,80 @@ class Cosigner:
             seq=entry.seq,
         )
         return line, entry.seq
+
+    async def cosign_shared(self, client: str = "cosigner") -> list[CosignAsk]:
+        """With a shared record (`same_record`): cosign every other daemon's latest checkpoint
+        not cosigned yet, into the record's `tally_cosignatures`.
+
+        The other daemons are the record's: each one's key is the one its `ledger.join` entry
+        witnesses (no roster member needed). A checkpoint is cosigned only if its signature
+        verifies under that key and its root is the tree this daemon reads itself at that size
+        (so it is consistent with every checkpoint cosigned before: one append-only tree); a
+        root that is not the tree's is refused and witnessed (`checkpoint.inconsistent`). No
+        `checkpoint.cosign` entry: the stored line is the evidence, and an entry per
+        cosignature would grow the record each period, so checkpoints would never settle."""
+        from daemon.ledger.shared import SharedLedger
+
+        ledger = self.ledger
+        if not self.same_record or not isinstance(ledger, SharedLedger):
+            return []
+        results: list[CosignAsk] = []
+        async with self._lock:
+            await ledger.refresh()
+            keys = await ledger.joined_keys()
+            for daemon, size, note in await ledger.uncosigned():
+                peer = Peer(name=daemon, tally_key=keys.get(daemon))
+                try:
+                    results.append(await self._cosign_peer(ledger, peer, size, note, client))
+                except (TallyError, CheckpointError, CosignError, ValueError) as err:
+                    why = getattr(err, "message", None) or str(err)
+                    results.append(CosignAsk(member=daemon, status="failed", reason=why[:300]))
+        for result in results:
+            if result.status == "failed":
+                log.warning("cosigning: did not cosign %s: %s", result.member, result.reason)
+        return results
+
+    async def _cosign_peer(
+        self, ledger: SharedLedger, peer: Peer, size: int, note: str, client: str
+    ) -> CosignAsk:
+        if peer.tally_key is None:
+            raise CosignError(
+                f"daemon {peer.name!r} has no key witnessed by its ledger.join entry in the record"
+            )
+        checkpoint = verify_note(note, peer.tally_key)
+        if (checkpoint.origin, checkpoint.size) != (peer.name, size):
+            raise CosignError(f"the note stored as {peer.name}'s at size {size} is another's")
+        if checkpoint.size > ledger.size:
+            raise CosignError(
+                f"the record here holds {ledger.size} entries, fewer than the checkpoint's "
+                f"{checkpoint.size}: the next period asks again"
+            )
+        ours = ledger.root(checkpoint.size)
+        if ours != checkpoint.root:
+            here = Witnessed(origin=checkpoint.origin, size=checkpoint.size, root=ours, note="")
+            why = (
+                f"{checkpoint.origin} signed a root for size {checkpoint.size} that is not the "
+                "shared record's tree at that size: a fork"
+            )
+            await self._refuse(here, checkpoint, peer, client, proven=True, why=why)
+        body = checkpoint.note.partition("\n\n")[0] + "\n"
+        stamp = int(time.time())
+
+        def sign() -> str:
+            name, public = own_key(ledger)
+            return cosign_line(name, public, _signer(ledger), body, stamp)
+
+        line = await asyncio.to_thread(sign)
+        await ledger.store_cosignature(peer.name, checkpoint.size, line)
+        return CosignAsk(member=peer.name, status="cosigned", timestamp=stamp)
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Another daemon of a shared record, as the record names it (not a roster member)."""
+
+    name: str
+    tally_key: str | None
 
 
 def _origin_only(note: str, key: str) -> str:
@@ -480,11 +556,23 @@ async def _proof(ledger: Ledger, old: int, new: int) -> list[str]:
     return (await ledger.consistency_proof(old, new)).path
 
 
-async def collect_loop(collector: Collector, ledger: Ledger, roster_of: Any, every: float) -> None:
-    """Ask the cosigners after each checkpoint period (the ledger's own timer signs)."""
+async def collect_loop(
+    collector: Collector,
+    ledger: Ledger,
+    roster_of: Any,
+    every: float,
+    cosigner: Cosigner | None = None,
+) -> None:
+    """Ask the cosigners after each checkpoint period (the ledger's own timer signs); with a
+    shared record, first cosign the other daemons' checkpoints (`Cosigner.cosign_shared`)."""
     asked = None
     while True:
         await asyncio.sleep(max(every, 1.0))
+        if cosigner is not None and cosigner.same_record:
+            try:
+                await cosigner.cosign_shared()
+            except Exception:  # logged; the next period cosigns again
+                log.exception("cosigning: cosigning the shared record's checkpoints failed")
         checkpoint = ledger.latest_checkpoint()
         if checkpoint is None or checkpoint.note == asked:
             continue
@@ -505,5 +593,6 @@ __all__ = [
     "CollectReport",
     "Collector",
     "Cosigner",
+    "Peer",
     "cosigner_vkey",
 ]

@@ -15,11 +15,17 @@ roster as a `tally = true` member, with its URL, token, TLS pin and pinned check
   of a tally member's pinned key, its signature verifies under that key, and it is
   consistent with the last checkpoint it cosigned for that origin (a consistency proof from
   that size, or the same root at the same size); with a shared record (`same_record`), also
-  the root of the record it reads itself at that size. Each cosignature is witnessed first in its
-  own ledger (`checkpoint.cosign`: origin, size, root, the signed note); a checkpoint that
-  is not consistent with what it cosigned is refused and witnessed (`checkpoint.inconsistent`,
-  with both signed notes: two signed roots of one size prove a fork). Its state per origin
-  is rebuilt from those entries, so it lives wherever the ledger lives.
+  the root of the record it reads itself at that size (for the daemons that joined it). Each
+  cosignature is witnessed first in its own ledger (`checkpoint.cosign`: origin, size, root,
+  the signed note); a checkpoint that is not consistent with what it cosigned is refused and
+  witnessed (`checkpoint.inconsistent`, with both signed notes: two signed roots of one size
+  prove a fork). Its state per origin is rebuilt from those entries, so it lives wherever
+  the ledger lives.
+- **Shared record** (`Cosigner.cosign_shared`, each period from `collect_loop`): daemons
+  writing one PostgreSQL record need no roster: each cosigns the others' latest checkpoints in
+  `tally_checkpoints` (keys from their `ledger.join` entries, roots checked against the tree
+  it reads) into `tally_cosignatures`, where `tally ledger verify --ledger URL --quorum N` and
+  the export read them.
 
 Everything a member sends is hostile: bounded, checked, and a failure is a reason, never an
 exception out of `collect`.
@@ -174,7 +180,7 @@ class Cosigner:
             raise InvalidInput("the proof holds a hash that is not 32 bytes")
         async with self._lock:
             state = await self.state()
-            if self.same_record:
+            if self.same_record and await self._shares_record(checkpoint.origin):
                 await self._on_our_tree(checkpoint, member, client)
             last = state.get(checkpoint.origin)
             if last is not None:
@@ -182,6 +188,15 @@ class Cosigner:
             elif old_size != 0:
                 raise _conflict(checkpoint.origin, 0)
             return await self._sign(state, checkpoint, member, client)
+
+    async def _shares_record(self, origin: str) -> bool:
+        """Whether `origin` writes the record we read: on a shared record, a daemon that joined
+        it (a federated member writing its own record is not checked against ours)."""
+        from daemon.ledger.shared import SharedLedger
+
+        if not isinstance(self.ledger, SharedLedger):
+            return True
+        return origin in await self.ledger.joined_keys()
 
     async def _on_our_tree(self, checkpoint: Checkpoint, member: Member, client: str) -> None:
         size = self.ledger.size

@@ -1,0 +1,75 @@
+"""The README's Docker recipe, without Docker: a separate process standing for the container
+reaches the daemon bound on a non-`localhost` loopback address (127.0.0.2, as the bridge
+address would be) with TLS, configured only as the recipe configures the container:
+`OPENAI_BASE_URL`, `OPENAI_API_KEY` (a `submit` client's token) and `SSL_CERT_FILE` (the
+daemon's self-signed certificate). The openai SDK works; what `submit` does not allow is
+refused; without the certificate the connection is refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.runs.model_server import roster_toml
+from tests.slots.fake_server import FakeServer
+from tests.surfaces.test_tls import ROOT, Served, start_served
+
+CONTAINER = """
+import json, httpx, openai
+client = openai.OpenAI(max_retries=0, timeout=30)
+models = [m.id for m in client.models.list().data]
+reply = client.chat.completions.create(
+    model="tier:cheap", messages=[{"role": "user", "content": "hello"}], max_tokens=16
+)
+admin = httpx.post(  # trust_env: SSL_CERT_FILE, as the SDK's own client
+    client.base_url.join("tools/client_add"), json={"name": "x", "scope": "admin"},
+    headers={"Authorization": "Bearer " + client.api_key}, timeout=30,
+)
+print(json.dumps({"models": models, "content": reply.choices[0].message.content,
+                  "admin": admin.status_code}))
+"""
+
+
+@pytest.fixture
+async def served(tmp_path: Path) -> AsyncIterator[Served]:
+    model = FakeServer(slots=2, n_ctx=4096)
+    await model.start()
+    one = await start_served(tmp_path / "a", roster_toml(model.url))
+    try:
+        yield one
+    finally:
+        await one.close()
+        await model.stop()
+
+
+async def _container(env: dict[str, str]) -> tuple[int, str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TALLY_", "OPENAI_", "SSL_"))}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CONTAINER, env=base | env, cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return int(proc.returncode or 0), out.decode(), err.decode()
+
+
+async def test_a_container_reaches_the_daemon_as_the_readme_says(served: Served) -> None:
+    import json
+
+    assert served.cert is not None
+    token = served.daemon.clients.add("my-container", "submit")
+    env = {"OPENAI_BASE_URL": f"{served.origin}/v1", "OPENAI_API_KEY": token}
+    code, out, err = await _container({**env, "SSL_CERT_FILE": str(served.cert)})
+    assert code == 0, err
+    said = json.loads(out)
+    assert "tier:cheap" in said["models"]
+    assert said["content"]
+    assert said["admin"] == 403, said  # a `submit` client adds no clients
+    # Without the certificate pinned, the self-signed daemon is not trusted.
+    code, out, err = await _container(env)
+    assert code != 0
+    assert "CERTIFICATE_VERIFY_FAILED" in err or "APIConnectionError" in err, err

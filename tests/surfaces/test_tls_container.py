@@ -73,3 +73,58 @@ async def test_a_container_reaches_the_daemon_as_the_readme_says(served: Served)
     code, out, err = await _container(env)
     assert code != 0
     assert "CERTIFICATE_VERIFY_FAILED" in err or "APIConnectionError" in err, err
+
+
+async def test_client_add_against_the_running_daemon_prints_url_token_and_pin(
+    tmp_path: Path,
+) -> None:
+    """`tally client add` through the daemon's socket: the URL it serves (from `health`), the
+    token and the certificate's pin: what the container's recipe needs, and they work."""
+    from daemon.service import Daemon
+    from daemon.slots.process import free_port
+    from daemon.tls import ensure_self_signed, fingerprint
+    from surfaces.http import HttpOptions, Listen, serve
+    from tests.runs.model_server import settings_for
+    from tests.surfaces.test_tls import HOST, NAME
+
+    model = FakeServer(slots=2, n_ctx=4096)
+    await model.start()
+    settings = settings_for(tmp_path, roster_toml(model.url))
+    daemon = Daemon(settings)
+    cert, key = ensure_self_signed(settings.state_dir, [HOST, NAME])
+    port = free_port()
+    sock = settings.runtime_dir / "tally.sock"
+    stop = asyncio.Event()
+    listen = Listen(sock, f"{HOST}:{port}", tls=(cert, key))
+    task = asyncio.create_task(serve(daemon, listen, HttpOptions(host_names=(NAME,)), stop=stop))
+    try:
+        for _ in range(400):
+            if daemon.listener is not None and sock.exists():
+                break
+            assert not task.done(), task.exception()
+            await asyncio.sleep(0.025)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TALLY_")}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "surfaces", "client", "add", "box", "--scope", "submit",
+            "--socket", str(sock), env=env, cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err
+        token = out.decode().strip()
+        said = err.decode()
+        assert f"TALLY_URL=https://{NAME}:{port}" in said, said  # the name clients use
+        assert f"TALLY_TOKEN={token}" in said, said
+        assert f"TALLY_TLS_FINGERPRINT={fingerprint(cert.read_bytes())}" in said, said
+        code, _, err_text = await _container(  # no DNS for NAME here: its address
+            {
+                "OPENAI_BASE_URL": f"https://{HOST}:{port}/v1",
+                "OPENAI_API_KEY": token,
+                "SSL_CERT_FILE": str(cert),
+            }
+        )
+        assert code == 0, err_text
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await model.stop()

@@ -190,3 +190,32 @@ async def test_daemons_sharing_a_record_cosign_on_their_own(
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_a_federated_member_outside_the_record_is_not_checked_against_it(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """A daemon on a shared record also cosigns for a roster member that keeps its own (file)
+    record: that checkpoint is checked by its consistency, not against the shared tree."""
+    from daemon.ledger import Ledger
+    from roster.loading import load_roster_text
+
+    shared = await _open(pg_dsn, tmp_path / "shared")
+    await asyncio.to_thread((tmp_path / "own").mkdir)
+    own = await Ledger.open(tmp_path / "own", checkpoint_interval=None)
+    try:
+        for i in range(3):
+            await own.append(actor="t", kind="note", body={"i": i})
+        signed = await own.checkpoint()
+        roster = load_roster_text(
+            roster_toml("http://127.0.0.1:9/v1")
+            + '\n[[models]]\nname = "far"\nurl = "https://far.example/v1"\ntally = true\n'
+            f'tally_key = "{own.vkey}"\n'
+        )
+        cosigner = Cosigner(shared, same_record=True)
+        line, _ = await cosigner.cosign(roster, signed.note, 0, [], "far")
+        assert line.startswith("— ")
+        assert await shared.entries(kind=INCONSISTENT) == []
+    finally:
+        await own.close()
+        await shared.close()

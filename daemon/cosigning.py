@@ -103,6 +103,26 @@ def load_cosigned(ledger: Ledger) -> str | None:
     return text if len(text) <= MAX_NOTE_CHARS else None
 
 
+async def held_cosigned(ledger: Ledger) -> str | None:
+    """The latest cosigned checkpoint this daemon holds: the state dir's file; on a shared
+    record, its latest checkpoint with the cosignatures stored in the record (the other
+    daemons', and the members' `collect` gathered), with the file's lines for the same note."""
+    from daemon.ledger.shared import SharedLedger
+
+    note = await asyncio.to_thread(load_cosigned, ledger)
+    if not isinstance(ledger, SharedLedger):
+        return note
+    stored = await ledger.own_cosigned()
+    if stored is None:
+        return note
+    if note is not None and note.partition("\n\n")[0] == stored.partition("\n\n")[0]:
+        try:
+            return attach(stored, split_note(note)[1][1:])
+        except CosignError:
+            return stored
+    return stored
+
+
 def save_cosigned(ledger: Ledger, note: str) -> None:
     write_atomic(cosigned_path(ledger), note.encode(), mode=0o644)
 
@@ -490,7 +510,7 @@ class Collector:
         if checkpoint is None:
             return CollectReport(size=None, note=None, results=[])
         async with self._lock:
-            held = await asyncio.to_thread(load_cosigned, ledger)
+            held = await held_cosigned(ledger)
             note = checkpoint.note
             if held is not None and held.partition("\n\n")[0] == note.partition("\n\n")[0]:
                 note = held  # the same checkpoint: keep what was collected for it
@@ -506,6 +526,7 @@ class Collector:
             if lines:
                 note = attach(note, lines)
                 await asyncio.to_thread(save_cosigned, ledger, note)
+                await _store_shared(ledger, checkpoint, lines)
             return CollectReport(size=checkpoint.size, note=note, results=results)
 
     async def _ask(
@@ -559,6 +580,18 @@ class Collector:
             return CosignAsk(member=name, status="failed", reason=why), None
         self.sizes[name] = checkpoint.size
         return CosignAsk(member=name, status="cosigned", timestamp=stamp), line
+
+
+async def _store_shared(ledger: Ledger, checkpoint: Checkpoint, lines: list[str]) -> None:
+    """On a shared record, the members' checked cosignatures go to the record too, where
+    `tally ledger verify --ledger URL` and the export read them (under each key's name)."""
+    from daemon.ledger.shared import SharedLedger
+
+    if not isinstance(ledger, SharedLedger):
+        return
+    for line in lines:
+        name = line.removeprefix("— ").split(" ", 1)[0]
+        await ledger.store_cosignature(ledger.name, checkpoint.size, line, cosigner=name)
 
 
 def _object(value: Any) -> dict[str, Any]:

@@ -470,8 +470,6 @@ async def latest_cosigned(conn: Any, upto: int | None = None) -> tuple[str, int,
 
     The lines are attached as stored: a verifier checks each (`verify_quorum`); a line that is
     not a well-formed signature line is left off here and so counts as missing."""
-    from daemon.ledger.cosign import CosignError, attach
-
     cur = await conn.execute(
         "SELECT c.daemon, c.size, c.note FROM tally_checkpoints c WHERE EXISTS (SELECT 1 FROM "
         "tally_cosignatures s WHERE s.daemon = c.daemon AND s.size = c.size)"
@@ -483,6 +481,13 @@ async def latest_cosigned(conn: Any, upto: int | None = None) -> tuple[str, int,
     if row is None:
         return None
     daemon, size, note = row[0], int(row[1]), row[2]
+    return daemon, size, await with_cosignatures(conn, daemon, size, note)
+
+
+async def with_cosignatures(conn: Any, daemon: str, size: int, note: str) -> str:
+    """`note` (daemon's checkpoint at `size`) with every cosignature line stored for it."""
+    from daemon.ledger.cosign import CosignError, attach
+
     cur = await conn.execute(
         "SELECT signature FROM tally_cosignatures WHERE daemon = %s AND size = %s "
         "ORDER BY cosigner",
@@ -493,4 +498,4 @@ async def latest_cosigned(conn: Any, upto: int | None = None) -> tuple[str, int,
             note = attach(note, [line])
         except CosignError:
             continue
-    return daemon, size, note
+    return note

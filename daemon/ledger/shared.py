@@ -83,6 +83,7 @@ from daemon.ledger.postgres import (
     store_cosignature,
     uncosigned,
     verify_record,
+    with_cosignatures,
 )
 from daemon.ledger.reader import ConsistencyProof, InclusionProof
 from daemon.ledger.writer import MAX_BATCH, MAX_BATCH_BYTES, _Pending, _Stats
@@ -694,9 +695,21 @@ class SharedLedger(Ledger):
         async with self._reading() as conn:
             return await uncosigned(conn, self.name)
 
-    async def store_cosignature(self, daemon: str, size: int, line: str) -> None:
+    async def store_cosignature(
+        self, daemon: str, size: int, line: str, cosigner: str | None = None
+    ) -> None:
+        """Keep a checked cosignature line: ours (`cosigner` None) of another daemon's
+        checkpoint, or a federated member's (its key name) of ours."""
         async with self._reading() as conn:
-            await store_cosignature(conn, daemon, size, self.name, line)
+            await store_cosignature(conn, daemon, size, cosigner or self.name, line)
+
+    async def own_cosigned(self) -> str | None:
+        """This daemon's latest checkpoint with every cosignature stored for it."""
+        latest = self._latest
+        if latest is None:
+            return None
+        async with self._reading() as conn:
+            return await with_cosignatures(conn, self.name, latest.size, latest.note)
 
     async def latest_cosigned(self) -> tuple[str, int, str] | None:
         """(daemon, size, note with its stored cosignatures) of the largest cosigned one."""

@@ -15,7 +15,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from daemon.cosigning import INCONSISTENT, Cosigner
+from daemon.cosigning import INCONSISTENT, Cosigner, held_cosigned
+from daemon.ledger.cosign import verify_quorum
 from daemon.ledger.shared import SharedLedger
 from daemon.service import Daemon
 from tests.ledger_pg.test_shared import cli
@@ -75,6 +76,12 @@ async def test_three_daemons_cosign_each_other_and_a_quorum_of_2_verifies(
         assert (b.name, first_b.size, a.name) in rows, rows
         keys = {n: str(ledger.vkey) for n, ledger in zip("abc", (a, b, c), strict=True)}
         names = {n: ledger.name for n, ledger in zip("abc", (a, b, c), strict=True)}
+        # What a serves as its cosigned checkpoint (`ledger_cosigned`): the record's lines.
+        held = await held_cosigned(a)
+        assert held is not None
+        verdict = verify_quorum(held, {"b": keys["b"], "c": keys["c"]}, 2, origin_vkey=keys["a"])
+        assert verdict.ok, verdict
+        assert verdict.size == cp.size
     finally:
         for ledger in (a, b, c):
             await ledger.close()
@@ -219,3 +226,32 @@ async def test_a_federated_member_outside_the_record_is_not_checked_against_it(
     finally:
         await own.close()
         await shared.close()
+
+
+async def test_a_members_cosignature_collected_by_the_origin_is_kept_in_the_record(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """`collect` on a shared record also stores the members' checked lines in the record, so
+    `verify --ledger URL` counts a federated cosigner there too."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from daemon.cosigning import _store_shared
+    from daemon.ledger.checkpoint import Signer
+    from daemon.ledger.cosign import cosign_line
+
+    a = await _open(pg_dsn, tmp_path / "a")
+    far = Signer(Ed25519PrivateKey.generate())
+    try:
+        await a.append(actor="t", kind="note", body={"n": 1})
+        cp = await a.checkpoint()
+        body = cp.note.partition("\n\n")[0] + "\n"
+        line = cosign_line(far.name, far.public, far.sign_message, body, int(time.time()))
+        await _store_shared(a, cp, [line])
+        assert _rows(pg_dsn) == [(a.name, cp.size, far.name)]
+    finally:
+        await a.close()
+    code, said, err = await cli(
+        "ledger", "verify", "--ledger", pg_dsn, "--cosigner", f"far={far.vkey}", "--quorum", "1"
+    )
+    assert code == 0, said + err
+    assert "1 of 1 cosigners verified, quorum 1: ok" in said, said

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -128,3 +129,63 @@ async def test_client_add_against_the_running_daemon_prints_url_token_and_pin(
         stop.set()
         await asyncio.wait_for(task, 30)
         await model.stop()
+
+
+async def _shell(script: str, env: dict[str, str], cwd: Path) -> tuple[int, str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TALLY_", "OPENAI_", "SSL_"))}
+    proc = await asyncio.create_subprocess_exec(
+        "bash", "-c", script, env=base | env, cwd=cwd,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return int(proc.returncode or 0), out.decode(), err.decode()
+
+
+@pytest.mark.skipif(not shutil.which("curl"), reason="curl is missing")
+async def test_the_readmes_curl_and_llm_recipes_with_the_pinned_certificate(
+    served: Served, tmp_path: Path
+) -> None:
+    """README "Serve a team": curl with `--cacert` and with `--pinnedpubkey`, and `llm` with
+    `extra-openai-models.yaml` and `SSL_CERT_FILE`, as written there, against the daemon's
+    self-signed certificate; a wrong pin is refused (the SDK without the certificate is
+    refused in the container test above)."""
+    assert served.cert is not None
+    token = served.daemon.clients.add("teammate", "submit")
+    shutil.copy(served.cert, tmp_path / "tally.pem")
+    url = served.origin
+    env = {"TOKEN": token, "URL": url}
+    code, out, err = await _shell(
+        'curl -sS --fail --cacert tally.pem "$URL/v1/models" -H "Authorization: Bearer $TOKEN"',
+        env,
+        tmp_path,
+    )
+    assert code == 0, err
+    assert "tier:cheap" in out
+    pinned = (
+        'curl -sS --fail -k --pinnedpubkey "sha256//$(openssl x509 -in tally.pem -pubkey -noout |'
+        ' openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64)"'
+        ' "$URL/v1/models" -H "Authorization: Bearer $TOKEN"'
+    )
+    code, out, err = await _shell(pinned, env, tmp_path)
+    assert code == 0, err
+    assert "tier:cheap" in out
+    wrong = 'curl -sS -k --pinnedpubkey "sha256//AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=" '
+    code, out, err = await _shell(wrong + '"$URL/v1/models"', env, tmp_path)
+    assert code != 0, out
+    assert "pinned" in err.lower(), err
+    # llm: the model declared in its config dir, the token as its key, the certificate trusted.
+    config = tmp_path / "llm"
+    config.mkdir()
+    (config / "extra-openai-models.yaml").write_text(
+        "- model_id: tally-cheap\n  model_name: tier:cheap\n"
+        f"  api_base: {url}/v1\n  api_key_name: tally\n"
+    )
+    llm = {"LLM_USER_PATH": str(config), "LLM_LOAD_PLUGINS": ""}
+    python = sys.executable
+    keys = f'"{python}" -m llm keys set tally --value "$TOKEN"'
+    code, _, err = await _shell(keys, env | llm, ROOT)
+    assert code == 0, err
+    ask = f'"{python}" -m llm -m tally-cheap --no-log "write the changelog"'
+    code, out, err = await _shell(ask, env | llm | {"SSL_CERT_FILE": str(served.cert)}, ROOT)
+    assert code == 0, err
+    assert out.strip(), err

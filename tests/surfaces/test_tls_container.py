@@ -189,3 +189,96 @@ async def test_the_readmes_curl_and_llm_recipes_with_the_pinned_certificate(
     code, out, err = await _shell(ask, env | llm | {"SSL_CERT_FILE": str(served.cert)}, ROOT)
     assert code == 0, err
     assert out.strip(), err
+
+
+def _ca_and_leaf(where: Path, host: str) -> tuple[Path, Path, Path]:
+    """A CA, and a certificate for `host` it signed (the operator's own PKI): paths of the CA,
+    the chain (leaf then CA) and the leaf's key."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "team CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1)).not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False),
+                       critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+        .issuer_name(ca_name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=1)).not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(host))]),
+                       critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    pem = serialization.Encoding.PEM
+    (where / "ca.pem").write_bytes(ca.public_bytes(pem))
+    (where / "chain.pem").write_bytes(leaf.public_bytes(pem) + ca.public_bytes(pem))
+    (where / "key.pem").write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return where / "ca.pem", where / "chain.pem", where / "key.pem"
+
+
+async def test_the_operators_certificate_chain_is_served(tmp_path: Path) -> None:
+    """`--tls --tls-cert --tls-key`: the operator's chain, verified by a client that trusts
+    only the operator's CA (`SSL_CERT_FILE`); no self-signed certificate is made."""
+    from daemon.service import Daemon
+    from daemon.slots.process import free_port
+    from surfaces.cli.serve import tls_paths
+    from surfaces.http import HttpOptions, Listen, serve
+    from tests.runs.model_server import settings_for
+    from tests.surfaces.test_tls import HOST
+
+    ca, chain, key = await asyncio.to_thread(_ca_and_leaf, tmp_path, HOST)
+    model = FakeServer(slots=2, n_ctx=4096)
+    await model.start()
+    port = free_port()
+    settings = settings_for(
+        tmp_path, roster_toml(model.url), tcp=f"{HOST}:{port}", tls=True, tls_cert=chain,
+        tls_key=key,
+    )  # fmt: skip
+    pair = tls_paths(settings)
+    assert pair == (chain, key)
+    daemon = Daemon(settings)
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        serve(daemon, Listen(None, settings.tcp, tls=pair), HttpOptions(), stop=stop)
+    )
+    try:
+        for _ in range(400):
+            if daemon.listener is not None:
+                break
+            assert not task.done(), task.exception()
+            await asyncio.sleep(0.025)
+        assert not (settings.state_dir / "tls").exists()  # nothing self-signed was made
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes
+
+        leaf = x509.load_pem_x509_certificate(chain.read_bytes())  # the chain's first: the leaf
+        assert daemon.listener is not None
+        pin = "sha256:" + leaf.fingerprint(hashes.SHA256()).hex()
+        assert daemon.listener.tls_fingerprint == pin
+        token = daemon.clients.add("svc", "submit")
+        env = {"OPENAI_BASE_URL": f"https://{HOST}:{port}/v1", "OPENAI_API_KEY": token}
+        code, out, err = await _container({**env, "SSL_CERT_FILE": str(ca)})
+        assert code == 0, err
+        assert '"admin": 403' in out, out
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await model.stop()

@@ -30,8 +30,9 @@ roster as a `tally = true` member, with its URL, token, TLS pin and pinned check
 Everything a member sends is hostile: bounded, checked, and a failure is a reason, never an
 exception out of `collect`.
 
-One module (about 500 lines) for both sides: they are the two ends of one exchange, whose
-request, answers and error codes (409 `cosign_conflict` with `details.size`) must agree.
+One module (past 600 lines) for both sides: they are the two ends of one exchange, whose
+request, answers and error codes (409 `cosign_conflict` with `details.size`) must agree; the
+shared record's cosigning is the same cosigner's, over the record instead of a request.
 """
 
 from __future__ import annotations

@@ -15,17 +15,24 @@ roster as a `tally = true` member, with its URL, token, TLS pin and pinned check
   of a tally member's pinned key, its signature verifies under that key, and it is
   consistent with the last checkpoint it cosigned for that origin (a consistency proof from
   that size, or the same root at the same size); with a shared record (`same_record`), also
-  the root of the record it reads itself at that size. Each cosignature is witnessed first in its
-  own ledger (`checkpoint.cosign`: origin, size, root, the signed note); a checkpoint that
-  is not consistent with what it cosigned is refused and witnessed (`checkpoint.inconsistent`,
-  with both signed notes: two signed roots of one size prove a fork). Its state per origin
-  is rebuilt from those entries, so it lives wherever the ledger lives.
+  the root of the record it reads itself at that size (for the daemons that joined it). Each
+  cosignature is witnessed first in its own ledger (`checkpoint.cosign`: origin, size, root,
+  the signed note); a checkpoint that is not consistent with what it cosigned is refused and
+  witnessed (`checkpoint.inconsistent`, with both signed notes: two signed roots of one size
+  prove a fork). Its state per origin is rebuilt from those entries, so it lives wherever
+  the ledger lives.
+- **Shared record** (`Cosigner.cosign_shared`, each period from `collect_loop`): daemons
+  writing one PostgreSQL record need no roster: each cosigns the others' latest checkpoints in
+  `tally_checkpoints` (keys from their `ledger.join` entries, roots checked against the tree
+  it reads) into `tally_cosignatures`, where `tally ledger verify --ledger URL --quorum N` and
+  the export read them.
 
 Everything a member sends is hostile: bounded, checked, and a failure is a reason, never an
 exception out of `collect`.
 
-One module (about 500 lines) for both sides: they are the two ends of one exchange, whose
-request, answers and error codes (409 `cosign_conflict` with `details.size`) must agree.
+One module (past 600 lines) for both sides: they are the two ends of one exchange, whose
+request, answers and error codes (409 `cosign_conflict` with `details.size`) must agree; the
+shared record's cosigning is the same cosigner's, over the record instead of a request.
 """
 
 from __future__ import annotations
@@ -34,13 +41,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
 from pydantic import BaseModel
 
-from daemon.errors import Conflict, InvalidInput, NotFound
+from daemon.errors import Conflict, InvalidInput, NotFound, TallyError
 from daemon.ledger.checkpoint import Checkpoint, CheckpointError, parse_note, verify_note
 from daemon.ledger.cosign import (
     MAX_NOTE_CHARS,
@@ -57,6 +65,7 @@ from daemon.ledger.store import write_atomic
 
 if TYPE_CHECKING:
     from daemon.ledger import Ledger
+    from daemon.ledger.shared import SharedLedger
     from roster import Member, Roster
 
 log = logging.getLogger("tally.cosigning")
@@ -93,6 +102,26 @@ def load_cosigned(ledger: Ledger) -> str | None:
     except FileNotFoundError:
         return None
     return text if len(text) <= MAX_NOTE_CHARS else None
+
+
+async def held_cosigned(ledger: Ledger) -> str | None:
+    """The latest cosigned checkpoint this daemon holds: the state dir's file; on a shared
+    record, its latest checkpoint with the cosignatures stored in the record (the other
+    daemons', and the members' `collect` gathered), with the file's lines for the same note."""
+    from daemon.ledger.shared import SharedLedger
+
+    note = await asyncio.to_thread(load_cosigned, ledger)
+    if not isinstance(ledger, SharedLedger):
+        return note
+    stored = await ledger.own_cosigned()
+    if stored is None:
+        return note
+    if note is not None and note.partition("\n\n")[0] == stored.partition("\n\n")[0]:
+        try:
+            return attach(stored, split_note(note)[1][1:])
+        except CosignError:
+            return stored
+    return stored
 
 
 def save_cosigned(ledger: Ledger, note: str) -> None:
@@ -172,7 +201,7 @@ class Cosigner:
             raise InvalidInput("the proof holds a hash that is not 32 bytes")
         async with self._lock:
             state = await self.state()
-            if self.same_record:
+            if self.same_record and await self._shares_record(checkpoint.origin):
                 await self._on_our_tree(checkpoint, member, client)
             last = state.get(checkpoint.origin)
             if last is not None:
@@ -180,6 +209,15 @@ class Cosigner:
             elif old_size != 0:
                 raise _conflict(checkpoint.origin, 0)
             return await self._sign(state, checkpoint, member, client)
+
+    async def _shares_record(self, origin: str) -> bool:
+        """Whether `origin` writes the record we read: on a shared record, a daemon that joined
+        it (a federated member writing its own record is not checked against ours)."""
+        from daemon.ledger.shared import SharedLedger
+
+        if not isinstance(self.ledger, SharedLedger):
+            return True
+        return origin in await self.ledger.joined_keys()
 
     async def _on_our_tree(self, checkpoint: Checkpoint, member: Member, client: str) -> None:
         size = self.ledger.size
@@ -233,7 +271,7 @@ class Cosigner:
         self,
         last: Witnessed,
         checkpoint: Checkpoint,
-        member: Member,
+        member: Member | Peer,
         client: str,
         proven: bool,
         why: str | None = None,
@@ -319,6 +357,80 @@ class Cosigner:
         )
         return line, entry.seq
 
+    async def cosign_shared(self, client: str = "cosigner") -> list[CosignAsk]:
+        """With a shared record (`same_record`): cosign every other daemon's latest checkpoint
+        not cosigned yet, into the record's `tally_cosignatures`.
+
+        The other daemons are the record's: each one's key is the one its `ledger.join` entry
+        witnesses (no roster member needed). A checkpoint is cosigned only if its signature
+        verifies under that key and its root is the tree this daemon reads itself at that size
+        (so it is consistent with every checkpoint cosigned before: one append-only tree); a
+        root that is not the tree's is refused and witnessed (`checkpoint.inconsistent`). No
+        `checkpoint.cosign` entry: the stored line is the evidence, and an entry per
+        cosignature would grow the record each period, so checkpoints would never settle."""
+        from daemon.ledger.shared import SharedLedger
+
+        ledger = self.ledger
+        if not self.same_record or not isinstance(ledger, SharedLedger):
+            return []
+        results: list[CosignAsk] = []
+        async with self._lock:
+            await ledger.refresh()
+            keys = await ledger.joined_keys()
+            for daemon, size, note in await ledger.uncosigned():
+                peer = Peer(name=daemon, tally_key=keys.get(daemon))
+                try:
+                    results.append(await self._cosign_peer(ledger, peer, size, note, client))
+                except (TallyError, CheckpointError, CosignError, ValueError) as err:
+                    why = getattr(err, "message", None) or str(err)
+                    results.append(CosignAsk(member=daemon, status="failed", reason=why[:300]))
+        for result in results:
+            if result.status == "failed":
+                log.warning("cosigning: did not cosign %s: %s", result.member, result.reason)
+        return results
+
+    async def _cosign_peer(
+        self, ledger: SharedLedger, peer: Peer, size: int, note: str, client: str
+    ) -> CosignAsk:
+        if peer.tally_key is None:
+            raise CosignError(
+                f"daemon {peer.name!r} has no key witnessed by its ledger.join entry in the record"
+            )
+        checkpoint = verify_note(note, peer.tally_key)
+        if (checkpoint.origin, checkpoint.size) != (peer.name, size):
+            raise CosignError(f"the note stored as {peer.name}'s at size {size} is another's")
+        if checkpoint.size > ledger.size:
+            raise CosignError(
+                f"the record here holds {ledger.size} entries, fewer than the checkpoint's "
+                f"{checkpoint.size}: the next period asks again"
+            )
+        ours = ledger.root(checkpoint.size)
+        if ours != checkpoint.root:
+            here = Witnessed(origin=checkpoint.origin, size=checkpoint.size, root=ours, note="")
+            why = (
+                f"{checkpoint.origin} signed a root for size {checkpoint.size} that is not the "
+                "shared record's tree at that size: a fork"
+            )
+            await self._refuse(here, checkpoint, peer, client, proven=True, why=why)
+        body = checkpoint.note.partition("\n\n")[0] + "\n"
+        stamp = int(time.time())
+
+        def sign() -> str:
+            name, public = own_key(ledger)
+            return cosign_line(name, public, _signer(ledger), body, stamp)
+
+        line = await asyncio.to_thread(sign)
+        await ledger.store_cosignature(peer.name, checkpoint.size, line)
+        return CosignAsk(member=peer.name, status="cosigned", timestamp=stamp)
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Another daemon of a shared record, as the record names it (not a roster member)."""
+
+    name: str
+    tally_key: str | None
+
 
 def _origin_only(note: str, key: str) -> str:
     """The note with only the origin's verified signature line: the evidence kept of it."""
@@ -399,7 +511,7 @@ class Collector:
         if checkpoint is None:
             return CollectReport(size=None, note=None, results=[])
         async with self._lock:
-            held = await asyncio.to_thread(load_cosigned, ledger)
+            held = await held_cosigned(ledger)
             note = checkpoint.note
             if held is not None and held.partition("\n\n")[0] == note.partition("\n\n")[0]:
                 note = held  # the same checkpoint: keep what was collected for it
@@ -415,6 +527,7 @@ class Collector:
             if lines:
                 note = attach(note, lines)
                 await asyncio.to_thread(save_cosigned, ledger, note)
+                await _store_shared(ledger, checkpoint, lines)
             return CollectReport(size=checkpoint.size, note=note, results=results)
 
     async def _ask(
@@ -470,6 +583,18 @@ class Collector:
         return CosignAsk(member=name, status="cosigned", timestamp=stamp), line
 
 
+async def _store_shared(ledger: Ledger, checkpoint: Checkpoint, lines: list[str]) -> None:
+    """On a shared record, the members' checked cosignatures go to the record too, where
+    `tally ledger verify --ledger URL` and the export read them (under each key's name)."""
+    from daemon.ledger.shared import SharedLedger
+
+    if not isinstance(ledger, SharedLedger):
+        return
+    for line in lines:
+        name = line.removeprefix("— ").split(" ", 1)[0]
+        await ledger.store_cosignature(ledger.name, checkpoint.size, line, cosigner=name)
+
+
 def _object(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -480,11 +605,23 @@ async def _proof(ledger: Ledger, old: int, new: int) -> list[str]:
     return (await ledger.consistency_proof(old, new)).path
 
 
-async def collect_loop(collector: Collector, ledger: Ledger, roster_of: Any, every: float) -> None:
-    """Ask the cosigners after each checkpoint period (the ledger's own timer signs)."""
+async def collect_loop(
+    collector: Collector,
+    ledger: Ledger,
+    roster_of: Any,
+    every: float,
+    cosigner: Cosigner | None = None,
+) -> None:
+    """Ask the cosigners after each checkpoint period (the ledger's own timer signs); with a
+    shared record, first cosign the other daemons' checkpoints (`Cosigner.cosign_shared`)."""
     asked = None
     while True:
         await asyncio.sleep(max(every, 1.0))
+        if cosigner is not None and cosigner.same_record:
+            try:
+                await cosigner.cosign_shared()
+            except Exception:  # logged; the next period cosigns again
+                log.exception("cosigning: cosigning the shared record's checkpoints failed")
         checkpoint = ledger.latest_checkpoint()
         if checkpoint is None or checkpoint.note == asked:
             continue
@@ -505,5 +642,6 @@ __all__ = [
     "CollectReport",
     "Collector",
     "Cosigner",
+    "Peer",
     "cosigner_vkey",
 ]

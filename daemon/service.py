@@ -189,10 +189,15 @@ class Daemon:
         self._snapshots = asyncio.create_task(self._snapshot_loop(), name="run snapshots")
         self.lag.start()
         self._checkup = asyncio.create_task(self._check_members(roster), name="member checkup")
-        self.cosigner = Cosigner(self._ledger)
+        # A shared record: the other daemons writing it are cosigned (`cosign_shared`).
+        self.cosigner = Cosigner(self._ledger, same_record=getattr(self._ledger, "shared", False))
         self._cosigning = asyncio.create_task(
             collect_loop(
-                self.collector, self._ledger, lambda: self.roster, settings.checkpoint_interval_s
+                self.collector,
+                self._ledger,
+                lambda: self.roster,
+                settings.checkpoint_interval_s,
+                self.cosigner,
             ),
             name="cosignatures",
         )

@@ -93,8 +93,15 @@ def check_host_name(name: str) -> str:
 
 
 def fingerprint(cert_pem: bytes) -> str:
-    """`sha256:<hex>` of the (first) certificate's DER bytes."""
-    der = ssl.PEM_cert_to_DER_cert(cert_pem.decode("ascii", "replace"))
+    """`sha256:<hex>` of the (first) certificate's DER bytes: in a chain file (leaf, then its
+    issuers), the leaf's, the one the server presents and clients pin. ValueError if none."""
+    text = cert_pem.decode("ascii", "replace")
+    end = "-----END CERTIFICATE-----"
+    first, found, _ = text.partition(end)  # `PEM_cert_to_DER_cert` reads one block only
+    begin = first.find("-----BEGIN CERTIFICATE-----")
+    if not found or begin < 0:
+        raise ValueError("no PEM certificate")
+    der = ssl.PEM_cert_to_DER_cert(first[begin:].strip() + "\n" + end + "\n")
     return "sha256:" + hashlib.sha256(der).hexdigest()
 
 

@@ -1180,13 +1180,13 @@ class CosignedOut(_Out):
 
 
 async def ledger_cosigned(daemon: Daemon, data: CosignedIn, ctx: ToolContext) -> CosignedOut:
-    from daemon.cosigning import load_cosigned, own_key
+    from daemon.cosigning import held_cosigned, own_key
     from daemon.ledger.checkpoint import CheckpointError, parse_note
     from daemon.ledger.cosign import CosignError, cosigner_names, cosigner_vkey
 
     name, public = await asyncio.to_thread(own_key, daemon.ledger)
     mine = cosigner_vkey(name, public)
-    note = await asyncio.to_thread(load_cosigned, daemon.ledger)
+    note = await held_cosigned(daemon.ledger)  # on a shared record, the record's too
     if note is None:
         return CosignedOut(note=None, cosigner_vkey=mine)
     try:

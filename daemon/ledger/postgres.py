@@ -324,10 +324,11 @@ async def export_record(conn: Any, target: Path) -> dict[str, Any]:
     lines, byte for byte), `bodies.pack` (a redacted body zeroed and flagged, as the file
     ledger does it), `checkpoint` + `checkpoint.vkey` (the largest signed checkpoint in the
     export and its daemon's key), so `tally ledger verify --state TARGET` and any RFC 9162 or
-    signed-note verifier read it as they read a daemon's state dir. Beside them (ignored by
-    those verifiers): `checkpoints/` (every daemon's notes), `daemons.json` (names and keys)
-    and `writers.jsonl` (which daemon wrote which seqs, as ranges). One REPEATABLE READ
-    snapshot; `target/ledger` must not exist yet (nothing is overwritten)."""
+    signed-note verifier read it as they read a daemon's state dir; `checkpoint.cosigned`, the
+    largest checkpoint with the cosignatures stored for it (`--cosigner … --quorum N`). Beside
+    them (ignored by those verifiers): `checkpoints/` (every daemon's notes), `daemons.json`
+    (names and keys) and `writers.jsonl` (which daemon wrote which seqs, as ranges). One
+    REPEATABLE READ snapshot; `target/ledger` must not exist yet (nothing is overwritten)."""
     out = target / "ledger"
     if out.exists():
         raise InvalidInput(f"{out} exists: export writes into a new directory")
@@ -338,6 +339,7 @@ async def export_record(conn: Any, target: Path) -> dict[str, Any]:
         size = int((await cur.fetchone())[0])
         keys = await daemons(conn)
         notes = await checkpoints(conn, size)
+        cosigned = await latest_cosigned(conn, size)
         writers: list[dict[str, Any]] = []
         packed: set[bytes] = set()
         count = 0
@@ -373,10 +375,16 @@ async def export_record(conn: Any, target: Path) -> dict[str, Any]:
     for daemon, at, note in notes:
         name = base64.urlsafe_b64encode(daemon.encode()).decode().rstrip("=")
         (out / "checkpoints" / f"{at:012d}.{name}.note").write_text(note)
-    latest = max(notes, key=lambda n: n[1], default=None)
+    # `checkpoint` is the largest checkpoint of the daemon whose checkpoint was cosigned last
+    # (else of any daemon): the file verifier checks `checkpoint.cosigned`'s origin signature
+    # under `checkpoint.vkey`, so the two must be one daemon's.
+    ours = [n for n in notes if cosigned is None or n[0] == cosigned[0]]
+    latest = max(ours, key=lambda n: n[1], default=None)
     if latest is not None:
         (out / "checkpoint").write_text(latest[2])
         (out / "checkpoint.vkey").write_text(keys[latest[0]] + "\n")
+    if cosigned is not None:
+        (out / "checkpoint.cosigned").write_text(cosigned[2])
     (out / "daemons.json").write_text(
         json.dumps([{"name": n, "vkey": v} for n, v in keys.items()], indent=1) + "\n"
     )
@@ -387,6 +395,7 @@ async def export_record(conn: Any, target: Path) -> dict[str, Any]:
         "dir": str(out),
         "entries": count,
         "checkpoint": None if latest is None else {"size": latest[1], "daemon": latest[0]},
+        "cosigned": None if cosigned is None else {"size": cosigned[1], "daemon": cosigned[0]},
         "daemons": len(keys),
     }
 
@@ -400,3 +409,93 @@ def latest_note(notes: list[tuple[str, int, str]]) -> tuple[str, str] | None:
             continue
         return daemon, note
     return None
+
+
+# ---- cosignatures in the record (`daemon.cosigning.Cosigner.cosign_shared` writes them) ----
+
+
+async def joined_keys(conn: Any) -> dict[str, str]:
+    """Each daemon's verifier key as its own `ledger.join` entry witnesses it in the chain: a
+    `tally_daemons` row whose key is not the one its join entry (line and body re-hashed)
+    names is left out, so a key slipped into the table alone is never trusted."""
+    cur = await conn.execute(
+        "SELECT d.name, d.vkey, e.line, b.data FROM tally_daemons d "
+        "JOIN tally_entries e ON e.seq = d.joined_seq AND e.daemon = d.name "
+        "JOIN tally_bodies b ON b.digest = e.body ORDER BY d.name"
+    )
+    keys: dict[str, str] = {}
+    for name, vkey, line, data in await cur.fetchall():
+        try:
+            entry = Entry.from_line(bytes(line))
+            body = json.loads(bytes(data)) if data is not None else None
+        except ValueError:
+            continue
+        if (
+            entry.kind == JOIN_KIND
+            and data is not None
+            and hashlib.sha256(bytes(data)).hexdigest() == entry.body
+            and isinstance(body, dict)
+            and body.get("daemon") == name
+            and body.get("vkey") == vkey
+        ):
+            keys[name] = vkey
+    return keys
+
+
+async def uncosigned(conn: Any, cosigner: str) -> list[tuple[str, int, str]]:
+    """(daemon, size, note): each other daemon's latest checkpoint, where it is larger than
+    the last one `cosigner` cosigned for that daemon (never an older one: no rollback)."""
+    cur = await conn.execute(
+        "SELECT DISTINCT ON (c.daemon) c.daemon, c.size, c.note FROM tally_checkpoints c "
+        "WHERE c.daemon <> %(me)s AND c.size > COALESCE((SELECT max(s.size) FROM "
+        "tally_cosignatures s WHERE s.daemon = c.daemon AND s.cosigner = %(me)s), -1) "
+        "ORDER BY c.daemon, c.size DESC",
+        {"me": cosigner},
+    )
+    return [(d, int(s), n) for d, s, n in await cur.fetchall()]
+
+
+async def store_cosignature(conn: Any, daemon: str, size: int, cosigner: str, line: str) -> None:
+    await conn.execute(
+        "INSERT INTO tally_cosignatures (daemon, size, cosigner, signature) "
+        "VALUES (%s, %s, %s, %s) ON CONFLICT (daemon, size, cosigner) "
+        "DO UPDATE SET signature = EXCLUDED.signature",
+        (daemon, size, cosigner, line),
+    )
+
+
+async def latest_cosigned(conn: Any, upto: int | None = None) -> tuple[str, int, str] | None:
+    """(daemon, size, note with every cosignature line stored for it) of the largest
+    checkpoint that carries at least one cosignature (at most `upto` entries), or None.
+
+    The lines are attached as stored: a verifier checks each (`verify_quorum`); a line that is
+    not a well-formed signature line is left off here and so counts as missing."""
+    cur = await conn.execute(
+        "SELECT c.daemon, c.size, c.note FROM tally_checkpoints c WHERE EXISTS (SELECT 1 FROM "
+        "tally_cosignatures s WHERE s.daemon = c.daemon AND s.size = c.size)"
+        + ("" if upto is None else " AND c.size <= %(upto)s")
+        + " ORDER BY c.size DESC, c.daemon LIMIT 1",
+        {"upto": upto},
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    daemon, size, note = row[0], int(row[1]), row[2]
+    return daemon, size, await with_cosignatures(conn, daemon, size, note)
+
+
+async def with_cosignatures(conn: Any, daemon: str, size: int, note: str) -> str:
+    """`note` (daemon's checkpoint at `size`) with every cosignature line stored for it."""
+    from daemon.ledger.cosign import CosignError, attach
+
+    cur = await conn.execute(
+        "SELECT signature FROM tally_cosignatures WHERE daemon = %s AND size = %s "
+        "ORDER BY cosigner",
+        (daemon, size),
+    )
+    for (line,) in await cur.fetchall():
+        try:
+            note = attach(note, [line])
+        except CosignError:
+            continue
+    return note

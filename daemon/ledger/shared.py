@@ -35,7 +35,8 @@ What differs is where it is kept (`daemon.ledger.postgres` has the tables) and:
   `foreign_runs` lists the others' runs (for `runs_list --all`).
 - Redaction: the `redaction` entry and the body's removal commit in one transaction.
 - Checkpoints: signed by this daemon's key (its state dir's, as for a file ledger) and stored
-  in `tally_checkpoints`, where cosignatures can be attached.
+  in `tally_checkpoints`; the other daemons cosign them (`Cosigner.cosign_shared`) into
+  `tally_cosignatures`.
 """
 
 from __future__ import annotations
@@ -75,9 +76,14 @@ from daemon.ledger.postgres import (
     daemons,
     ensure_schema,
     export_record,
+    joined_keys,
+    latest_cosigned,
     latest_note,
     shown_dsn,
+    store_cosignature,
+    uncosigned,
     verify_record,
+    with_cosignatures,
 )
 from daemon.ledger.reader import ConsistencyProof, InclusionProof
 from daemon.ledger.writer import MAX_BATCH, MAX_BATCH_BYTES, _Pending, _Stats
@@ -676,6 +682,39 @@ class SharedLedger(Ledger):
     async def export(self, target: Path) -> dict[str, Any]:
         async with self._reading() as conn:
             return await export_record(conn, target)
+
+    # ---- cosignatures (`daemon.cosigning.Cosigner.cosign_shared`) ----
+
+    async def joined_keys(self) -> dict[str, str]:
+        """Every daemon's key, as its `ledger.join` entry in the record witnesses it."""
+        async with self._reading() as conn:
+            return await joined_keys(conn)
+
+    async def uncosigned(self) -> list[tuple[str, int, str]]:
+        """The other daemons' latest checkpoints this daemon has not cosigned yet."""
+        async with self._reading() as conn:
+            return await uncosigned(conn, self.name)
+
+    async def store_cosignature(
+        self, daemon: str, size: int, line: str, cosigner: str | None = None
+    ) -> None:
+        """Keep a checked cosignature line: ours (`cosigner` None) of another daemon's
+        checkpoint, or a federated member's (its key name) of ours."""
+        async with self._reading() as conn:
+            await store_cosignature(conn, daemon, size, cosigner or self.name, line)
+
+    async def own_cosigned(self) -> str | None:
+        """This daemon's latest checkpoint with every cosignature stored for it."""
+        latest = self._latest
+        if latest is None:
+            return None
+        async with self._reading() as conn:
+            return await with_cosignatures(conn, self.name, latest.size, latest.note)
+
+    async def latest_cosigned(self) -> tuple[str, int, str] | None:
+        """(daemon, size, note with its stored cosignatures) of the largest cosigned one."""
+        async with self._reading() as conn:
+            return await latest_cosigned(conn, self._size)
 
     @property
     def record_note(self) -> str | None:

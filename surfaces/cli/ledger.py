@@ -121,6 +121,12 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     verify.add_argument(
         "--max-age", type=float, metavar="SECONDS", help="--cosigner: refuse older cosignatures"
     )
+    verify.add_argument(
+        "--trust-record-keys",
+        action="store_true",
+        help="--ledger URL: count the cosignatures of every daemon whose key the record "
+        "itself holds (whoever can write the database can add one: prefer --cosigner)",
+    )
     verify.set_defaults(run=_runner(_verify, tail_check=0, reports=True))
 
     show = sub.add_parser("show", parents=[common], help="list entries")
@@ -481,7 +487,10 @@ async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
         }
     if getattr(args, "remote", False):
         checked["remote"] = await _remote(ledger, args)
-    if getattr(args, "cosigners", None) or getattr(args, "quorum", None) is not None:
+    if getattr(ledger, "shared", False):
+        if args.cosigners or args.quorum is not None or args.trust_record_keys:
+            checked["cosigned"] = await _cosigned_shared(ledger, args, report)
+    elif getattr(args, "cosigners", None) or getattr(args, "quorum", None) is not None:
         checked["cosigned"] = await _cosigned(ledger, args, report)
     _emit_report(args, report, since, checked)
     if checked.get("remote") and not getattr(args, "json", False):
@@ -561,6 +570,92 @@ async def _cosigned(
             result["reason"] = (
                 f"the cosigned checkpoint (size {size}) is not consistent with this ledger: "
                 "its root is not the tree's at that size"
+            )
+    return result
+
+
+async def _cosigned_shared(
+    ledger: Ledger, args: argparse.Namespace, report: VerifyReport
+) -> dict[str, Any]:
+    """`--ledger URL --quorum N`: a quorum of cosignatures, read from the record's
+    `tally_cosignatures`, on its largest cosigned checkpoint (or on `--cosigned FILE`).
+
+    Secure by default: the cosigners counted are the ones named with `--cosigner NAME=KEY`; the
+    keys the record holds (each witnessed by its daemon's `ledger.join` entry) count only with
+    `--trust-record-keys`, since whoever can write the database could add a daemon of its own.
+    The origin's own signature never counts toward the quorum: a quorum of N is N daemons
+    other than the one that signed the checkpoint."""
+    import asyncio
+
+    from daemon.ledger.cosign import same_key, verify_quorum
+    from daemon.ledger.shared import SharedLedger
+
+    assert isinstance(ledger, SharedLedger)
+    cosigners: dict[str, str] = {}
+    if args.cosigners:
+        cosigners, _ = _cosigners(argparse.Namespace(cosigners=args.cosigners, quorum=None))
+    elif not args.trust_record_keys:
+        raise UsageError(
+            "--quorum on a shared record needs the cosigners you trust: --cosigner NAME=KEY "
+            "(each daemon's `tally ledger key`), or --trust-record-keys to trust the keys the "
+            "record holds"
+        )
+    keys = await ledger.joined_keys()
+    quorum = 1 if args.quorum is None else args.quorum
+    if args.cosigned:
+        source = args.cosigned
+        try:
+            text = await asyncio.to_thread(Path(args.cosigned).read_text)
+        except (OSError, UnicodeDecodeError) as err:
+            raise UsageError(f"cannot read cosigned checkpoint {args.cosigned}: {err}") from err
+        note: str | None = _note_text(args.cosigned, text)
+        daemon = None
+    else:
+        source = "the record's tally_cosignatures"
+        found = await ledger.latest_cosigned()
+        daemon, note = (None, None) if found is None else (found[0], found[2])
+    out: dict[str, Any] = {"ok": False, "quorum": quorum, "verified": 0, "results": []}
+    out["file"] = source
+    if note is None:
+        out["reason"] = "no checkpoint in the record carries a cosignature yet"
+        return out
+    from daemon.ledger import CheckpointError, parse_note
+
+    try:
+        origin = parse_note(note).origin
+    except CheckpointError as err:
+        out["reason"] = f"not a checkpoint note: {err}"
+        return out
+    if daemon is not None and origin != daemon:
+        out["reason"] = f"the checkpoint stored as {daemon}'s names another origin ({origin})"
+        return out
+    if args.trust_record_keys:
+        for name, vkey in keys.items():
+            listed = any(same_key(vkey, mine) for mine in cosigners.values())
+            if name != origin and not listed and name not in cosigners:
+                cosigners[name] = vkey
+    if not cosigners or not 1 <= quorum <= len(cosigners):
+        raise UsageError(
+            f"--quorum {quorum} can never be met by {len(cosigners)} cosigner(s) "
+            f"(the origin, {origin}, does not count)"
+        )
+    result = verify_quorum(
+        note, cosigners, quorum, origin_vkey=keys.get(origin), max_age_s=args.max_age
+    ).model_dump()
+    result["file"] = source
+    if origin not in keys and result["ok"]:
+        result["ok"] = False
+        result["reason"] = f"the origin {origin} has no key witnessed in the record"
+    size, root = result["size"], result["root"]
+    if size is not None and root is not None:
+        consistent = (
+            not _broken(report) and size <= report.size and await _consistent(ledger, size, root)
+        )
+        result["consistent"] = consistent
+        if not consistent and result["ok"]:
+            result["ok"] = False
+            result["reason"] = (
+                f"the cosigned checkpoint (size {size}) is not the record's tree at that size"
             )
     return result
 

@@ -371,6 +371,22 @@ class DecisionOut(_Out):
     summary: str = Field(description="The decision in words, as `tally route` prints it.")
 
 
+class EmbeddingNearest(_Out):
+    lane: str
+    cosine: float = Field(description="Centred cosine of the lane's nearest example.")
+    example: str
+
+
+class EmbeddingOut(_Out):
+    member: str
+    used: bool = Field(description="False: the route took the keyword scores alone (`why`).")
+    why: str | None = None
+    digest: str | None = Field(default=None, description="The model digest of the vectors.")
+    examples: int = Field(description="Example vectors compared.")
+    ms: int = Field(description="The request's embedding call (0: its vector was known).")
+    nearest: list[EmbeddingNearest] = Field(description="The best lanes by nearest example.")
+
+
 class RouteOut(_Out):
     lane: str | None = Field(description="The lane the route decided, or null (escalated).")
     confidence: float
@@ -384,6 +400,17 @@ class RouteOut(_Out):
         default={}, description="Per lane, its example nearest the request (when close)."
     )
     decision: DecisionOut = Field(description="What submit will do with this request.")
+    embedding: EmbeddingOut | None = Field(
+        default=None,
+        description="The embedding member's part (`[policy] embeddings`); null: none is set.",
+    )
+
+
+def embedding_out(r: Route) -> EmbeddingOut | None:
+    e = r.embedding
+    if e is None:
+        return None
+    return EmbeddingOut.model_validate(e.shown())
 
 
 def route_out(r: Route) -> RouteOut:
@@ -398,6 +425,7 @@ def route_out(r: Route) -> RouteOut:
         similar={k: list(v) for k, v in r.similar.items()},
         examples=dict(r.examples),
         decision=decision_out(decision),
+        embedding=embedding_out(r),
     )
 
 
@@ -406,19 +434,20 @@ def _ppm(x: float) -> int:
 
 
 async def route(daemon: Daemon, data: RouteIn, ctx: ToolContext) -> RouteOut:
-    r = daemon.router.route(data.text)
-    await daemon.ledger.append(
-        actor="tool",
-        kind="route.preview",
-        body={
-            "text": data.text,
-            "lane": r.lane,
-            "confidence_ppm": _ppm(r.confidence),
-            "escalate": r.escalate,
-            "scores_ppm": {lane: _ppm(score) for lane, score in r.scores[:5]},
-            "decision": {"lane": r.decision.lane, "source": r.decision.source},
-        },
-    )
+    r = await daemon.router.aroute(data.text)
+    body: dict[str, Any] = {
+        "text": data.text,
+        "lane": r.lane,
+        "confidence_ppm": _ppm(r.confidence),
+        "escalate": r.escalate,
+        "scores_ppm": {lane: _ppm(score) for lane, score in r.scores[:5]},
+        "decision": {"lane": r.decision.lane, "source": r.decision.source},
+    }
+    if r.embedding is not None:  # only with an embedding member: older previews unchanged
+        from daemon.runs.routing import embedding_body
+
+        body["embedding"] = embedding_body(r.embedding)
+    await daemon.ledger.append(actor="tool", kind="route.preview", body=body)
     return route_out(r)
 
 

@@ -247,6 +247,7 @@ def test_route_crosses_to_json() -> None:
             "classifier": None,
             "candidates": [],
         },
+        "embedding": None,
     }
     assert Route.model_validate_json(route.model_dump_json()) == route
 

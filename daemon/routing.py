@@ -86,9 +86,9 @@ TOP_K = 5
 GENERIC_FACTOR = 0.6
 PHRASE_GAP = 1
 CONTEST_MIN = 0.9
-CONTEST_RATIO = 0.7
+CONTEST_RATIO = 0.85
 JOINED_MIN = 0.55
-JOINED_RATIO = 0.2
+JOINED_RATIO = 0.5
 # The likeness to a lane's examples (daemon.examples), added to its keyword evidence.
 BM25_WEIGHT = 0.08
 NEAR_WEIGHT = 3.0
@@ -103,7 +103,7 @@ EMBED_FROM = 0.5
 """An embedding member's nearest example adds EMBED_WEIGHT x (cosine - EMBED_FROM) above it."""
 FLOOR = 0.65
 STRONG = 2.2
-LEAD_RATIO = 0.7
+LEAD_RATIO = 0.85
 """Evidence of at least STRONG, with the runner-up at most LEAD_RATIO of it, decides even
 when the saturated scores are closer than the margin."""
 """A lane whose evidence stays below this is not a candidate (with none, `general`): a lone

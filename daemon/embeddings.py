@@ -50,7 +50,7 @@ from roster.models import Lane, Roster
 
 PROBE = "tally: a fixed sentence whose vector identifies the embedding model"
 BATCH = 16
-"""Texts per `/v1/embeddings` call while building the example vectors."""
+"""Texts embedded under one lease (and one deadline) while building the example vectors."""
 QUERY_TIMEOUT_S = 10.0
 """A request's vector: past this the route falls back to the deterministic score."""
 BUILD_TIMEOUT_S = 600.0
@@ -64,6 +64,8 @@ MAX_DIM = 16_384
 QUERIES = 256
 """Requests whose vectors are kept in memory, so `route` and the `submit` after it agree."""
 SHOWN = 5
+FLOAT32_MAX = 3.4e38
+"""Vectors are cached as float32: a larger (or non-finite) value is refused."""
 
 
 class EmbedLease(Protocol):
@@ -240,7 +242,7 @@ def vectors_of(answer: Any, count: int) -> list[list[float]]:
             raise EmbeddingError("an embedding with a missing, repeated or stray index")
         if not isinstance(vector, list) or not 0 < len(vector) <= MAX_DIM:
             raise EmbeddingError(f"embedding {index} is not a list of 1-{MAX_DIM} numbers")
-        if not all(type(x) in (int, float) and math.isfinite(x) for x in vector):
+        if not all(type(x) in (int, float) and abs(x) <= FLOAT32_MAX for x in vector):
             raise EmbeddingError(f"embedding {index} holds a value that is not a finite number")
         if not any(vector):
             raise EmbeddingError(f"embedding {index} is all zeros")
@@ -299,11 +301,19 @@ class Embeddings:
     # ---------------------------------------------------------------- the member
 
     async def _embed(self, texts: list[str], timeout: float) -> list[list[float]]:
+        """One text per call: llama.cpp (xllamacpp 2026.10, `--parallel 2`) gave a text
+        embedded beside others in one call another vector than alone (cosine 0.84-0.93 for
+        every other input), so a batch would make the vectors depend on their neighbours."""
         deadline = time.monotonic() + timeout
+        vectors: list[list[float]] = []
         async with asyncio.timeout(timeout):
             async with self.pool.lease(self.member, deadline=deadline) as lease:
-                answer = await lease.embed({"input": texts})
-        return vectors_of(answer, len(texts))
+                for text in texts:
+                    answer = await lease.embed({"input": [text]})
+                    vectors.extend(vectors_of(answer, 1))
+        if len({len(v) for v in vectors}) > 1:
+            raise EmbeddingError("the embeddings differ in size")
+        return vectors
 
     # ---------------------------------------------------------------- building
 
@@ -339,7 +349,7 @@ class Embeddings:
         self.build_ms = int((time.monotonic() - started) * 1000)
 
     async def _make(self) -> None:
-        probe = (await self._embed([PROBE], QUERY_TIMEOUT_S))[0]
+        probe = (await self._embed([PROBE], BUILD_TIMEOUT_S))[0]
         digest = self._digest(probe)
         dim = len(probe)
         cached, problem = await asyncio.to_thread(self.cache.load, digest)

@@ -45,10 +45,12 @@ def embeddings_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         deadline = time.monotonic() + READY_S
         while True:
             assert process.poll() is None, log.read_text(errors="replace")[-2000:]
-            with contextlib.suppress(OSError, urllib.error.URLError):
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r,
+            ):
+                if r.status == 200:
+                    break
             assert time.monotonic() < deadline, "the embeddings server never became ready"
             time.sleep(0.2)
         yield f"http://127.0.0.1:{port}/v1"

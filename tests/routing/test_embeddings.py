@@ -47,7 +47,8 @@ def test_another_model_s_file_is_not_used(tmp_path: Path) -> None:
     cache, _ = saved(tmp_path)
     vectors, problem = cache.load("cd" * 32)
     assert vectors == {}
-    assert problem is not None and "another model" in problem
+    assert problem is not None
+    assert "another model" in problem
 
 
 def _edit(cache: VectorCache, change: Any) -> None:
@@ -84,14 +85,14 @@ def _pack(*values: float) -> str:
         (lambda d: _first(d, [1.0, 2.0, 3.0]), "not a vector cache"),
     ],
 )
-def test_a_hostile_file_is_rebuilt_with_its_reason(
-    tmp_path: Path, change: Any, said: str
-) -> None:
+def test_a_hostile_file_is_rebuilt_with_its_reason(tmp_path: Path, change: Any, said: str) -> None:
     cache, _ = saved(tmp_path)
     _edit(cache, change)
     vectors, problem = cache.load(DIGEST)
     assert vectors == {}
-    assert problem is not None and problem.startswith("embed.json: ") and said in problem
+    assert problem is not None
+    assert problem.startswith("embed.json: ")
+    assert said in problem
 
 
 @pytest.mark.parametrize("raw", [b"", b"\xff\xfe", b"[]", b"{" * 10_000, b'{"v": 1}'])
@@ -99,21 +100,27 @@ def test_garbage_is_rebuilt(tmp_path: Path, raw: bytes) -> None:
     cache = VectorCache(tmp_path, "embed")
     cache.path.write_bytes(raw)
     vectors, problem = cache.load(DIGEST)
-    assert vectors == {} and problem is not None and "not a vector cache" in problem
+    assert vectors == {}
+    assert problem is not None
+    assert "not a vector cache" in problem
 
 
 def test_a_huge_file_is_not_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache, _ = saved(tmp_path)
     monkeypatch.setattr(embeddings, "MAX_CACHE_BYTES", cache.path.stat().st_size - 1)
     vectors, problem = cache.load(DIGEST)
-    assert vectors == {} and problem is not None and "over" in problem
+    assert vectors == {}
+    assert problem is not None
+    assert "over" in problem
 
 
 def test_an_unreadable_file_is_rebuilt(tmp_path: Path) -> None:
     cache = VectorCache(tmp_path, "embed")
     cache.path.mkdir()  # a directory where the file should be
     vectors, problem = cache.load(DIGEST)
-    assert vectors == {} and problem is not None and "unreadable" in problem
+    assert vectors == {}
+    assert problem is not None
+    assert "unreadable" in problem
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:

@@ -68,15 +68,19 @@ async def test_vectors_are_built_cached_reused_and_rebuilt(
     _, first = await built(embeddings_url, state_dir)
     try:
         assert (first.computed, first.reused, first.problem) == (6, 0, None)
-        assert first.digest is not None and (state_dir / "embeddings" / "embed.json").exists()
+        assert first.digest is not None
+        assert (state_dir / "embeddings" / "embed.json").exists()
         router = Router(Roster.model_validate(roster_dict(embeddings_url)), embeddings=first)
         route = await router.aroute("can you deploy my service to the kubernetes cluster")
-        assert route.embedding is not None and route.embedding.used, route.embedding
+        assert route.embedding is not None
+        assert route.embedding.used, route.embedding
         assert set(route.embedding.lanes) == set(LANES)
-        assert route.embedding.examples == 6 and route.embedding.ms > 0
+        assert route.embedding.examples == 6
+        assert route.embedding.ms > 0
         assert all(-1.0 <= c <= 1.0 for c, _ in route.embedding.lanes.values())
         again = await router.aroute("can you deploy my service to the kubernetes cluster")
-        assert again.embedding is not None and again.embedding.ms == 0  # known from before
+        assert again.embedding is not None
+        assert again.embedding.ms == 0
         assert again.decision == route.decision
 
         # the next router reuses every vector (a spot check re-embeds two of them)
@@ -93,14 +97,17 @@ async def test_vectors_are_built_cached_reused_and_rebuilt(
         cache = VectorCache(state_dir / "embeddings", "embed")
         data = json.loads(cache.path.read_text())
         keys = sorted(data["vectors"])
-        data["vectors"] = {key: data["vectors"][keys[0]] for key in keys}  # one vector for all
+        data["vectors"] = dict.fromkeys(keys, data["vectors"][keys[0]])  # one vector for all
         cache.path.write_text(json.dumps(data))
         _, fourth = await built(embeddings_url, state_dir, examples=changed)
-        assert fourth.computed == 6 and fourth.reused == 0
-        assert fourth.problem is not None and "does not give" in fourth.problem
-        assert example_key(fourth.digest or "", "is 101 a prime number") in cache.load(
-            fourth.digest or ""
-        )[0]
+        assert fourth.computed == 6
+        assert fourth.reused == 0
+        assert fourth.problem is not None
+        assert "does not give" in fourth.problem
+        assert (
+            example_key(fourth.digest or "", "is 101 a prime number")
+            in cache.load(fourth.digest or "")[0]
+        )
     finally:
         while POOLS:
             await POOLS.pop().stop()
@@ -115,9 +122,11 @@ async def test_a_member_that_is_down_leaves_the_keyword_route(state_dir: Path) -
         found = Embeddings(roster, "embed", pool, state_dir / "embeddings")
         router = Router(roster, embeddings=found)
         route = await router.aroute("deploy it to kubernetes", wait=30)
-        assert route.embedding is not None and not route.embedding.used
+        assert route.embedding is not None
+        assert not route.embedding.used
         assert "keyword scores only" in (route.embedding.why or "")
-        assert found.state == "down" and found.why
+        assert found.state == "down"
+        assert found.why
         plain = Router(roster).route("deploy it to kubernetes")
         assert (route.decision, route.scores) == (plain.decision, plain.scores)
     finally:
@@ -149,10 +158,12 @@ async def test_a_run_witnesses_what_the_embedding_member_compared(
     await daemon.start()
     try:
         embeddings = daemon.router.embeddings
-        assert embeddings is not None and await embeddings.ready(240), embeddings.why
+        assert embeddings is not None
+        assert await embeddings.ready(240), embeddings.why
         request = "please deploy the new build to our kubernetes cluster"
         out: RouteOut = await TOOLS["route"].handler(daemon, RouteIn(text=request), ToolContext())
-        assert out.embedding is not None and out.embedding.used
+        assert out.embedding is not None
+        assert out.embedding.used
         assert {n.lane for n in out.embedding.nearest} == set(LANES)
         view = await daemon.engine.submit(request)
         assert (await daemon.engine.wait(view.id, timeout=60)).state == "done"
@@ -161,10 +172,13 @@ async def test_a_run_witnesses_what_the_embedding_member_compared(
         (asked,) = await daemon.ledger.entries(limit=10, kind=k.REQUEST, run=view.id)
         body = (await daemon.ledger.body(embedded.body)).value
         route = (await daemon.ledger.body(routed.body)).value
-        assert embedded.parent == asked.seq and routed.parent == asked.seq
+        assert embedded.parent == asked.seq
+        assert routed.parent == asked.seq
         assert route["embedding"] == embedded.seq
-        assert body["member"] == "embed" and body["used"] is True
-        assert body["digest"] == embeddings.digest and body["examples"] == 6
+        assert body["member"] == "embed"
+        assert body["used"] is True
+        assert body["digest"] == embeddings.digest
+        assert body["examples"] == 6
         assert {lane for lane, _, _ in body["nearest"]} == set(LANES)
         assert all(isinstance(ppm, int) for _, ppm, _ in body["nearest"])
         assert route["lane"] == out.decision.lane == "devops"

@@ -1444,12 +1444,31 @@ class StatusLedgerOut(_Out):
     checkpoint_time_us: int | None = Field(default=None, description="When it was signed.")
 
 
+class StatusRoutingOut(_Out):
+    embeddings: str | None = Field(
+        description="The embedding member (`[policy] embeddings`); null: keyword routing only."
+    )
+    state: Literal["off", "not built", "building", "ready", "down"] = Field(
+        description="Its example vectors: ready (routes use them); building, not built or "
+        "down (routes fall back to the keyword scores, `why`)."
+    )
+    why: str | None = None
+    examples: int = 0
+    reused: int = Field(default=0, description="Example vectors taken from the cache.")
+    computed: int = Field(default=0, description="Example vectors the member computed.")
+    build_ms: int = 0
+    cache_problem: str | None = Field(
+        default=None, description="Why the cache file was not used at the last build."
+    )
+
+
 class StatusOut(_Out):
     status: Literal["ok", "degraded"]
     daemon: StatusDaemonOut
     pool: SlotsOut
     runs: StatusRunsOut
     ledger: StatusLedgerOut
+    routing: StatusRoutingOut | None = None
 
 
 def _entries_bytes(daemon: Daemon) -> int | None:
@@ -1486,6 +1505,24 @@ async def status(daemon: Daemon, _: Empty, ctx: ToolContext) -> StatusOut:
             checkpoint_size=None if cp is None else cp.size,
             checkpoint_time_us=None if cp is None else cp.time_us,
         ),
+        routing=_routing_status(daemon),
+    )
+
+
+def _routing_status(daemon: Daemon) -> StatusRoutingOut:
+    embeddings = daemon.router.embeddings
+    if embeddings is None:
+        return StatusRoutingOut(embeddings=None, state="off")
+    shown = embeddings.status()
+    return StatusRoutingOut(
+        embeddings=shown["member"],
+        state=shown["state"],
+        why=shown["why"],
+        examples=shown["examples"],
+        reused=shown["reused"],
+        computed=shown["computed"],
+        build_ms=shown["build_ms"],
+        cache_problem=shown["cache_problem"],
     )
 
 

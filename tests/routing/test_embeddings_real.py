@@ -18,8 +18,9 @@ from daemon.runs import entries as k
 from daemon.service import Daemon
 from daemon.slots import Pool
 from daemon.slots.process import free_port
-from daemon.tools import TOOLS, RouteIn, RouteOut, ToolContext
+from daemon.tools import TOOLS, Empty, RouteIn, RouteOut, ToolContext
 from roster.models import Roster
+from surfaces.cli.service import routing_line
 from tests.runs.model_server import ScriptedServer, settings_for
 
 pytestmark = pytest.mark.integration
@@ -160,6 +161,12 @@ async def test_a_run_witnesses_what_the_embedding_member_compared(
         embeddings = daemon.router.embeddings
         assert embeddings is not None
         assert await embeddings.ready(240), embeddings.why
+        status = await TOOLS["status"].handler(daemon, Empty(), ToolContext())
+        assert status.routing is not None
+        assert (status.routing.embeddings, status.routing.state) == ("embed", "ready")
+        assert status.routing.computed + status.routing.reused == 6
+        line = routing_line(status.routing.model_dump())
+        assert line.startswith("routing: embeddings on embed · example vectors ready: 6 (")
         request = "please deploy the new build to our kubernetes cluster"
         out: RouteOut = await TOOLS["route"].handler(daemon, RouteIn(text=request), ToolContext())
         assert out.embedding is not None

@@ -297,6 +297,7 @@ class Embeddings:
         self._build: asyncio.Task[None] | None = None
         self._failed_at = 0.0
         self._queries: OrderedDict[str, list[float]] = OrderedDict()
+        self.query_timeout_s = QUERY_TIMEOUT_S
 
     # ---------------------------------------------------------------- the member
 
@@ -401,7 +402,7 @@ class Embeddings:
         ms = 0
         if vector is None:
             try:
-                vector = (await self._embed([text], QUERY_TIMEOUT_S))[0]
+                vector = (await self._embed([text], self.query_timeout_s))[0]
             except asyncio.CancelledError:
                 raise
             except Exception as err:

@@ -98,7 +98,7 @@ SAME_BONUS = 3.0
 """A request with the words of one of a lane's examples (a taught one, say) goes there."""
 HEAD_EXTRA = 1.5
 """The head's keywords (the task, before "about ..."; see daemon.examples) count this much more."""
-EMBED_WEIGHT = 2.0
+EMBED_WEIGHT = 1.0
 EMBED_FROM = 0.5
 """An embedding member's nearest example adds EMBED_WEIGHT x (cosine - EMBED_FROM) above it."""
 FLOOR = 0.65

@@ -36,6 +36,7 @@ import contextlib
 import hashlib
 import json
 import math
+import operator
 import os
 import struct
 import time
@@ -421,12 +422,8 @@ class Embeddings:
             while len(self._queries) > QUERIES:
                 self._queries.popitem(last=False)
         self._queries.move_to_end(text)
-        query = _unit(vector, self._mean)
-        best: dict[str, tuple[float, str]] = {}
-        for (lane, example), unit in zip(self._examples, self._units, strict=True):
-            value = math.fsum(x * y for x, y in zip(query, unit, strict=True))
-            if value > best.get(lane, (-2.0, ""))[0]:
-                best[lane] = (round(value, 4), example)
+        # ~500 examples x ~600 dimensions in Python: tens of ms, off the event loop
+        best = await asyncio.to_thread(self._nearest, _unit(vector, self._mean))
         return Likeness(
             member=self.member,
             used=True,
@@ -435,6 +432,17 @@ class Embeddings:
             lanes=best,
             ms=ms,
         )
+
+    def _nearest(self, query: list[float]) -> dict[str, tuple[float, str]]:
+        """Per lane, the centred cosine of its example nearest `query` (a unit vector), and
+        that example; the examples' units were built from the same mean."""
+        best: dict[str, tuple[float, str]] = {}
+        units, examples = self._units, self._examples
+        for (lane, example), unit in zip(examples, units, strict=True):
+            value = sum(map(operator.mul, query, unit))
+            if value > best.get(lane, (-2.0, ""))[0]:
+                best[lane] = (round(value, 4), example)
+        return best
 
     def close(self) -> None:
         """Stop a build in progress (the roster was reloaded, or the daemon stops)."""

@@ -47,6 +47,11 @@ Beyond the keywords (issue 31), the evidence E of a lane also holds:
 * `HEAD_EXTRA` x the keyword evidence of the request's head, its words before "about", "on",
   "for", "of" or a colon: the task ("write a changelog entry about ...") over the topic.
 
+With an embedding member (`[policy] embeddings`, daemon.embeddings), E also holds
+`EMBED_WEIGHT` x (cosine - `EMBED_FROM`) for the lane's example nearest the request by
+embedding (centred cosines); when the member is down or its vectors are still being built, the
+route is scored without it and `Route.embedding` says why.
+
 A lane whose E stays below `FLOOR` is no candidate (a shared everyday word, a few letters in
 common). `Route.decision` (`decide`) is what submit does: the decided lane; else, with no
 classifier configured, the best-scoring lane, or `general` when no lane reached the floor,
@@ -66,6 +71,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from daemon.decisions import CANDIDATES, GENERAL, Decision, classifier_of, decide
+from daemon.embeddings import Embeddings, Likeness
 from roster.models import Lane, Roster
 
 __all__ = ["CANDIDATES", "GENERAL", "Decision", "Route", "Router", "classifier_of", "decide"]
@@ -80,9 +86,9 @@ TOP_K = 5
 GENERIC_FACTOR = 0.6
 PHRASE_GAP = 1
 CONTEST_MIN = 0.9
-CONTEST_RATIO = 0.7
+CONTEST_RATIO = 0.85
 JOINED_MIN = 0.55
-JOINED_RATIO = 0.2
+JOINED_RATIO = 0.5
 # The likeness to a lane's examples (daemon.examples), added to its keyword evidence.
 BM25_WEIGHT = 0.08
 NEAR_WEIGHT = 3.0
@@ -92,9 +98,12 @@ SAME_BONUS = 3.0
 """A request with the words of one of a lane's examples (a taught one, say) goes there."""
 HEAD_EXTRA = 1.5
 """The head's keywords (the task, before "about ..."; see daemon.examples) count this much more."""
+EMBED_WEIGHT = 1.0
+EMBED_FROM = 0.5
+"""An embedding member's nearest example adds EMBED_WEIGHT x (cosine - EMBED_FROM) above it."""
 FLOOR = 0.65
 STRONG = 2.2
-LEAD_RATIO = 0.7
+LEAD_RATIO = 0.85
 """Evidence of at least STRONG, with the runner-up at most LEAD_RATIO of it, decides even
 when the saturated scores are closer than the margin."""
 """A lane whose evidence stays below this is not a candidate (with none, `general`): a lone
@@ -278,6 +287,9 @@ class Route(BaseModel):
     similar: dict[str, list[str]] = {}
     examples: dict[str, str] = {}
     decision: Decision = Decision(lane=None, source="general", model_call=False)
+    embedding: Likeness | None = None
+    """The embedding member's part (None: no member configured): what it compared, the
+    cosines, or why it was not used."""
 
 
 class Classifier(Protocol):
@@ -343,8 +355,12 @@ class _Index:
 class Router:
     """Routes request text to a lane of `roster`; build once per roster (the index is fixed)."""
 
-    def __init__(self, roster: Roster, *, top_k: int = TOP_K) -> None:
+    def __init__(
+        self, roster: Roster, *, top_k: int = TOP_K, embeddings: Embeddings | None = None
+    ) -> None:
         self.roster = roster
+        self.embeddings = embeddings
+        """The roster's embedding member (`[policy] embeddings`), used by `aroute`."""
         self.threshold = roster.policy.threshold
         self.margin = roster.policy.margin
         self.top_k = top_k
@@ -432,7 +448,7 @@ class Router:
         return ExampleIndex.of(self.roster.lanes)
 
     def _evidence(
-        self, text: str, matches: list[_Posting]
+        self, text: str, matches: list[_Posting], likeness: Likeness | None = None
     ) -> tuple[dict[int, float], Query, dict[int, tuple[float, int]]]:
         """Per lane: keyword evidence (the head's counted again), plus the likeness to the
         lane's examples (BM25) and to its nearest example (see daemon.examples)."""
@@ -455,12 +471,29 @@ class Router:
             if cosine > NEAR_FROM:
                 bonus = SAME_BONUS if cosine >= SAME_FROM else 0.0
                 totals[lane] = get(lane, 0.0) + NEAR_WEIGHT * (cosine - NEAR_FROM) + bonus
+        if likeness is not None and likeness.used:
+            position = self._positions
+            for name, (value, _) in likeness.lanes.items():
+                if value > EMBED_FROM and (at := position.get(name)) is not None:
+                    totals[at] = get(at, 0.0) + EMBED_WEIGHT * (value - EMBED_FROM)
         return totals, query, near
 
-    def route(self, text: str) -> Route:
+    @cached_property
+    def _positions(self) -> dict[str, int]:
+        return {name: index for index, name in enumerate(self._names)}
+
+    async def aroute(self, text: str, wait: float = 0.0) -> Route:
+        """`route`, with the embedding member's likeness when the roster names one (waiting
+        up to `wait` s for the example vectors if they are still being built)."""
+        if self.embeddings is None:
+            return self.route(text)
+        return self.route(text, await self.embeddings.compare(text, wait))
+
+    def route(self, text: str, likeness: Likeness | None = None) -> Route:
+        """Route `text` (`likeness`: what the embedding member said of it, see `aroute`)."""
         terms = normalize(text)
         matches = self._matches(terms)
-        totals, query, near = self._evidence(text, matches)
+        totals, query, near = self._evidence(text, matches, likeness)
         # Best evidence first, ties by roster order; a request touches a handful of lanes, so
         # sorting them all beats a heap. Below the floor a lane's evidence is noise (a shared
         # everyday word, a few letters in common): it is not a candidate.
@@ -508,6 +541,7 @@ class Router:
             similar=similar,
             examples=shown,
             decision=decide(self.roster, chosen, [names[lane] for lane, _ in ranked]),
+            embedding=likeness,
         )
 
     def candidates(self, route: Route) -> list[Lane]:

@@ -148,12 +148,12 @@ class Daemon:
             )
         try:
             self._roster = roster
-            self._router = Router(roster)
             # relative model paths resolve against the roster's directory, as in `tally doctor`
             options = PoolOptions(roster_dir=self.roster_path.parent)
             self._pool = Pool(
                 roster, settings.state_dir, on_event=self._on_slot_event, options=options
             )
+            self._router = self._router_of(roster)
             await self._pool.start()
             self._memory_cgroup = await self._detect_memory_cgroup(roster)
             self._gateway = Gateway(self._pool, self._ledger, roster, self.quotas)
@@ -253,10 +253,21 @@ class Daemon:
             runs[run] = view.client if view is not None else None
         return runs[run]
 
+    def _router_of(self, roster: Roster) -> Router:
+        """A router for `roster`, with its embedding member when it names one (the example
+        vectors are built in the background, from the cache in `<state>/embeddings/`)."""
+        from daemon import embeddings
+
+        found = embeddings.of(roster, self.pool, self.settings.state_dir)
+        return Router(roster, embeddings=found)
+
     def warm(self) -> None:
         """Load what a start leaves for later (`surfaces.http.warm` calls this once listening):
-        the router's index here on the loop, the ledger's signing key on a worker thread."""
+        the router's index here on the loop, the ledger's signing key on a worker thread, and
+        the embedding member's example vectors in the background."""
         self.router.prepare()
+        if self.router.embeddings is not None:
+            self.router.embeddings.start()
         self._warming = asyncio.create_task(self._warm_up())
         self._warming.add_done_callback(_said_if_failed)
 
@@ -361,11 +372,16 @@ class Daemon:
         # Off the loop: the path may come from a client, and a large or slow file would stall it.
         roster = await asyncio.to_thread(_loaded, path or self.roster_path)
         self._roster = roster
-        self._router = Router(roster)
+        old = self._router
+        self._router = self._router_of(roster)
         self.engine.router = self._router
         self.engine.set_roster(roster)
         self.gateway.set_roster(roster)
         await self.pool.reload(roster)
+        if old is not None and old.embeddings is not None:
+            old.embeddings.close()
+        if self._router.embeddings is not None:  # its member leases from the reloaded pool
+            self._router.embeddings.start()
         await self._witness_command_policy(roster)
         await self.ledger.append(
             actor=client,
@@ -392,6 +408,8 @@ class Daemon:
         if self._tracer is not None:
             tracer, self._tracer = self._tracer, None
             await asyncio.to_thread(tracer.shutdown)  # flushes the last spans (HTTP)
+        if self._router is not None and self._router.embeddings is not None:
+            await self._router.embeddings.aclose()
         if self._pool is not None:
             # Before the snapshot: stopping servers witnesses slot.stopped entries, and a
             # snapshot that covers the whole ledger makes the next start replay nothing.

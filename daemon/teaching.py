@@ -58,6 +58,11 @@ class Suggestion:
     runs: list[str]
 
 
+TEACH_WAIT_S = 30.0
+"""How long teach waits for an embedding member to embed the new example before it says
+what submit does now (past it, the keyword scores alone, as submit would then)."""
+
+
 async def teach(daemon: Daemon, lane: str, text: str, client: str) -> Taught:
     if daemon.roster.lane(lane) is None:
         known = ", ".join(item.name for item in daemon.roster.lanes)
@@ -70,7 +75,7 @@ async def teach(daemon: Daemon, lane: str, text: str, client: str) -> Taught:
             "TALLY_ROSTER), then teach"
         )
     async with _LOCK:
-        before = daemon.router.route(text).decision
+        before = (await daemon.router.aroute(text, TEACH_WAIT_S)).decision
         try:
             raw = await asyncio.to_thread(read_roster_bytes, Path(path))
             taught = add_example(raw.decode("utf-8"), str(path), lane, text)
@@ -83,7 +88,8 @@ async def teach(daemon: Daemon, lane: str, text: str, client: str) -> Taught:
             raise error(exc.message, details=exc.details) from None
         await asyncio.to_thread(write_atomic, Path(path), taught.text)
         await daemon.reload_roster(client=client)
-        after = daemon.router.route(text).decision
+        # the new example's vector is the one the embedding member must compute anew
+        after = (await daemon.router.aroute(text, TEACH_WAIT_S)).decision
         entry = await daemon.ledger.append(
             actor=client,
             kind=TEACH,
@@ -136,7 +142,7 @@ async def suggest(daemon: Daemon, last: int, limit: int) -> tuple[list[Suggestio
             if key in found:
                 found[key].runs.append(str(entry.run))
                 continue
-            now = daemon.router.route(text).decision.lane
+            now = (await daemon.router.aroute(text)).decision.lane
             if now == lane:
                 continue  # already learnt
             router = value["router"].get("lane")

@@ -390,6 +390,22 @@ class DecisionOut(_Out):
     summary: str = Field(description="The decision in words, as `tally route` prints it.")
 
 
+class EmbeddingNearest(_Out):
+    lane: str
+    cosine: float = Field(description="Centred cosine of the lane's nearest example.")
+    example: str
+
+
+class EmbeddingOut(_Out):
+    member: str
+    used: bool = Field(description="False: the route took the keyword scores alone (`why`).")
+    why: str | None = None
+    digest: str | None = Field(default=None, description="The model digest of the vectors.")
+    examples: int = Field(description="Example vectors compared.")
+    ms: int = Field(description="The request's embedding call (0: its vector was known).")
+    nearest: list[EmbeddingNearest] = Field(description="The best lanes by nearest example.")
+
+
 class RouteOut(_Out):
     lane: str | None = Field(description="The lane the route decided, or null (escalated).")
     confidence: float
@@ -403,6 +419,17 @@ class RouteOut(_Out):
         default={}, description="Per lane, its example nearest the request (when close)."
     )
     decision: DecisionOut = Field(description="What submit will do with this request.")
+    embedding: EmbeddingOut | None = Field(
+        default=None,
+        description="The embedding member's part (`[policy] embeddings`); null: none is set.",
+    )
+
+
+def embedding_out(r: Route) -> EmbeddingOut | None:
+    e = r.embedding
+    if e is None:
+        return None
+    return EmbeddingOut.model_validate(e.shown())
 
 
 def route_out(r: Route) -> RouteOut:
@@ -417,6 +444,7 @@ def route_out(r: Route) -> RouteOut:
         similar={k: list(v) for k, v in r.similar.items()},
         examples=dict(r.examples),
         decision=decision_out(decision),
+        embedding=embedding_out(r),
     )
 
 
@@ -425,19 +453,20 @@ def _ppm(x: float) -> int:
 
 
 async def route(daemon: Daemon, data: RouteIn, ctx: ToolContext) -> RouteOut:
-    r = daemon.router.route(data.text)
-    await daemon.ledger.append(
-        actor="tool",
-        kind="route.preview",
-        body={
-            "text": data.text,
-            "lane": r.lane,
-            "confidence_ppm": _ppm(r.confidence),
-            "escalate": r.escalate,
-            "scores_ppm": {lane: _ppm(score) for lane, score in r.scores[:5]},
-            "decision": {"lane": r.decision.lane, "source": r.decision.source},
-        },
-    )
+    r = await daemon.router.aroute(data.text)
+    body: dict[str, Any] = {
+        "text": data.text,
+        "lane": r.lane,
+        "confidence_ppm": _ppm(r.confidence),
+        "escalate": r.escalate,
+        "scores_ppm": {lane: _ppm(score) for lane, score in r.scores[:5]},
+        "decision": {"lane": r.decision.lane, "source": r.decision.source},
+    }
+    if r.embedding is not None:  # only with an embedding member: older previews unchanged
+        from daemon.runs.routing import embedding_body
+
+        body["embedding"] = embedding_body(r.embedding)
+    await daemon.ledger.append(actor="tool", kind="route.preview", body=body)
     return route_out(r)
 
 
@@ -1561,12 +1590,31 @@ class StatusLedgerOut(_Out):
     checkpoint_time_us: int | None = Field(default=None, description="When it was signed.")
 
 
+class StatusRoutingOut(_Out):
+    embeddings: str | None = Field(
+        description="The embedding member (`[policy] embeddings`); null: keyword routing only."
+    )
+    state: Literal["off", "not built", "building", "ready", "down"] = Field(
+        description="Its example vectors: ready (routes use them); building, not built or "
+        "down (routes fall back to the keyword scores, `why`)."
+    )
+    why: str | None = None
+    examples: int = 0
+    reused: int = Field(default=0, description="Example vectors taken from the cache.")
+    computed: int = Field(default=0, description="Example vectors the member computed.")
+    build_ms: int = 0
+    cache_problem: str | None = Field(
+        default=None, description="Why the cache file was not used at the last build."
+    )
+
+
 class StatusOut(_Out):
     status: Literal["ok", "degraded"]
     daemon: StatusDaemonOut
     pool: SlotsOut
     runs: StatusRunsOut
     ledger: StatusLedgerOut
+    routing: StatusRoutingOut | None = None
 
 
 def _entries_bytes(daemon: Daemon) -> int | None:
@@ -1603,6 +1651,24 @@ async def status(daemon: Daemon, _: Empty, ctx: ToolContext) -> StatusOut:
             checkpoint_size=None if cp is None else cp.size,
             checkpoint_time_us=None if cp is None else cp.time_us,
         ),
+        routing=_routing_status(daemon),
+    )
+
+
+def _routing_status(daemon: Daemon) -> StatusRoutingOut:
+    embeddings = daemon.router.embeddings
+    if embeddings is None:
+        return StatusRoutingOut(embeddings=None, state="off")
+    shown = embeddings.status()
+    return StatusRoutingOut(
+        embeddings=shown["member"],
+        state=shown["state"],
+        why=shown["why"],
+        examples=shown["examples"],
+        reused=shown["reused"],
+        computed=shown["computed"],
+        build_ms=shown["build_ms"],
+        cache_problem=shown["cache_problem"],
     )
 
 

@@ -353,11 +353,12 @@ def _agent_cli_checks(
 def _policy_checks(
     policy: Any, tiers: dict[str, Any] | None, members: list[str]
 ) -> Iterator[tuple[FieldPath, str]]:
-    """The coordinator, judge and classifier name a tier or a member, like a lease target."""
+    """The coordinator, judge, classifier and embeddings name a tier or a member, like a lease
+    target."""
     if not isinstance(policy, dict):
         return
     known = [*(tiers or {}), *members]
-    for field in ("coordinator", "judge", "classifier"):
+    for field in ("coordinator", "judge", "classifier", "embeddings"):
         name = policy.get(field)
         if isinstance(name, str) and name not in known:
             yield ("policy", field), f"unknown tier or member {name!r} (known: {_known(known)})"

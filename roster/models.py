@@ -584,6 +584,9 @@ class Policy(_Strict):
     """Tier or member that picks the lane when keyword routing is unsure, among the few best
     scoring lanes (and `general`). None = no model call for routing: the best-scoring lane,
     or the `general` lane when no lane's words match."""
+    embeddings: str | None = None
+    """Member (or tier) serving OpenAI-compatible `/v1/embeddings`: lanes are also scored by
+    the likeness of a request to their examples (daemon.embeddings). None = keywords only."""
     command: CommandPolicy = CommandPolicy()
     workspace: WorkspacePolicy = WorkspacePolicy()
     attempts_per_rung: Annotated[int, Field(ge=1, le=16), Whole] = 2

@@ -33,6 +33,15 @@ words with its own choice beside it: router: {lane: str|null, source: "router"|"
 "general"|"classifier", classifier: str|null, candidates: [lane]}; before it, scores [] and
 matched {} and no `router`)"""
 
+EMBEDDING: Final = "run.embedding"
+"""[run.request] {member: str, used: bool, why: str|null, digest: str|null (the model digest
+the example vectors are keyed by), examples: int (example vectors compared), ms: int (the
+request's embedding call; 0: its vector was known from `route`), nearest: [[lane, cosine_ppm,
+example], ...] (the best 5 lanes by their nearest example, centred cosine)} — written before
+run.route, only when `[policy] embeddings` names a member (issue 31); used false: the member
+was down, timed out or its vectors were still being built, and the route took the keyword
+scores alone (`why`). run.route then carries `embedding`: this entry's seq."""
+
 CLASSIFY: Final = "run.classify"
 """[classifier model.reply or run.route] {lane: str, candidates: [lane], source: "model"|
 "fallback"|"scores"|"general", error: str|null}  "model": the `[policy] classifier` chose among
@@ -158,6 +167,7 @@ model.call / model.reply) and counts as one model call with its tokens."""
 KINDS: Final = (
     REQUEST,
     ROUTE,
+    EMBEDDING,
     CLASSIFY,
     PLAN,
     GUARD,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from daemon.ledger.entry import Body
 
@@ -172,3 +172,10 @@ class PoolPort(Protocol):
 
 class RouterPort(Protocol):
     def route(self, text: str) -> RouteResult: ...
+
+
+@runtime_checkable
+class EmbeddingRouter(Protocol):
+    """A router that may ask an embedding member (`daemon.routing.Router.aroute`)."""
+
+    async def aroute(self, text: str, wait: float = 0.0) -> Any: ...

@@ -2,6 +2,9 @@
 
 Input: a run whose request is witnessed (its view's `request_seq`). Output: (lane, seq), the
 seq being the entry the plan hangs off. Witnessed:
+- `run.embedding` (parent: the request) when the roster names an embedding member: what it
+  compared, the nearest example's cosine per lane, or why it was not used (down, building);
+  `run.route` then names it (`embedding`: its seq);
 - `run.route` (parent: the request) always — the client's lane (source "client", with the
   router's scores and its own choice beside it under `router`), or the router's scores,
   confidence and deciding words (source "router");
@@ -25,7 +28,7 @@ from daemon.runs import entries as k
 from daemon.runs.budget import BudgetExhausted
 from daemon.runs.calls import structured
 from daemon.runs.context import Run, Setting, describe
-from daemon.runs.ports import DecisionLike
+from daemon.runs.ports import DecisionLike, EmbeddingRouter, RouteResult
 
 GENERAL = routing.GENERAL
 CANDIDATES = routing.CANDIDATES
@@ -33,7 +36,17 @@ CANDIDATES = routing.CANDIDATES
 
 async def route(s: Setting, run: Run) -> tuple[str, int]:
     view = s.views[run.id]
-    decided = s.router.route(view.request)
+    router = s.router
+    decided: RouteResult
+    embedded: dict[str, int] = {}
+    if isinstance(router, EmbeddingRouter):
+        decided = await router.aroute(view.request)
+        likeness = getattr(decided, "embedding", None)
+        if likeness is not None:  # the embedding member's part, before the route it fed
+            seq = await s.witness(run.id, k.EMBEDDING, embedding_body(likeness), view.request_seq)
+            embedded = {"embedding": seq}
+    else:
+        decided = router.route(view.request)
     scores = [[lane, _ppm(score)] for lane, score in list(decided.scores)[:8]]
     matched = {lane: list(words) for lane, words in dict(decided.matched).items()}
     if view.lane is not None:
@@ -47,6 +60,7 @@ async def route(s: Setting, run: Run) -> tuple[str, int]:
             "scores": scores,
             "matched": matched,
             "router": _choice(decided.decision),
+            **embedded,
         }
         return view.lane, await s.witness(run.id, k.ROUTE, body, view.request_seq)
     body = {
@@ -56,6 +70,7 @@ async def route(s: Setting, run: Run) -> tuple[str, int]:
         "source": "router",
         "scores": scores,
         "matched": matched,
+        **embedded,
     }
     seq = await s.witness(run.id, k.ROUTE, body, view.request_seq)
     if decided.lane is not None and not decided.escalate:
@@ -73,6 +88,20 @@ async def route(s: Setting, run: Run) -> tuple[str, int]:
         candidates.append(GENERAL)
     body = {"lane": lane, "candidates": candidates, "source": decision.source, "error": None}
     return lane, await s.witness(run.id, k.CLASSIFY, body, seq)
+
+
+def embedding_body(likeness: Any) -> dict[str, Any]:
+    """What the embedding member said of a request (`daemon.embeddings.Likeness`), as the
+    `run.embedding` entry and the `route.preview` hold it (no floats: cosines in ppm)."""
+    return {
+        "member": likeness.member,
+        "used": likeness.used,
+        "why": likeness.why,
+        "digest": likeness.digest,
+        "examples": likeness.examples,
+        "ms": likeness.ms,
+        "nearest": [[lane, _ppm(value), text] for lane, value, text in likeness.top()],
+    }
 
 
 def _choice(decision: DecisionLike) -> dict[str, Any]:

@@ -73,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
         for name, f in warnings:
             print(f"  warning: {name}: {f.problem} — {f.fix}")
     failed = [m.name for m in checkup.members if not m.ok]
+    if (embedding := roster.policy.embeddings) is not None:
+        print(
+            f"\nrouting: embeddings on {embedding} ({'ok' if embedding not in failed else 'DOWN'}"
+            "): lanes are also scored by a request's likeness to their examples; while it is "
+            "down, routes use the keyword scores alone and say so (`tally status` shows its "
+            "example vectors)"
+        )
     if failed:
         print(f"\nFAILED: {', '.join(failed)}")
     else:

@@ -64,9 +64,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"tally route: cannot load the roster:\n{error}", file=sys.stderr)
         return 2
     router = Router(roster)
+    offline = None
+    if roster.policy.embeddings is not None:  # no pool here: say so rather than guess
+        from daemon.embeddings import Likeness
+
+        offline = Likeness(
+            member=roster.policy.embeddings,
+            used=False,
+            why="tally route --roster runs without the daemon and its pool: keyword scores "
+            "only (the daemon's route tool asks the embedding member)",
+        )
     texts = (line.rstrip("\n") for line in sys.stdin) if args.text == "-" else iter([args.text])
     for text in texts:  # a blank line gets its (escalating) route too: output lines match input
-        route = router.route(text)
+        route = router.route(text, offline)
         print(as_json(route) if args.json else as_text(route), flush=args.text == "-")
     return 0
 
@@ -123,6 +133,7 @@ def as_json(route: Route) -> str:
     `summary`), scores as [lane, score] pairs; built here so `tally route` loads no HTTP stack."""
     data = route.model_dump(mode="json")
     data["decision"]["summary"] = str(route.decision)
+    data["embedding"] = None if route.embedding is None else route.embedding.shown()
     return json.dumps(data, ensure_ascii=False)
 
 
@@ -144,4 +155,12 @@ def as_text(route: Route) -> str:
         if example := route.examples.get(lane):
             why.append(f"nearest example {json.dumps(example, ensure_ascii=False)}")
         lines.append(f"  {score:.3f}  {lane:<14} {'; '.join(why)}")
+    if (e := route.embedding) is not None:
+        if not e.used:
+            lines.append(f"embedding:  {e.member} not used: {e.why}")
+        else:
+            lines.append(f"embedding:  {e.member}, {e.examples} example vectors, {e.ms} ms")
+            for lane, value, text in e.top(3):
+                shown = json.dumps(text, ensure_ascii=False)
+                lines.append(f"  {value:.3f}  {lane:<14} nearest example {shown}")
     return "\n".join(lines)

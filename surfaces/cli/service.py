@@ -114,7 +114,19 @@ def status_text(body: dict[str, Any]) -> str:
         f"ledger: {ledger['size']} entries ({_bytes(ledger.get('bytes'))}) · {writable} · "
         f"{checkpoint}"
     )
+    if (routing := body.get("routing")) and routing.get("embeddings"):
+        lines.append(routing_line(routing))
     return "\n".join(lines)
+
+
+def routing_line(r: dict[str, Any]) -> str:
+    """The embedding member's part in routing, as `tally status` says it."""
+    head = f"routing: embeddings on {r['embeddings']} · example vectors {r['state']}"
+    if r["state"] == "ready":
+        built = f"{r['examples']} ({r['reused']} from the cache, {r['computed']} computed)"
+        problem = f" · cache rebuilt: {r['cache_problem']}" if r.get("cache_problem") else ""
+        return f"{head}: {built}{problem}"
+    return f"{head}: routes use the keyword scores alone ({r.get('why') or 'not built yet'})"
 
 
 # ---------------------------------------------------------------- stop

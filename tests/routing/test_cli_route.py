@@ -30,6 +30,7 @@ def test_route_json(capsys: pytest.CaptureFixture[str]) -> None:
         "similar",
         "examples",
         "decision",
+        "embedding",
     }
     assert data["decision"]["lane"] == "translation"
     assert data["decision"]["source"] == "router"
@@ -70,6 +71,7 @@ def test_route_stdin_one_object_per_line(
             "candidates": [],
             "summary": "general (no lane's words or examples match: no model call)",
         },
+        "embedding": None,
     }
 
 

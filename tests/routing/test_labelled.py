@@ -83,12 +83,14 @@ def test_blind_set_shape() -> None:
 
 def test_blind_set_floors(router: Router) -> None:
     """The issue's targets on the blind set (see tests/bench/bench_routing.py for why the set
-    is no longer strictly blind). Reached: 100% top-1, 10.8% escalated, 85% should-escalate."""
+    is no longer strictly blind). Reached: 100% top-1, 2.5% escalated, 70% should-escalate
+    (85% before issue 31 loosened the decision rule for its escalation target: a request
+    naming two lanes' work with one clearly ahead is now decided, not escalated)."""
     acc = evaluate(router, load(BLIND))
     report = "\n".join(f"  want {want} got {got}: {text}" for text, want, got in acc.errors)
     assert acc.top1 >= 0.95, report
     assert acc.escalation_rate <= 0.15, report
-    assert acc.escalation_recall >= 0.80, report
+    assert acc.escalation_recall >= 0.70, report
 
 
 def test_walkthrough_floors(router: Router) -> None:
@@ -168,13 +170,14 @@ def test_stranger_set_shape() -> None:
 @pytest.mark.parametrize("holdout", [False, True])
 def test_stranger_end_to_end(router: Router, holdout: bool) -> None:
     """What submit does (the route's decision, fallback included) against the labels.
-    Reached: tuned-on 95.2% end to end, 14.5% escalated, 14/14 off-topic to general; held out
-    (totals only ever read) 86.9%, 18.2% escalated, 5/6 off-topic to general."""
+    Reached: tuned-on 95.2% end to end, 9.1% escalated, 14/14 off-topic to general; held out
+    (totals only ever read) 86.9%, 14.5% escalated (95.7% right when decided), 5/6 off-topic
+    to general."""
     acc = end_to_end(router, [e for e in load(STRANGER) if e.holdout == holdout])
     report = "\n".join(f"  want {want} got {got}: {text}" for text, want, got in acc.errors)
     assert acc.top1 >= (0.93 if not holdout else 0.85), report
     assert acc.decided_top1 >= 0.95, report
-    assert acc.escalation <= (0.15 if not holdout else 0.19), report
+    assert acc.escalation <= 0.15, report
     assert acc.general >= (1.0 if not holdout else 0.8), report
 
 
@@ -190,3 +193,15 @@ def test_default_roster_examples(default_roster: Roster) -> None:
             continue
         assert len(lane.examples) >= 15, lane.name
         assert not texts.intersection(e.casefold() for e in lane.examples), lane.name
+
+
+@pytest.mark.parametrize("holdout", [False, True])
+def test_offtopic_requests_go_to_general(router: Router, holdout: bool) -> None:
+    """Everyday requests no lane fits (written for issue 31, every third held out). Reached:
+    27/30 tuned-on and 13/15 held out to `general`: a lone keyword ("bloom" for graphics,
+    "stories" for writing) still takes a few."""
+    examples = [e for e in load(LABELLED.with_name("offtopic.jsonl")) if e.holdout == holdout]
+    assert len(examples) == (15 if holdout else 30)
+    acc = end_to_end(router, examples)
+    report = "\n".join(f"  want {want} got {got}: {text}" for text, want, got in acc.errors)
+    assert acc.general >= 0.85, report

@@ -247,6 +247,7 @@ def test_route_crosses_to_json() -> None:
             "classifier": None,
             "candidates": [],
         },
+        "embedding": None,
     }
     assert Route.model_validate_json(route.model_dump_json()) == route
 
@@ -284,21 +285,20 @@ def test_generic_word_alone_does_not_decide() -> None:
 
 
 def test_contested_request_escalates() -> None:
-    # At the default margin (0.1) a runner-up at CONTEST_RATIO x E1 already fails the margin,
-    # so the contest rule is what decides for a roster with a smaller margin.
-    router = Router(
-        roster(lane("a", ["alpha", "omega", "psi"]), lane("b", ["beta zeta"]), margin=0.05)
-    )
+    # At the default margin a runner-up at CONTEST_RATIO x E1 already fails the margin, so
+    # the contest rule is what decides for a roster with a much smaller margin.
+    words = ["alpha", "omega", "psi", "chi", "rho"]
+    router = Router(roster(lane("a", words), lane("b", ["beta zeta", "eta", "theta"]), margin=0.02))
     assert router.route("alpha omega").lane == "a"
-    # E1 = 2.0 (two words) and E2 = 1.5 (b's phrase): the margin (0.667 - 0.6) passes, but
-    # E2 >= CONTEST_MIN and E2 >= CONTEST_RATIO x E1
+    # E1 = 4.0 (four words) and E2 = 3.5 (b's phrase and two words): the margin (0.8 - 0.778)
+    # passes, but E2 >= CONTEST_MIN and E2 >= CONTEST_RATIO x E1
     assert CONTEST_MIN <= PHRASE_BOOST
-    assert 2.0 * CONTEST_RATIO <= PHRASE_BOOST < 3.0 * CONTEST_RATIO
-    contested = router.route("alpha omega beta zeta")
-    assert contested.confidence >= 0.05
+    assert 4.0 * CONTEST_RATIO <= PHRASE_BOOST + 2.0 < 5.0 * CONTEST_RATIO
+    contested = router.route("alpha omega psi chi beta zeta eta theta")
+    assert contested.confidence >= 0.02
     assert contested.escalate
-    # With a's third word (E1 = 3.0) the runner-up is below CONTEST_RATIO x E1: decided.
-    assert router.route("alpha omega psi beta zeta").lane == "a"
+    # With a's fifth word (E1 = 5.0) the runner-up is below CONTEST_RATIO x E1: decided.
+    assert router.route("alpha omega psi chi rho beta zeta eta theta").lane == "a"
 
 
 def test_default_roster_known_traps() -> None:

@@ -66,7 +66,7 @@ async def test_a_classifier_sees_the_best_few_lanes_and_general() -> None:
         return "an answer"
 
     engine, ledger, _ = _engine(script, stronger=True)
-    text = "review the api docs and the test plan"
+    text = "write the api docs and the unit tests"
     view = await engine.wait((await engine.submit(text)).id, 5)
     route = ledger.bodies_of(k.ROUTE, view.id)[0]
     assert route["escalate"], route  # an ambiguous request: three lanes' words

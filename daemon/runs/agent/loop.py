@@ -127,22 +127,51 @@ def sandboxed(
     return run
 
 
+JSON_TEMPERATURE = 0.0
+"""The highest temperature of a json-mode step: the grammar holds the shape, and a small model
+picks its tool and arguments best greedily (the member's own sampling is for prose)."""
+OVERVIEW_FILES = 30
+"""A view with at most this many files is listed in the task message (no list_files step)."""
+
+
+def _arguments(model: type[Any]) -> str:
+    """A tool's arguments as the model writes them: required ones bare, optional ones with '?'."""
+    return ", ".join(
+        f'"{name}"' + ("" if info.is_required() else "?")
+        for name, info in model.model_fields.items()
+    )
+
+
+_JSON_FORMAT = (
+    'Reply with exactly one JSON object and nothing else: {"tool": "<name>", "arguments": {...}}'
+)
+_JSON_EXAMPLE = (
+    "For example, the task 'Create the file NAME containing TEXT.' takes these calls:\n"
+    '{"tool": "write_file", "arguments": {"path": "NAME", "content": "TEXT"}}\n'
+    '{"tool": "finish", "arguments": {"summary": "Created NAME."}}\n'
+    "with NAME and TEXT taken from the task."
+)
+
+
 def system_prompt(mode: Mode) -> str:
+    """The tool instructions: short, since a small model reads every token of them each step.
+
+    In json mode each tool shows the keys of its arguments, and a worked example (not any
+    task's answer) shows the call format and the end of a task: a write, then finish."""
     lines = [
         "You are a careful software engineer working on a project through tools.",
         "Each reply is exactly one tool call. Paths are relative to the project root.",
         "Tools:",
     ]
     for name, model in TOOLS.items():
-        fields = ", ".join(model.model_fields)
-        lines.append(f"- {name}({fields}): {(model.__doc__ or '').strip()}")
-    lines.append(
-        "Read before you edit; run the tests after a change; call finish when the task is done."
-    )
+        doc = (model.__doc__ or "").strip()
+        if mode == "json":
+            lines.append(f"- {name} {{{_arguments(model)}}}: {doc}")
+        else:
+            lines.append(f"- {name}({', '.join(model.model_fields)}): {doc}")
+    lines.append("Do only what the task asks; call finish as soon as it is done.")
     if mode == "json":
-        lines.append(
-            'Reply with one JSON object and nothing else: {"tool": "<name>", "arguments": {...}}'
-        )
+        lines += [_JSON_FORMAT, _JSON_EXAMPLE]
     return "\n".join(lines)
 
 
@@ -176,6 +205,7 @@ class _Loop:
         task: str | None,
         parent: int | None,
         reserve: Callable[[], None] | None,
+        overview: list[str] | None = None,
     ) -> None:
         self.toolbox = toolbox
         self.lease_factory = lease_factory
@@ -202,6 +232,8 @@ class _Loop:
             f"Task: {instruction}\n\nThe project is the current directory. Use the tools to do "
             f"the task, then call finish with a short summary.{finish}"
         )
+        if overview is not None:  # a small view, shown whole: no step spent listing it
+            task_text += "\n\nThe project's files:\n" + ("\n".join(overview) or "(none yet)")
         self.conversation.add(Message({"role": "user", "content": task_text}, 0, "task"))
 
     def _reserve_tokens(self) -> int:
@@ -256,6 +288,10 @@ class _Loop:
                     self.limits.step_tokens,
                     calls.response_format() if self.mode == "json" else None,
                 )
+                if self.mode == "json":
+                    body["temperature"] = min(
+                        float(body.get("temperature", JSON_TEMPERATURE)), JSON_TEMPERATURE
+                    )
                 if self.mode == "native":
                     body["tools"] = self.specs
                     body["tool_choice"] = "required"
@@ -273,7 +309,7 @@ class _Loop:
     def _to_json(self) -> None:
         self.mode = "json"
         system = self.conversation.messages[0].body
-        system["content"] = str(system["content"]) + "\n" + system_prompt("json").splitlines()[-1]
+        system["content"] = "\n".join([str(system["content"]), _JSON_FORMAT, _JSON_EXAMPLE])
         self.conversation.messages[0].counted = None
         self.conversation.reserve = self._reserve_tokens()
 
@@ -356,8 +392,10 @@ class _Loop:
                 self.result("finished", None, summary),
             )
         return (
-            "finish refused: the task's checks fail. Fix the problem, then finish again.\n"
-            + output,
+            "finish refused: the task's checks fail:\n"
+            + output
+            + "\nDo not call finish again yet: first change the files (write_file or edit) so "
+            "that the checks pass.",
             "finish_refused",
             None,
         )
@@ -505,6 +543,7 @@ async def run_agent(
     """
     limits = limits or AgentLimits()
     toolbox = Toolbox(Jail.of(view, hidden), runner, limits.tools)
+    overview = await asyncio.to_thread(toolbox.overview, OVERVIEW_FILES)
     loop = _Loop(
         instruction=instruction,
         toolbox=toolbox,
@@ -517,5 +556,6 @@ async def run_agent(
         task=task,
         parent=parent,
         reserve=reserve,
+        overview=overview,
     )
     return await loop.run()

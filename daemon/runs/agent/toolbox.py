@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import re2
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from daemon.runs.agent.paths import Jail, PathRefused
 from daemon.runs.executors import CommandOutcome
@@ -30,6 +30,23 @@ MB = 1024 * KB
 
 class _Input(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absent(cls, data: Any) -> Any:
+        """An optional argument sent as null or "" is absent (small models write
+        `"glob": ""` or `"start_line": null` for "not this one"); required ones stay as sent."""
+        if not isinstance(data, dict):
+            return data
+        return {
+            key: value
+            for key, value in data.items()
+            if not (
+                key in cls.model_fields
+                and not cls.model_fields[key].is_required()
+                and (value is None or (isinstance(value, str) and not value.strip()))
+            )
+        }
 
 
 class ListFiles(_Input):
@@ -130,7 +147,10 @@ class ToolError(Exception):
 
 
 def _matches(glob: str | None, name: str, path: str) -> bool:
-    return glob is None or fnmatch.fnmatchcase(name, glob) or fnmatch.fnmatchcase(path, glob)
+    """Whether a file is in; no glob (None, "", "*", "**") takes every file."""
+    if glob is None or glob.strip() in ("", "*", "**", "**/*"):
+        return True
+    return fnmatch.fnmatchcase(name, glob) or fnmatch.fnmatchcase(path, glob)
 
 
 def _is_binary(head: bytes) -> bool:
@@ -200,15 +220,38 @@ class Toolbox:
         except _Truncated:
             more = True
         if not lines:
-            return "no files" + (f" matching {args.glob!r}" if args.glob else "")
+            if args.glob:
+                return (
+                    f"no files matching {args.glob!r} under {args.path!r}: list_files with no "
+                    "glob shows every file"
+                )
+            return f"no files under {args.path!r}: the project is empty there"
         if more:
             lines.append(
                 f"[listing cut at {len(lines)} files: give a subdirectory or a glob to see more]"
             )
         return "\n".join(lines)
 
+    def overview(self, most: int) -> list[str] | None:
+        """The view's files (as list_files shows them) if there are at most `most`; else None."""
+        found: list[str] = []
+        try:
+            for rel, st in self._walk(".", None):
+                if len(found) >= most:
+                    return None
+                found.append(f"{rel} ({st.st_size} bytes)")
+        except (_Truncated, PathRefused):
+            return None
+        return found
+
     def read_file(self, args: ReadFile) -> str:
         rel, real = self.jail.resolve(args.path)
+        if not os.path.lexists(real):
+            # Small models read the file they were asked to create: say what to send instead.
+            raise ToolError(
+                f"{rel!r} does not exist yet. To create it, call write_file with path {rel!r} "
+                "and its full content; list_files shows the files that exist"
+            )
         st = self.jail.regular(rel, real)
         if st.st_size > self.limits.read_file_max:
             raise ToolError(

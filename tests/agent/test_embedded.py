@@ -1,9 +1,8 @@
 """The embedded model (real llama.cpp from xllamacpp, SmolLM2-135M) drives the loop in json
-mode on a trivial task, its every step held to one call by the schema's grammar.
-
-Quality aside: a 135M model may not finish the task. What must hold whatever it writes: the
-loop ends within its budget with one of its outcomes, every step is a well-formed witnessed
-`agent.step`, and when it does finish, the file is right (the checks say so)."""
+mode on a trivial task, its every step held to one call by the schema's grammar, and finishes
+it: a write, then a finish the checks accept, within a budget of three steps. (Greedy json-mode
+sampling makes the run repeatable; what gets a 135M model there is the loop's prompt and
+tools, none of which names this task: see `loop.system_prompt` and the task message.)"""
 
 from __future__ import annotations
 
@@ -67,7 +66,7 @@ async def test_the_embedded_model_runs_a_bounded_json_loop(tmp_path: Path) -> No
             return True, "hello.txt contains hi"
         return False, f"hello.txt must contain exactly 'hi'; it contains {text!r}"
 
-    limits = AgentLimits(max_steps=6, n_ctx=4096, step_tokens=96, wall_s=240)
+    limits = AgentLimits(max_steps=3, n_ctx=4096, step_tokens=64, wall_s=120)
     try:
         async with pool.lease("cheap") as lease:
             assert lease.server_url is not None
@@ -99,13 +98,19 @@ async def test_the_embedded_model_runs_a_bounded_json_loop(tmp_path: Path) -> No
         print(
             f"  step {s['step']}: {s['tool']} {s['outcome']} cache {reuse:.2f} {s['reply'][:120]!r}"
         )
-    assert result.outcome in ("finished", "stuck", "malformed", "steps", "tokens", "wall")
+    assert result.outcome == "finished", (result.error, [s["reply"] for s in steps])
     assert result.steps <= limits.max_steps
     assert len(steps) == result.steps
     assert all(s["mode"] == "json" and s["member"] == "smol" for s in steps)
-    # the grammar holds the model to one JSON call a step (nothing to rescue); its arguments
+    # the grammar holds the model to one JSON call a step (nothing to rescue) unless the reply
+    # ran into max_tokens (a summary that rambles on), which the rescue closes; its arguments
     # may still break a rule the grammar cannot say (end_line before start_line): a nudge
-    assert all(s["parse"] in ("parsed", "malformed") for s in steps), [s["reply"] for s in steps]
+    assert all(
+        s["parse"] in ("parsed", "malformed")
+        or (s["parse"] == "repaired" and s["tokens"]["completion"] >= limits.step_tokens)
+        for s in steps
+    ), [s["reply"] for s in steps]
     assert all(s["reply"].lstrip().startswith("{") for s in steps), [s["reply"] for s in steps]
-    if result.outcome == "finished":
-        assert (view / "hello.txt").read_text().strip() == "hi"
+    assert (view / "hello.txt").read_text().strip() == "hi"
+    assert (steps[-1]["tool"], steps[-1]["outcome"]) == ("finish", "finished")
+    assert "hello.txt contains hi" in steps[-1]["observation"]  # the checks passed

@@ -228,12 +228,18 @@ class _Loop:
         intro = (system + "\n\n" if system else "") + system_prompt(mode)
         self.conversation.add(Message({"role": "system", "content": intro}, 0, "system"))
         finish = " It is accepted once the task's checks pass." if checks is not None else ""
-        task_text = (
-            f"Task: {instruction}\n\nThe project is the current directory. Use the tools to do "
-            f"the task, then call finish with a short summary.{finish}"
-        )
+        # The task comes last, quoted, right before the reply: a small model follows what it
+        # read last (measured with SmolLM2-135M: the task first, its content ran on into the
+        # file names after it).
+        parts = []
         if overview is not None:  # a small view, shown whole: no step spent listing it
-            task_text += "\n\nThe project's files:\n" + ("\n".join(overview) or "(none yet)")
+            parts.append("The project's files:\n" + ("\n".join(overview) or "(none yet)"))
+        parts.append(
+            "The project is the current directory. Do the task with the tools, then call "
+            f"finish with a short summary.{finish}"
+        )
+        parts.append(f'Task: "{instruction}"')
+        task_text = "\n\n".join(parts)
         self.conversation.add(Message({"role": "user", "content": task_text}, 0, "task"))
 
     def _reserve_tokens(self) -> int:
@@ -464,6 +470,10 @@ class _Loop:
         else:
             said = {"role": "assistant", "content": _clip(text, REPLY_CHARS)}
             shown = {"role": "user", "content": f"[{call.tool} result]\n{observation}"}
+            if call.tool in ("write_file", "edit"):
+                # Said to the model only (the step's observation is the tool's own): a small
+                # model otherwise writes the same file again instead of finishing.
+                shown["content"] += "\nIf that completes the task, call finish now."
         self.conversation.add(Message(said, self.step, "call", tool=call.tool))
         self.conversation.add(Message(shown, self.step, "observation", tool=call.tool))
 

@@ -1,10 +1,10 @@
 """An `agent` task end to end on the embedded SmolLM2 pool (the packaged default roster), on a
 real workspace with real bwrap and git.
 
-Quality aside: a 135M model may well not finish "create hello.txt containing hi". What must
-hold whatever it writes: the run ends within its budget, every model call of the task is one
-witnessed `agent.step` (json mode, the embedded member, chained from its attempt's start),
-the run's spending counts them, and a finished task's file is right and in the patch.
+The 135M model finishes "create hello.txt containing hi" in the fewest steps there are, a
+write and a finish, within a budget of exactly those two model calls: every model call of the
+task is one witnessed `agent.step` (json mode, the embedded member, chained from its attempt's
+start), the run's spending counts them, the run is done and the file is in its patch.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap"),
 ]
-CALLS = 3
+CALLS = 2
 
 
 async def test_the_embedded_model_drives_an_agent_task_in_a_workspace_run(
@@ -59,9 +59,9 @@ async def test_the_embedded_model_drives_an_agent_task_in_a_workspace_run(
             "Say hi in a file",
             plan=plan,
             workspace=str(src),
-            budget={"model_calls": CALLS, "wall_s": 180},
+            budget={"model_calls": CALLS, "wall_s": 120},
         )
-        done = await daemon.engine.wait(view.id, timeout=240)
+        done = await daemon.engine.wait(view.id, timeout=180)
         assert done.state in ("done", "failed", "budget_exhausted"), done.error
         entries = await daemon.ledger.entries(limit=1000, run=view.id)
         starts = {e.seq for e in entries if e.kind == k.TASK_START}
@@ -75,7 +75,8 @@ async def test_the_embedded_model_drives_an_agent_task_in_a_workspace_run(
             assert body["task"] == "hello"
             assert body["mode"] == "json"
             assert body["member"] == "tiny"
-            assert body["parse"] in ("parsed", "malformed")  # the grammar holds it to JSON
+            # the grammar holds it to JSON; a reply cut at max_tokens is closed by the rescue
+            assert body["parse"] in ("parsed", "malformed", "repaired")
             first = body["step"] == 1
             assert entry.parent in starts if first else entry.parent == before.seq  # type: ignore[union-attr]
             assert body["tokens"]["prompt"] > 0
@@ -88,10 +89,11 @@ async def test_the_embedded_model_drives_an_agent_task_in_a_workspace_run(
                 for b in bodies
             )
         )
-        if done.state == "done":
-            _, patch = await daemon.engine.patch(view.id)
-            assert patch is not None
-            assert "+hi" in patch.patch
+        assert done.state == "done", (done.error, [b["reply"] for b in bodies])
+        assert [b["tool"] for b in bodies] == ["write_file", "finish"]
+        _, patch = await daemon.engine.patch(view.id)
+        assert patch is not None
+        assert "+hi" in patch.patch
         assert (await daemon.ledger.verify(deep=True)).ok
     finally:
         await daemon.stop()

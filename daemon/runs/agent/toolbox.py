@@ -176,7 +176,10 @@ class Toolbox:
         try:
             st = os.stat(real)
         except FileNotFoundError:
-            raise PathRefused(f"{rel or '.'!r} does not exist") from None
+            raise PathRefused(
+                f"{rel or '.'!r} does not exist: give no path to look at the whole project; to "
+                "create a file, call write_file with its path and content"
+            ) from None
         if not stat.S_ISDIR(st.st_mode):
             raise PathRefused(f"{rel!r} is a file, not a directory: use read_file")
         seen = 0

@@ -217,3 +217,34 @@ def test_compaction_drops_whole_steps_once_stubs_do_not_fit() -> None:
     assert wire[2]["content"].startswith("[cut to save context: steps 1-")
     assert "list_files x" in wire[2]["content"]
     assert wire[-1]["content"] == "o" * 300
+
+
+async def test_optional_arguments_sent_empty_are_absent(tmp_path: Path) -> None:
+    """What small models send for "not this one": null or "" optional arguments are absent,
+    and an empty glob lists every file; required arguments are still required."""
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "b.md").write_text("# b\n")
+    tb = box(tmp_path)
+    every = "a.py (6 bytes)\ndocs/b.md (4 bytes)"
+    for glob in ("", "  ", None, "*", "**"):
+        assert await use(tb, "list_files", path=None, glob=glob) == (True, every)
+    assert await use(tb, "list_files", path="", glob="*.rs") == (
+        True,
+        "no files matching '*.rs' under '.': list_files with no glob shows every file",
+    )
+    ok, said = await use(tb, "read_file", path="a.py", start_line=None, end_line="")
+    assert (ok, said) == (True, "a.py: lines 1-1 of 1\nx = 1\n")
+    ok, said = await use(tb, "search", pattern="x", glob="", path=None)
+    assert (ok, said) == (True, "a.py:1: x = 1")
+    with pytest.raises(ValueError, match="content"):
+        await use(tb, "write_file", path="c.txt", content=None)
+    # a missing file or directory: the observation says what to send instead
+    ok, said = await use(tb, "read_file", path="new.txt")
+    assert not ok
+    assert "call write_file with path 'new.txt'" in said
+    ok, said = await use(tb, "list_files", path="new.txt")
+    assert not ok
+    assert "to create a file, call write_file" in said
+    assert tb.overview(2) == ["a.py (6 bytes)", "docs/b.md (4 bytes)"]
+    assert tb.overview(1) is None  # a larger view is not listed up front

@@ -53,16 +53,42 @@ async def cli(*args: str) -> tuple[int, str, str]:
     return await asyncio.to_thread(run)
 
 
-def child(dsn: str, state: Path, count: int, gated: bool = False) -> subprocess.Popen[bytes]:
+def child(
+    dsn: str, state: Path, count: int, gated: bool = False, halves: bool = False
+) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.ledger_pg.child", dsn, str(state), str(count)]
-        + (["gated"] if gated else []),
+        + (["gated"] if gated else [])
+        + (["halves"] if halves else []),
         cwd=ROOT,
-        stdin=subprocess.PIPE if gated else subprocess.DEVNULL,
+        stdin=subprocess.PIPE if gated or halves else subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
+
+
+def _until_half(proc: subprocess.Popen[bytes]) -> bytes:
+    """What a `halves` child printed up to its `half` line (bounded by the test's timeout)."""
+    assert proc.stdout is not None
+    seen = b""
+    while not seen.endswith(b"\n") or b"half " not in seen.rsplit(b"\n", 2)[-2]:
+        line = proc.stdout.readline()
+        assert line, f"the child ended before its half: {seen[-400:]!r}"
+        seen += line
+    return seen
+
+
+def _finish(proc: subprocess.Popen[bytes]) -> bytes:
+    """Release a `halves` child and read the rest of what it prints (its buffered reader's
+    lines included, which `communicate` would skip)."""
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    proc.stdin.write(b"go\n")
+    proc.stdin.close()
+    rest = proc.stdout.read()
+    proc.wait(timeout=60)
+    return rest
 
 
 def acks(output: bytes) -> dict[int, str]:
@@ -92,8 +118,9 @@ def check_chain(lines: list[bytes]) -> None:
 
 
 async def test_two_daemons_append_at_once_into_one_chain(pg_dsn: str, tmp_path: Path) -> None:
-    procs = [child(pg_dsn, tmp_path / name, 10) for name in ("a", "b")]
-    outs = [p.communicate(timeout=60)[0] for p in procs]
+    procs = [child(pg_dsn, tmp_path / name, 10, halves=True) for name in ("a", "b")]
+    firsts = [_until_half(p) for p in procs]  # both children's first halves are in the record
+    outs = [first + _finish(p) for first, p in zip(firsts, procs, strict=True)]
     assert [p.returncode for p in procs] == [0, 0]
     acked = [acks(out) for out in outs]
     assert [len(a) for a in acked] == [640, 640]
@@ -108,7 +135,8 @@ async def test_two_daemons_append_at_once_into_one_chain(pg_dsn: str, tmp_path: 
         for seq, leaf in mine.items():
             assert rfc9162._h(b"\x00" + lines[seq]).hex() == leaf
             assert writers[seq] == name  # the record says who wrote it
-    # Both daemons' batches interleave (they did append at once), yet one chain.
+    # Both daemons' entries are in each half of the record (the children wait for each other
+    # halfway), so their batches interleave, yet there is one chain.
     switches = sum(1 for x, y in itertools.pairwise(writers) if x != y)
     assert switches >= 2
     reader = await SharedLedger.open_shared(pg_dsn, None, readonly=True)

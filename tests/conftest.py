@@ -8,12 +8,24 @@ from typing import Any
 
 import pytest
 
+from tests.record.corpus import misfits, watching
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """The suite never reads a user's TALLY_* settings: `make test` passes while a daemon runs
     with TALLY_SOCKET, TALLY_STATE_DIR, TALLY_URL... exported. Tests that need one set it."""
     for name in [n for n in os.environ if n.startswith("TALLY_")]:
         del os.environ[name]
+
+
+@pytest.fixture(autouse=True)
+def _record_vocabulary(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every body product code writes in a test is its kind's model in `daemon.record`, byte
+    for byte: a kind written but not registered there fails the test that wrote it."""
+    watch = watching(monkeypatch)
+    yield
+    found = misfits(watch)
+    assert not found, "the record's vocabulary:\n" + "\n".join(found)
 
 
 @pytest.fixture

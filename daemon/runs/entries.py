@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from typing import Final
 
+# Their home is the ledger's canonical JSON; named here for the engine's steps.
+from daemon.ledger.canonical import safe as safe
+from daemon.ledger.canonical import unsafe as unsafe
+
 ACTOR: Final = "engine"
 
 REQUEST: Final = "run.request"
@@ -180,25 +184,3 @@ KINDS: Final = (
     RESUME,
     AGENT_STEP,
 )
-
-
-def safe(value: object) -> object:
-    """Make `value` ledger-safe: floats become {"__float__": "<repr>"} (reversed by `unsafe`)."""
-    if isinstance(value, float):
-        return {"__float__": repr(value)}
-    if isinstance(value, dict):
-        return {str(key): safe(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [safe(item) for item in value]
-    return value
-
-
-def unsafe(value: object) -> object:
-    """Undo `safe`."""
-    if isinstance(value, dict):
-        if set(value) == {"__float__"}:
-            return float(value["__float__"])
-        return {key: unsafe(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [unsafe(item) for item in value]
-    return value

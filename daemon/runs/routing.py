@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from daemon import record as rec
 from daemon import routing
-from daemon.runs import entries as k
 from daemon.runs.budget import BudgetExhausted
 from daemon.runs.calls import structured
 from daemon.runs.context import Run, Setting, describe
@@ -39,25 +39,25 @@ async def route(s: Setting, run: Run) -> tuple[str, int]:
     if view.lane is not None:
         # The client named the lane: witnessed with the router's own choice beside it, so an
         # override is a correction the record keeps (`tally route --suggest` reads them).
-        body = {
-            "lane": view.lane,
-            "confidence_ppm": 1_000_000,
-            "escalate": False,
-            "source": "client",
-            "scores": scores,
-            "matched": matched,
-            "router": _choice(decided.decision),
-        }
-        return view.lane, await s.witness(run.id, k.ROUTE, body, view.request_seq)
-    body = {
-        "lane": decided.lane,
-        "confidence_ppm": _ppm(decided.confidence),
-        "escalate": bool(decided.escalate),
-        "source": "router",
-        "scores": scores,
-        "matched": matched,
-    }
-    seq = await s.witness(run.id, k.ROUTE, body, view.request_seq)
+        body = rec.RunRoute(
+            lane=view.lane,
+            confidence_ppm=1_000_000,
+            escalate=False,
+            source="client",
+            scores=scores,
+            matched=matched,
+            router=_choice(decided.decision),
+        )
+        return view.lane, await s.witness(run.id, body, view.request_seq)
+    body = rec.RunRoute(
+        lane=decided.lane,
+        confidence_ppm=_ppm(decided.confidence),
+        escalate=bool(decided.escalate),
+        source="router",
+        scores=scores,
+        matched=matched,
+    )
+    seq = await s.witness(run.id, body, view.request_seq)
     if decided.lane is not None and not decided.escalate:
         return str(decided.lane), seq
     if run.client_plan is not None:  # the client planned: its lanes decide, no model call
@@ -71,18 +71,18 @@ async def route(s: Setting, run: Run) -> tuple[str, int]:
     candidates = ranked[:CANDIDATES]
     if GENERAL in s.lanes and GENERAL not in candidates:
         candidates.append(GENERAL)
-    body = {"lane": lane, "candidates": candidates, "source": decision.source, "error": None}
-    return lane, await s.witness(run.id, k.CLASSIFY, body, seq)
+    chosen = rec.RunClassify(lane=lane, candidates=candidates, source=decision.source, error=None)
+    return lane, await s.witness(run.id, chosen, seq)
 
 
-def _choice(decision: DecisionLike) -> dict[str, Any]:
+def _choice(decision: DecisionLike) -> rec.RouterChoice:
     """The router's decision as a witnessed body holds it."""
-    return {
-        "lane": decision.lane,
-        "source": decision.source,
-        "classifier": decision.classifier,
-        "candidates": list(decision.candidates),
-    }
+    return rec.RouterChoice(
+        lane=decision.lane,
+        source=decision.source,
+        classifier=decision.classifier,
+        candidates=list(decision.candidates),
+    )
 
 
 async def _classify(
@@ -123,8 +123,8 @@ async def _classify(
         raise
     except Exception as exc:  # the classifier is advice: fall back to the best score
         error = describe(exc)
-    body = {"lane": lane, "candidates": candidates, "source": source, "error": error}
-    return lane, await s.witness(run.id, k.CLASSIFY, body, reply_seq or parent)
+    body = rec.RunClassify(lane=lane, candidates=candidates, source=source, error=error)
+    return lane, await s.witness(run.id, body, reply_seq or parent)
 
 
 def _ppm(value: Any) -> int:

@@ -146,6 +146,32 @@ def schemas() -> dict[str, dict[str, Any]]:
     return {model.KIND: schema(model) for model in KINDS}
 
 
+def document() -> dict[str, Any]:
+    """What `GET /v1/record/schema` and `tally ledger schema` publish: every kind's JSON
+    Schema (`schemas`, keyed by kind) and who writes it, its parents' kinds and the fields it
+    writes only when they hold something (`kinds`)."""
+    return {
+        "dialect": SCHEMA_DIALECT,
+        "schemas": schemas(),
+        "kinds": {
+            model.KIND: {
+                "actors": list(model.ACTORS),
+                "parents": list(model.PARENTS),
+                "optional": sorted(model.OPTIONAL),
+                "summary": _summary(model),
+            }
+            for model in KINDS
+        },
+    }
+
+
+def _summary(model: type[Body]) -> str:
+    """The first sentence of the kind's doc (its model's docstring)."""
+    doc = " ".join((model.__doc__ or "").split())
+    head, _, _ = doc.partition(". ")
+    return head.rstrip(".") + "." if head else ""
+
+
 __all__ = [
     "BY_KIND",
     "CLIENT",
@@ -202,6 +228,7 @@ __all__ = [
     "Usage",
     "WorkspaceApply",
     "WorkspaceSnapshot",
+    "document",
     "model_for",
     "read",
     "schema",

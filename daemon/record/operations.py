@@ -22,6 +22,8 @@ class ClientAdd(Body):
 
 
 class ClientRevoke(Body):
+    """A client's token was revoked."""
+
     KIND: ClassVar[str] = "client.revoke"
     ACTORS: ClassVar[tuple[str, ...]] = (CLIENT,)
 
@@ -29,6 +31,8 @@ class ClientRevoke(Body):
 
 
 class RosterReload(Body):
+    """The roster was loaded again (its lanes' count and models' names)."""
+
     KIND: ClassVar[str] = "roster.reload"
     ACTORS: ClassVar[tuple[str, ...]] = (CLIENT,)
 

@@ -312,6 +312,8 @@ class TaskVerdict(Body):
 
 
 class TaskEscalate(Body):
+    """A task climbs to the next tier of its lane's ladder after a failed attempt."""
+
     KIND: ClassVar[str] = "task.escalate"
     ACTORS: ClassVar[tuple[str, ...]] = ENGINE
     PARENTS: ClassVar[tuple[str, ...]] = ("task.verdict",)
@@ -362,6 +364,8 @@ class RunBudget(Body):
 
 
 class RunCancel(Body):
+    """The run was cancelled (by a client, or because its daemon is stopping)."""
+
     KIND: ClassVar[str] = "run.cancel"
     ACTORS: ClassVar[tuple[str, ...]] = ENGINE
     PARENTS: ClassVar[tuple[str, ...]] = ("run.request",)

@@ -16,6 +16,8 @@ _READ = ConfigDict(extra="allow", strict=True, frozen=True)
 
 
 class WorkspaceSnapshot(SnapshotBody, Body):
+    """What of the workspace the run's tasks see: its identity (files, content hash, git head)."""
+
     model_config = _READ
     KIND: ClassVar[str] = "workspace.snapshot"
     ACTORS: ClassVar[tuple[str, ...]] = ("engine",)
@@ -23,6 +25,8 @@ class WorkspaceSnapshot(SnapshotBody, Body):
 
 
 class TaskDiff(DiffBody, Body):
+    """One attempt's changes to its view of the workspace, as a unified diff."""
+
     model_config = _READ
     KIND: ClassVar[str] = "task.diff"
     ACTORS: ClassVar[tuple[str, ...]] = ("engine",)
@@ -30,6 +34,8 @@ class TaskDiff(DiffBody, Body):
 
 
 class CheckRun(CheckBody, Body):
+    """One `run` check of a task's attempt, run in the attempt's view."""
+
     model_config = _READ
     KIND: ClassVar[str] = "check.run"
     ACTORS: ClassVar[tuple[str, ...]] = ("engine",)
@@ -37,6 +43,8 @@ class CheckRun(CheckBody, Body):
 
 
 class RunPatch(PatchBody, Body):
+    """The done tasks' changes combined, against the snapshot (with each file's hashes)."""
+
     model_config = _READ
     KIND: ClassVar[str] = "run.patch"
     ACTORS: ClassVar[tuple[str, ...]] = ("engine",)
@@ -44,6 +52,8 @@ class RunPatch(PatchBody, Body):
 
 
 class WorkspaceApply(ApplyBody, Body):
+    """The run's patch applied to the workspace (or refused: `ok` false)."""
+
     model_config = _READ
     KIND: ClassVar[str] = "workspace.apply"
     ACTORS: ClassVar[tuple[str, ...]] = ("engine",)  # the client is named in the body

@@ -39,6 +39,7 @@ class Written:
     actor: str
     body: str | None  # canonical bytes as text; None for a body-less entry
     where: str  # path:line of the product code that wrote it
+    parent: str | None = None  # its parent's kind, where the ledger could say (not recorded)
 
 
 @dataclass
@@ -57,6 +58,21 @@ class Watch:
             return data
 
         watched.__wrapped__ = check  # type: ignore[attr-defined]
+        return watched
+
+    def wrap_memory(self, append: Callable[..., Any]) -> Callable[..., Any]:
+        """The engine's in-memory ledger knows every parent's kind: note it on the entry."""
+
+        async def watched(ledger: Any, **kwargs: Any) -> Any:
+            # `check_append` runs before the append's first await: no other append comes between
+            at = len(self.written)
+            entry = await append(ledger, **kwargs)
+            parent = kwargs.get("parent")
+            if parent is not None and len(self.written) > at:
+                self.written[at].parent = ledger.log[parent].kind
+            return entry
+
+        watched.__wrapped__ = append  # type: ignore[attr-defined]
         return watched
 
 
@@ -104,6 +120,11 @@ def misfits(watch: Watch) -> list[str]:
             continue
         if again != item.body:
             found.append(f"{item.where}: {item.kind} changes when written as {model.__name__}")
+        if item.parent is not None and item.parent not in model.PARENTS:
+            found.append(
+                f"{item.where}: {item.kind} hangs off a {item.parent}, not one of its kind's "
+                f"parents {list(model.PARENTS)} (daemon.record)"
+            )
     return found
 
 
@@ -118,6 +139,7 @@ def watching(monkeypatch: pytest.MonkeyPatch) -> Watch:
     except ImportError:  # pragma: no cover - the fake ledger is part of the suite
         return watch
     monkeypatch.setattr(fakes, "check_append", watch.wrap(fakes.check_append))  # type: ignore[attr-defined]
+    monkeypatch.setattr(fakes.MemoryLedger, "append", watch.wrap_memory(fakes.MemoryLedger.append))
     return watch
 
 
@@ -171,4 +193,5 @@ def _record_corpus(request: pytest.FixtureRequest) -> Iterator[None]:
             if too_big or item.body in bodies or len(bodies) >= PER_SHAPE:
                 continue
             bodies.add(item.body)
-            out.write(json.dumps(item.__dict__, sort_keys=True) + "\n")
+            kept = {k: v for k, v in item.__dict__.items() if k != "parent"}
+            out.write(json.dumps(kept, sort_keys=True) + "\n")

@@ -36,6 +36,13 @@ def test_a_body_that_is_not_its_model_is_named() -> None:
     assert misfits(Watch([_written("run.state", {"state": "done", "error": None})])) == []
 
 
+def test_a_parent_of_another_kind_is_named() -> None:
+    wrong = _written("run.state", {"state": "done", "error": None})
+    wrong.parent = "model.call"
+    (found,) = misfits(Watch([wrong]))
+    assert "hangs off a model.call" in found
+
+
 def test_every_kind_is_registered_once_with_its_actors_and_parents() -> None:
     assert len({m.KIND for m in record.KINDS}) == len(record.KINDS)
     known = {m.KIND for m in record.KINDS}
@@ -60,4 +67,15 @@ async def test_the_watch_sees_what_the_engine_writes(monkeypatch: pytest.MonkeyP
     assert kinds[-1] == "run.state"
     assert "test.own" not in kinds
     assert all(w.where.startswith("daemon/runs/") for w in watch.written)
+    parents = {(w.kind, w.parent) for w in watch.written if w.parent is not None}
+    assert ("run.route", "run.request") in parents  # the in-memory ledger names each parent
     assert misfits(watch) == []
+
+
+def test_the_engine_s_kind_names_are_the_record_s() -> None:
+    from daemon import gateway
+    from daemon.runs import entries as k
+    from daemon.workspace import record as ws
+
+    for kind in (*k.KINDS, *ws.KINDS, *gateway.KINDS, gateway.LIMITED):
+        assert record.model_for(kind) is not None, kind

@@ -52,7 +52,7 @@ async function verifyHere(seq, out) {
 
 // Whether the body fits its kind's published schema (shown beside the body).
 async function bodyCheck(e) {
-  if (!e.body || e.redacted) return null;
+  if (!e.body || e.body_state !== "present") return null;  // no body to check (redacted, missing, tampered)
   const verdict = checkBody(await recordSchema(), e.kind, e.content);
   const mark = verdict.ok === null ? "·" : verdict.ok ? "✓" : "✗";
   const cls = verdict.ok === false ? "bad" : "ok";

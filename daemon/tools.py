@@ -868,7 +868,8 @@ async def _compare_side(daemon: Daemon, run_id: str) -> CompareSide:
             if e.kind == k.TASK_ESCALATE:
                 counts[k.TASK_ESCALATE] += 1
             elif e.kind == k.TASK_VERDICT and e.body is not None:
-                counts["ok" if isinstance(body, dict) and body.get("ok") else "failed"] += 1
+                verdict = rec.TaskVerdict.parsed(body)
+                counts["ok" if verdict is not None and verdict.ok else "failed"] += 1
         if len(batch) < 1000:
             break
         start = batch[-1].seq + 1

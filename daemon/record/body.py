@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 CLIENT = "<client>"
 """In `ACTORS`: the entry's actor is the name of the client that caused it."""
@@ -35,6 +35,15 @@ class Body(BaseModel):
     def read(cls, data: object) -> Self:
         """A body as the ledger holds it (tolerant of later fields; raises ValidationError)."""
         return cls.model_validate(data, strict=True)
+
+    @classmethod
+    def parsed(cls, data: object) -> Self | None:
+        """`read`, or None for a body that does not fit (`tally ledger verify --deep` names
+        those): for a reader that counts what it can and skips the rest."""
+        try:
+            return cls.read(data)
+        except ValidationError:
+            return None
 
     def written(self) -> dict[str, Any]:
         """The body to witness: every field its kind writes, nothing its kind does not."""

@@ -79,3 +79,12 @@ def test_the_engine_s_kind_names_are_the_record_s() -> None:
 
     for kind in (*k.KINDS, *ws.KINDS, *gateway.KINDS, gateway.LIMITED):
         assert record.model_for(kind) is not None, kind
+
+
+def test_a_reader_counts_what_fits_and_skips_the_rest() -> None:
+    ok = {"task": "t", "attempt": 1, "ok": True, "failures": [], "judge": None, "next": "done"}
+    verdict = record.TaskVerdict.parsed(ok)
+    assert verdict is not None
+    assert verdict.ok is True
+    assert record.TaskVerdict.parsed(ok | {"ok": "yes"}) is None
+    assert record.TaskVerdict.parsed(["not", "a", "body"]) is None

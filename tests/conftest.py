@@ -8,8 +8,6 @@ from typing import Any
 
 import pytest
 
-from tests.record.corpus import misfits, watching
-
 
 def pytest_configure(config: pytest.Config) -> None:
     """The suite never reads a user's TALLY_* settings: `make test` passes while a daemon runs
@@ -22,6 +20,13 @@ def pytest_configure(config: pytest.Config) -> None:
 def _record_vocabulary(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Every body product code writes in a test is its kind's model in `daemon.record`, byte
     for byte: a kind written but not registered there fails the test that wrote it."""
+    try:
+        from tests.record.corpus import misfits, watching
+    except ModuleNotFoundError as err:
+        if err.name != "tests":
+            raise
+        yield  # a copy of this file outside the repository (tests/test_ci_honesty.py)
+        return
     watch = watching(monkeypatch)
     yield
     found = misfits(watch)

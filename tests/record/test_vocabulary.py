@@ -88,3 +88,24 @@ def test_a_reader_counts_what_fits_and_skips_the_rest() -> None:
     assert verdict.ok is True
     assert record.TaskVerdict.parsed(ok | {"ok": "yes"}) is None
     assert record.TaskVerdict.parsed(["not", "a", "body"]) is None
+
+
+def test_every_body_model_anywhere_is_registered() -> None:
+    """A kind's model declared anywhere in the product (say by a branch that adds one) is in
+    `daemon.record.KINDS`, so every surface publishes it."""
+    import importlib
+    import pkgutil
+
+    import daemon
+
+    for info in pkgutil.walk_packages(daemon.__path__, "daemon."):
+        if not info.name.endswith("packscan"):  # a script run as `python -I -S`, not imported
+            importlib.import_module(info.name)
+    seen: list[type[record.Body]] = []
+    todo: list[type[record.Body]] = [record.Body]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            seen.append(sub)
+            todo.append(sub)
+    declared = {model for model in seen if "KIND" in vars(model)}
+    assert declared - set(record.KINDS) == set()

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from daemon import record as rec
 from daemon.errors import Conflict
 from daemon.planning import Plan
 from daemon.runs import entries as k
@@ -29,7 +30,7 @@ RETRYABLE: frozenset[str] = frozenset({"failed", "cancelled", "budget_exhausted"
 """States a run is retried from (an interrupted one resumes instead)."""
 
 Find = Callable[[str], Awaitable[RunView]]
-WitnessAll = Callable[[str, Sequence[tuple[str, dict[str, Any], int | None]]], Awaitable[Any]]
+WitnessAll = Callable[[str, Sequence[tuple[rec.Body, int | None]]], Awaitable[Any]]
 
 
 def retryable(original: RunView) -> Plan | None:
@@ -48,24 +49,26 @@ def retryable(original: RunView) -> Plan | None:
 
 def retry_request(
     original: RunView, plan: Plan | None, lane: str | None, roster: Roster, client: str
-) -> dict[str, Any]:
+) -> rec.RunRequest:
     """The `run.request` body of the run that retries `original` (plan checked already)."""
     tier = original.tier if original.tier in roster.tiers.members else None
     member = original.member if original.member and roster.member(original.member) else None
     reused = [t.id for t in original.tasks if t.state == "done"] if plan is not None else []
-    body: dict[str, Any] = {
-        "request": original.request,
-        "lane": lane,
-        "plan": k.safe(plan.model_dump(mode="json", by_alias=True)) if plan else None,
-        "budget": original.budget.model_dump(),
-        "max_parallel": original.max_parallel,
-        "barrier": original.barrier,
-        "idempotency_key": None,
-        "client": client,
-        "retry_of": {"run": original.id, "state": original.state, "reuse": reused},
-    }
-    body |= {"tier": tier} if tier is not None else {}
-    body |= {"member": member} if member is not None else {}
+    body = rec.RunRequest(
+        request=original.request,
+        lane=lane,
+        plan=k.safe(plan.model_dump(mode="json", by_alias=True)) if plan else None,
+        budget=rec.Budget(**original.budget.model_dump()),
+        max_parallel=original.max_parallel,
+        barrier=original.barrier,
+        idempotency_key=None,
+        client=client,
+        retry_of=rec.RetryOf(run=original.id, state=original.state, reuse=reused),
+    )
+    if tier is not None:  # only when set, as in a new run's request
+        body.tier = tier
+    if member is not None:
+        body.member = member
     return body
 
 
@@ -86,18 +89,15 @@ async def reuse(s: Setting, run: Run, find: Find, witness_all: WitnessAll) -> No
     if not pending:
         return
     original = await find(view.retry_of)
-    entries: list[tuple[str, dict[str, Any], int | None]] = []
+    entries: list[tuple[rec.Body, int | None]] = []
     for task_id in pending:
         done = original.task(task_id)
         if done is None or done.state != "done":
             continue
         output = done.result or ""
-        body = {
-            "task": task_id,
-            "from_run": original.id,
-            "from_seq": done.verdict_seq,
-            "output": output,
-        }
-        entries.append((k.TASK_REUSE, body, view.plan_seq))
+        body = rec.TaskReuse(
+            task=task_id, from_run=original.id, from_seq=done.verdict_seq, output=output
+        )
+        entries.append((body, view.plan_seq))
         run.outputs[task_id] = output
     await witness_all(run.id, entries)

@@ -25,6 +25,7 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from daemon import record as rec
 from daemon.errors import InvalidInput
 from daemon.planning import Plan, RunAssertion, Task
 from daemon.runs.context import Run, Setting
@@ -196,8 +197,8 @@ async def settle(
             except ViewFailed as exc:
                 why = str(exc)
                 failures.append(why)
-            body = ws.DiffBody(task=task.id, attempt=attempt, diff=diff, files=files, error=why)
-            seq = await s.witness(run.id, ws.TASK_DIFF, body.model_dump(), seq)
+            body = rec.TaskDiff(task=task.id, attempt=attempt, diff=diff, files=files, error=why)
+            seq = await s.witness(run.id, body, seq)
             run.diffs[task.id] = diff
         if error is None and not failures:
             for argv, timeout_s, source in _checks(s, view, task, lane, opened):
@@ -274,7 +275,7 @@ async def _check(
         timeout_s=min(timeout_s, policy.max_timeout_s),
         workdir=opened.path,
     )
-    body = ws.CheckBody(
+    body = rec.CheckRun(
         task=task.id,
         attempt=attempt,
         argv=list(argv),
@@ -285,7 +286,7 @@ async def _check(
         duration_ms=outcome.duration_ms,
         source="task" if source == "task" else "lane",
     )
-    seq = await s.witness(run.id, ws.CHECK_RUN, body.model_dump(), parent)
+    seq = await s.witness(run.id, body, parent)
     if outcome.exit_code == 0 and not outcome.timed_out:
         return None, seq
     shown = " ".join(argv)
@@ -363,7 +364,7 @@ async def patch(s: Setting, run: Run, plan: Plan) -> None:
     error = None
     try:
         combined = await asyncio.to_thread(space.combine, diffs)
-        body = ws.PatchBody(
+        body = rec.RunPatch(
             patch=combined.diff,
             files=combined.files,
             tasks=[t.id for t in done],
@@ -372,11 +373,11 @@ async def patch(s: Setting, run: Run, plan: Plan) -> None:
         )
     except ViewFailed as exc:
         error = f"the tasks' changes conflict: {exc}"
-        body = ws.PatchBody(
+        body = rec.RunPatch(
             patch="", files=[], tasks=[t.id for t in done], before={}, after={}, error=error
         )
     parent = max((tv.verdict_seq or 0 for t in done if (tv := view.task(t.id))), default=0)
-    await s.witness(run.id, ws.PATCH, body.model_dump(), parent or view.plan_seq)
+    await s.witness(run.id, body, parent or view.plan_seq)
 
 
 async def partial_patch(s: Setting, run: Run, plan: Plan) -> None:

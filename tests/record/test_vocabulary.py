@@ -18,10 +18,10 @@ def _written(kind: str, body: object, where: str = "daemon/x.py:1") -> Written:
 
 
 def test_an_unregistered_kind_is_named_with_where_it_was_written() -> None:
-    watch = Watch([_written("agent.cli", {"member": "m"}, "daemon/runs/cli.py:7")])
+    watch = Watch([_written("tool.unheard", {"member": "m"}, "daemon/runs/unheard.py:7")])
     (found,) = misfits(watch)
-    assert "daemon/runs/cli.py:7" in found
-    assert "'agent.cli'" in found
+    assert "daemon/runs/unheard.py:7" in found
+    assert "'tool.unheard'" in found
 
 
 def test_a_body_that_is_not_its_model_is_named() -> None:

@@ -595,18 +595,18 @@ class Engine:
 
     async def _interrupted(self, view: RunView) -> None:
         """Reconcile: a run the record shows in flight ends interrupted (actor "daemon")."""
-        body = {
-            "reason": "the daemon stopped while the run was in flight",
-            "previous": view.state,
-            "spent_wall_ms": view.spent.wall_ms,
-        }
+        body = rec.RunInterrupted(
+            reason="the daemon stopped while the run was in flight",
+            previous=view.state,
+            spent_wall_ms=view.spent.wall_ms,
+        ).written()
 
         def applied(entry: EntryLike) -> None:
             self.table.apply(entry.seq, entry.ts, k.INTERRUPTED, view.id, body)
 
         await self.ledger.append(
             actor="daemon",
-            kind=k.INTERRUPTED,
+            kind=rec.RunInterrupted.KIND,
             body=body,
             run=view.id,
             parent=view.request_seq,

@@ -273,3 +273,69 @@ async def test_retry_refuses_a_workspace_gone_or_no_longer_a_repository(
     assert len(daemon.engine.list()) == 1
     after = sorted(p.name for p in tasks_root.glob("tally-task-ws-*")) if tasks_root else []
     assert after == dirs  # no copy left behind
+
+
+async def test_a_retry_on_a_plain_directory_carries_the_fix_too(
+    tmp_path: Path, fleet: tuple[Daemon, ScriptedServer]
+) -> None:
+    daemon, server = fleet
+    src = project(tmp_path / "src", repo=False)
+    first = await failed_run(daemon, src)
+    server.rules = list(RETRIED)
+    done = await daemon.engine.wait((await daemon.engine.retry(first)).id, timeout=120)
+    assert done.state == "done", done.error
+    assert asked(server, "Fix add") == 1
+    [snapshot] = await bodies(daemon, ws.SNAPSHOT, done.id)
+    assert snapshot["kind"] == "files"
+    [carry] = await bodies(daemon, ws.CARRY, done.id)
+    assert (carry["carried"], carry["redo"]) == (["fix"], {})
+    assert (await tool(daemon, "run_apply", {"run_id": done.id}, scope="command")).applied
+    assert project_passes(src)
+
+
+async def test_a_retry_interrupted_after_its_carry_resumes_with_the_carried_changes(
+    tmp_path: Path,
+) -> None:
+    """After a restart the retried run's copies are gone: the reused task's changes come back
+    from its `task.diff` (attempt 0), and nothing is carried or asked for twice."""
+    import asyncio
+
+    src = project(tmp_path / "src")
+    server = ScriptedServer(list(ORIGINAL), default="nothing to say")
+    await server.start()
+    roster = roster_toml(server.url, lanes=LANES, attempts_per_rung=1)
+    settings = settings_for(tmp_path, roster, workspace_roots=(tmp_path / "src",))
+    try:
+        daemon = Daemon(settings)
+        await daemon.start()
+        try:
+            first = await failed_run(daemon, src)
+            server.rules = [("Fix add", RIGHT, 0.0), ("Add a test", PASSING, 60.0)]
+            again = await daemon.engine.retry(first)
+            for _ in range(400):
+                if server.in_flight():
+                    break
+                await asyncio.sleep(0.05)
+            assert server.in_flight() == 1  # the cover task is being written
+        finally:
+            await daemon.stop()
+        server.rules = list(RETRIED)
+        daemon = Daemon(settings)
+        await daemon.start()
+        try:
+            assert daemon.engine.get(again.id).state == "interrupted"
+            await daemon.engine.resume(again.id)
+            done = await daemon.engine.wait(again.id, timeout=120)
+            assert done.state == "done", done.error
+            assert asked(server, "Fix add") == 1
+            assert len(await bodies(daemon, ws.CARRY, again.id)) == 1
+            assert len(await bodies(daemon, k.TASK_REUSE, again.id)) == 1
+            _, patch = await daemon.engine.patch(again.id)
+            assert patch is not None
+            assert sorted(patch.files) == ["calc.py", "test_more.py"]
+            assert (await tool(daemon, "run_apply", {"run_id": again.id}, scope="command")).applied
+            assert project_passes(src)
+        finally:
+            await daemon.stop()
+    finally:
+        await server.stop()

@@ -205,7 +205,7 @@ async def _carry(
     carried = await asyncio.to_thread(carry, space, items, known)
     for task_id in order:
         if task_id not in recorded:
-            carried.redo[task_id] = f"run {original.id} witnessed no changes for it"
+            carried.redo[task_id] = f"run {original.id}'s record holds no readable diff of it"
     run.diffs.update(carried.diffs)
     if not before or carried.redo:
         body = ws.CarryBody(

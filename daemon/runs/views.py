@@ -356,7 +356,8 @@ async def _restore(s: Setting, run: Run, view: RunView) -> None:
         await asyncio.to_thread(space.remove)
         raise ViewFailed(
             f"the workspace {view.workspace} changed since the run's snapshot (its visible "
-            "files are not the ones witnessed): submit the request again"
+            f"files are not the ones witnessed): `tally retry {run.id}` runs what is not done "
+            "on the workspace as it is now, carrying the done tasks' changes"
         )
     run.space = space
 

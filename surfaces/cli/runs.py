@@ -305,7 +305,12 @@ async def retry(args: argparse.Namespace) -> int:
         reused = [t["id"] for t in original.get("tasks") or [] if t.get("state") == "done"]
         print(
             f"tally: run {run['id']} retries {args.run_id}"
-            + (f", reusing {', '.join(reused)}" if reused else ""),
+            + (f", reusing {', '.join(reused)}" if reused else "")
+            + (
+                f" where their changes still apply to {original['workspace']} as it is now"
+                if reused and original.get("workspace")
+                else ""
+            ),
             file=sys.stderr,
         )
         run = await follow(client, run, args.json, tokens)

@@ -339,3 +339,48 @@ async def test_a_retry_interrupted_after_its_carry_resumes_with_the_carried_chan
             await daemon.stop()
     finally:
         await server.stop()
+
+
+async def test_the_cli_retries_a_workspace_run_and_tally_run_says_what_ran_again(
+    tmp_path: Path,
+    fleet: tuple[Daemon, ScriptedServer],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`tally submit --plan … --workspace` fails and points at `tally retry`; the user edits
+    calc.py; `tally retry` runs the fix again and `tally run` says why, per task."""
+    import asyncio
+    import json
+
+    from aiohttp import web
+
+    from surfaces.cli import main
+    from surfaces.http import HttpOptions, create_app
+
+    daemon, server = fleet
+    src = project(tmp_path / "src")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    sock = tmp_path / "sock" / "tally.sock"
+    sock.parent.mkdir()
+    runner = web.AppRunner(create_app(daemon, HttpOptions(keepalive_s=0.2)))
+    await runner.setup()
+    await web.UnixSite(runner, str(sock)).start()
+    at = ["--socket", str(sock)]
+    try:
+        argv = ["submit", "fix and cover", "--plan", str(plan), "--workspace", str(src)]
+        assert await asyncio.to_thread(main, [*argv, *at]) == 1
+        [first] = daemon.engine.list()
+        err = capsys.readouterr().err
+        assert f"`tally retry {first.id}` runs what is not done again, on {src.resolve()}" in err
+        (src / "calc.py").write_text("def add(a, b):\n    return a - b  # why?\n")
+        server.rules = list(RETRIED)
+        assert await asyncio.to_thread(main, ["retry", first.id, *at]) == 0
+        err = capsys.readouterr().err
+        assert f"reusing fix where their changes still apply to {src.resolve()}" in err
+        [again] = [r for r in daemon.engine.list() if r.id != first.id]
+        assert await asyncio.to_thread(main, ["run", again.id, *at]) == 0
+        out = capsys.readouterr().out
+        assert f"not reused from run {first.id}, runs again: its recorded diff does not" in out
+        assert "Traceback" not in out
+    finally:
+        await runner.cleanup()

@@ -1796,8 +1796,10 @@ def _tools() -> list[Tool[Any, Any]]:
             "run_retry",
             "Retry a failed, cancelled or budget-exhausted run: a new run with the same "
             "request, plan and budget whose record links the original (retry_of); the tasks "
-            "the original had done are reused, not run again, and the rest run anew. Returns "
-            "the new run.",
+            "the original had done are reused, not run again, and the rest run anew. On a "
+            "workspace (command scope) it works on a fresh snapshot of it, onto which each "
+            "reused task's changes are carried (a task whose changes no longer apply runs "
+            "again: `workspace.carry` says why). Returns the new run.",
             RunIdIn,
             RunOut,
             run_retry,

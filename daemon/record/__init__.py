@@ -67,7 +67,14 @@ from daemon.record.runs import (
     Usage,
 )
 from daemon.record.slots import SLOT_KINDS, SlotBody, slot_body
-from daemon.record.workspace import CheckRun, RunPatch, TaskDiff, WorkspaceApply, WorkspaceSnapshot
+from daemon.record.workspace import (
+    CheckRun,
+    RunPatch,
+    TaskDiff,
+    WorkspaceApply,
+    WorkspaceCarry,
+    WorkspaceSnapshot,
+)
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -106,6 +113,7 @@ KINDS: tuple[type[Body], ...] = (
     CheckRun,
     RunPatch,
     WorkspaceApply,
+    WorkspaceCarry,
     # the gateway
     GatewayCall,
     GatewayReply,
@@ -240,6 +248,7 @@ __all__ = [
     "TaskVerdict",
     "Usage",
     "WorkspaceApply",
+    "WorkspaceCarry",
     "WorkspaceSnapshot",
     "document",
     "model_for",

@@ -9,7 +9,14 @@ from typing import ClassVar
 from pydantic import ConfigDict
 
 from daemon.record.body import Body
-from daemon.workspace.record import ApplyBody, CheckBody, DiffBody, PatchBody, SnapshotBody
+from daemon.workspace.record import (
+    ApplyBody,
+    CarryBody,
+    CheckBody,
+    DiffBody,
+    PatchBody,
+    SnapshotBody,
+)
 
 # Reading is tolerant like every kind's (the workspace's own models refuse extra fields).
 _READ = ConfigDict(extra="allow", strict=True, frozen=True)
@@ -30,7 +37,7 @@ class TaskDiff(DiffBody, Body):
     model_config = _READ
     KIND: ClassVar[str] = "task.diff"
     ACTORS: ClassVar[tuple[str, ...]] = ("engine",)
-    PARENTS: ClassVar[tuple[str, ...]] = ("task.result", "agent.step", "command.run")
+    PARENTS: ClassVar[tuple[str, ...]] = ("task.result", "agent.step", "command.run", "task.reuse")
 
 
 class CheckRun(CheckBody, Body):
@@ -58,3 +65,15 @@ class WorkspaceApply(ApplyBody, Body):
     KIND: ClassVar[str] = "workspace.apply"
     ACTORS: ClassVar[tuple[str, ...]] = ("engine",)  # the client is named in the body
     PARENTS: ClassVar[tuple[str, ...]] = ("run.patch",)
+
+
+class WorkspaceCarry(CarryBody, Body):
+    """A retry's reuse of the original's done tasks on the workspace as it is now: the tasks
+    carried (their diffs applied to the fresh snapshot), the files that changed since the
+    original saw them, and the tasks that run again, with why. Each carried task's
+    `task.reuse` follows, then its `task.diff` (attempt 0) against the new snapshot."""
+
+    model_config = _READ
+    KIND: ClassVar[str] = "workspace.carry"
+    ACTORS: ClassVar[tuple[str, ...]] = ("engine",)
+    PARENTS: ClassVar[tuple[str, ...]] = ("run.plan",)

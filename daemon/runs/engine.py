@@ -479,25 +479,26 @@ class Engine:
 
     async def retry(self, run_id: str, client: str = "owner") -> RunView:
         """A new run for a failed, cancelled or budget-exhausted run, linked to it and reusing
-        its done tasks (see `reuse`)."""
+        its done tasks (see `reuse`); on a workspace, on a fresh snapshot of it (`reuse.fresh`)
+        that the done tasks' changes are carried onto."""
         self._refuse_while_closing()
         original = await self.find(run_id)
-        if original.workspace is not None:
-            # Its reused tasks' changes would have to be carried onto a fresh snapshot of the
-            # project; until they are, say so rather than run the rest on an empty dir.
-            raise Conflict(
-                f"run {run_id} worked on a workspace: retry does not carry its tasks' changes "
-                f"yet; submit again with --workspace {original.workspace}",
-                details={"run": run_id},
-            )
         plan = reuse.retryable(original)
         lane = original.lane if original.lane in self.setting.lanes else None
         checked = self._checked(original.request, plan, lane, original.max_parallel)
         body = reuse.retry_request(original, checked, lane, self.roster, client)
         new_id = "r" + uuid.uuid4().hex[:15]  # see table.RUN_ID
         self._admit()
+        taken = None
+        if original.workspace is not None:
+            taken = await reuse.fresh(self.setting, new_id, original)
+            try:
+                self._admit()  # checked again after the copy: no await from here to the witness
+            except Busy:
+                await asyncio.to_thread(taken[0].remove)
+                raise
         self._requesting.add(new_id)
-        await self._step(self._request(new_id, body, checked, None, None))
+        await self._step(self._request(new_id, body, checked, None, None, taken))
         return self.get(new_id)
 
     async def cancel(self, run_id: str, reason: str = "cancelled by request") -> RunView:

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import aiohttp
 from pydantic import BaseModel
 
+from daemon import record as rec
 from daemon.errors import Conflict, InvalidInput, NotFound, TallyError
 from daemon.ledger.checkpoint import Checkpoint, CheckpointError, parse_note, verify_note
 from daemon.ledger.cosign import (
@@ -70,9 +71,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tally.cosigning")
 
-COSIGN = "checkpoint.cosign"
+COSIGN = rec.CheckpointCosign.KIND
 """Witnessed by a cosigner before it answers: it cosigned `origin`'s checkpoint at `size`."""
-INCONSISTENT = "checkpoint.inconsistent"
+INCONSISTENT = rec.CheckpointInconsistent.KIND
 """Witnessed by a cosigner that refused a checkpoint not consistent with what it cosigned."""
 COSIGNED_FILE = "checkpoint.cosigned"
 MAX_PROOF = 64
@@ -285,22 +286,19 @@ class Cosigner:
             )
         key = (checkpoint.origin, checkpoint.size, checkpoint.root)
         if key not in self._refused:  # one entry per refused checkpoint, however often sent
-            await self.ledger.append(
-                actor=client,
-                kind=INCONSISTENT,
-                body={
-                    "origin": checkpoint.origin,
-                    "member": member.name,
-                    "size": checkpoint.size,
-                    "root": checkpoint.root,
-                    "note": _origin_only(checkpoint.note, str(member.tally_key)),
-                    "cosigned_size": last.size,
-                    "cosigned_root": last.root,
-                    "cosigned_note": last.note,
-                    "proven_fork": proven,
-                    "reason": why,
-                },
+            refused = rec.CheckpointInconsistent(
+                origin=checkpoint.origin,
+                member=member.name,
+                size=checkpoint.size,
+                root=checkpoint.root,
+                note=_origin_only(checkpoint.note, str(member.tally_key)),
+                cosigned_size=last.size,
+                cosigned_root=last.root,
+                cosigned_note=last.note,
+                proven_fork=proven,
+                reason=why,
             )
+            await self.ledger.append(actor=client, kind=refused.KIND, body=refused.written())
             if len(self._refused) >= 10_000:  # a memory bound: at worst one entry again
                 self._refused.clear()
             self._refused.add(key)
@@ -335,19 +333,16 @@ class Cosigner:
             return line, last.seq  # the same statement again: witnessed once, when first made
         assert member.tally_key is not None
         origin_note = _origin_only(checkpoint.note, member.tally_key)
-        entry = await self.ledger.append(
-            actor=client,
-            kind=COSIGN,
-            body={
-                "origin": checkpoint.origin,
-                "member": member.name,
-                "size": checkpoint.size,
-                "root": checkpoint.root,
-                "note": origin_note,
-                "cosigner": name,
-                "time": stamp,
-            },
+        cosigned = rec.CheckpointCosign(
+            origin=checkpoint.origin,
+            member=member.name,
+            size=checkpoint.size,
+            root=checkpoint.root,
+            note=origin_note,
+            cosigner=name,
+            time=stamp,
         )
+        entry = await self.ledger.append(actor=client, kind=cosigned.KIND, body=cosigned.written())
         state[checkpoint.origin] = Witnessed(
             origin=checkpoint.origin,
             size=checkpoint.size,

@@ -51,11 +51,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from daemon import record as rec
 from daemon.clients import Client
 from daemon.errors import Busy, DeadlineExceeded, InvalidInput, NotFound, TallyError
 from daemon.histogram import SECONDS, Histogram
+from daemon.ledger.canonical import safe
 from daemon.quotas import Quotas, Refusal
-from daemon.runs.entries import safe
 from daemon.slots.errors import ConsumerGone, ModelError, PoolBusy, SlotLost
 from daemon.slots.records import ledger_timings
 from roster import Roster
@@ -66,10 +67,10 @@ if TYPE_CHECKING:
     from daemon.slots.chat import Completion
     from daemon.slots.lease import Lease
 
-CALL = "gateway.call"
-REPLY = "gateway.reply"
-FALLBACK = "gateway.fallback"
-LIMITED = "client.limited"
+CALL = rec.GatewayCall.KIND
+REPLY = rec.GatewayReply.KIND
+FALLBACK = rec.GatewayFallback.KIND
+LIMITED = rec.ClientLimited.KIND
 KINDS = (CALL, REPLY, FALLBACK)
 
 TIER = "tier:"
@@ -377,18 +378,15 @@ class Gateway:
         if len(candidates) == 1:
             return  # no fallbacks configured: the error is the answer, as before
         following = candidates[index + 1] if index + 1 < len(candidates) else None
-        await self.ledger.append(
-            actor=client.name,
-            kind=FALLBACK,
-            body={
-                "client": client.name,
-                "model": asked,
-                "failed": candidates[index],
-                "error": err.message[:500],
-                "code": err.code,
-                "next": following,
-            },
+        body = rec.GatewayFallback(
+            client=client.name,
+            model=asked,
+            failed=candidates[index],
+            error=err.message[:500],
+            code=err.code,
+            next=following,
         )
+        await self.ledger.append(actor=client.name, kind=body.KIND, body=body.written())
 
     async def admit(self, client: Client, endpoint: str) -> None:
         """Count one request of `client`, or refuse it with 429 (witnessed once a minute)."""
@@ -401,18 +399,15 @@ class Gateway:
     async def witness_refusal(self, refusal: Refusal, surface: str) -> None:
         if not self.quotas.witness_due(refusal):
             return
-        await self.ledger.append(
-            actor=refusal.client,
-            kind=LIMITED,
-            body={
-                "client": refusal.client,
-                "limit": refusal.limit,
-                "allowed": refusal.allowed,
-                "used": refusal.used,
-                "retry_after_ms": int(refusal.retry_after * 1000),
-                "surface": surface,
-            },
+        body = rec.ClientLimited(
+            client=refusal.client,
+            limit=refusal.limit,
+            allowed=refusal.allowed,
+            used=refusal.used,
+            retry_after_ms=int(refusal.retry_after * 1000),
+            surface=surface,
         )
+        await self.ledger.append(actor=refusal.client, kind=body.KIND, body=body.written())
 
     async def embed(self, client: Client, raw: bytes) -> Answer:
         """Embeddings, passed through to a member that serves them; witnessed like a chat."""
@@ -423,31 +418,28 @@ class Gateway:
         waited = time.monotonic()
         async with self.pool.lease(target.lease, deadline=deadline) as lease:
             wait_us = int((time.monotonic() - waited) * 1e6)
-            where = {
+            where: dict[str, Any] = {
                 "client": client.name,
                 "model": request.model,
                 "member": lease.member,
                 "instance": lease.instance,
                 "slot": lease.id_slot,
             }
-            call = await self.ledger.append(
-                actor=client.name,
-                kind=CALL,
-                body=where
-                | {
-                    "endpoint": "embeddings",
-                    "target": f"{target.kind}:{target.lease}",
-                    "attempt": 1,
-                    "stream": False,
-                    "affinity": None,
-                    "queue_wait_us": wait_us,
-                    "request_sha256": hashlib.sha256(raw).hexdigest(),
-                    "request_bytes": len(raw),
-                    "request": None,  # inputs can be large; their hash is the witness
-                    "upstream": None,
-                    "prepended": None,
-                },
+            body = rec.GatewayCall(
+                **where,
+                endpoint="embeddings",
+                target=f"{target.kind}:{target.lease}",
+                attempt=1,
+                stream=False,
+                affinity=None,
+                queue_wait_us=wait_us,
+                request_sha256=hashlib.sha256(raw).hexdigest(),
+                request_bytes=len(raw),
+                request=None,  # inputs can be large; their hash is the witness
+                upstream=None,
+                prepended=None,
             )
+            call = await self.ledger.append(actor=client.name, kind=body.KIND, body=body.written())
             started = time.monotonic()
             try:
                 answer = await lease.embed(request.model_dump(mode="json", exclude_unset=True))
@@ -476,25 +468,26 @@ class Gateway:
     ) -> int:
         usage = json.loads(data).get("usage") if data else None
         prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        reply = rec.GatewayReply(
+            **where,
+            finish_reason=None,
+            usage=rec.GatewayUsage(
+                prompt_tokens=prompt if isinstance(prompt, int) else 0,
+                completion_tokens=0,
+                cached_tokens=0,
+            ),
+            timings={},
+            ttft_us=None,
+            duration_us=int((time.monotonic() - started) * 1e6),
+            text_sha256=None,
+            response_sha256=hashlib.sha256(data).hexdigest() if data else None,
+            response_bytes=len(data) if data else 0,
+            response=None,
+            error=error,
+        )
         entry = await self.ledger.append(
-            actor=client.name,
-            kind=REPLY,
-            parent=call_seq,
-            body=where
-            | {
-                "finish_reason": None,
-                "usage": {"prompt_tokens": prompt if isinstance(prompt, int) else 0,
-                          "completion_tokens": 0, "cached_tokens": 0},
-                "timings": {},
-                "ttft_us": None,
-                "duration_us": int((time.monotonic() - started) * 1e6),
-                "text_sha256": None,
-                "response_sha256": hashlib.sha256(data).hexdigest() if data else None,
-                "response_bytes": len(data) if data else 0,
-                "response": None,
-                "error": error,
-            },
-        )  # fmt: skip
+            actor=client.name, kind=reply.KIND, parent=call_seq, body=reply.written()
+        )
         stats = self.stats(client.name, str(where["model"]))
         if error is None:
             stats.calls += 1
@@ -565,30 +558,29 @@ class _Call:
         self, target: str, lease: Lease, attempt: int, wait_us: int, upstream: dict[str, Any]
     ) -> asyncio.Future[Entry]:
         keep = self.gateway.roster.gateway.bodies == "store"
+        body = rec.GatewayCall(
+            client=self.client.name,
+            endpoint="chat.completions",
+            model=self.request.model,
+            target=target,
+            member=lease.member,
+            instance=lease.instance,
+            slot=lease.id_slot,
+            attempt=attempt,
+            stream=self.request.stream,
+            affinity=self.affinity,
+            queue_wait_us=wait_us,
+            request_sha256=hashlib.sha256(self.raw).hexdigest(),
+            request_bytes=len(self.raw),
+            # the client's own bytes, as text: `request_sha256` is their hash
+            request=self.raw.decode() if keep else None,
+            prepended=self.body["messages"][0]["content"] if self.prepended else None,
+            upstream=safe(
+                {k: v for k, v in upstream.items() if k != "messages" and self.body.get(k) != v}
+            ),
+        )
         return self.gateway.ledger.append_soon(
-            actor=self.client.name,
-            kind=CALL,
-            body={
-                "client": self.client.name,
-                "endpoint": "chat.completions",
-                "model": self.request.model,
-                "target": target,
-                "member": lease.member,
-                "instance": lease.instance,
-                "slot": lease.id_slot,
-                "attempt": attempt,
-                "stream": self.request.stream,
-                "affinity": self.affinity,
-                "queue_wait_us": wait_us,
-                "request_sha256": hashlib.sha256(self.raw).hexdigest(),
-                "request_bytes": len(self.raw),
-                # the client's own bytes, as text: `request_sha256` is their hash
-                "request": self.raw.decode() if keep else None,
-                "prepended": self.body["messages"][0]["content"] if self.prepended else None,
-                "upstream": safe(
-                    {k: v for k, v in upstream.items() if k != "messages" and self.body.get(k) != v}
-                ),
-            },
+            actor=self.client.name, kind=body.KIND, body=body.written()
         )
 
     async def _relay(
@@ -661,27 +653,25 @@ class _Call:
             response_sha, response_size = hashlib.sha256(data).hexdigest(), len(data)
         ttft_us = None if clock.first is None else int((clock.first - started) * 1e6)
         usage = done.usage
+        reply = rec.GatewayReply(
+            **self._where(lease),
+            finish_reason=done.finish_reason,
+            usage=rec.GatewayUsage(
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                cached_tokens=usage.cached_tokens,
+            ),
+            timings=ledger_timings(done.timings),
+            ttft_us=ttft_us,
+            duration_us=int(duration * 1e6),
+            text_sha256=text_sha,
+            response_sha256=response_sha,
+            response_bytes=response_size,
+            response=data.decode() if keep else None,
+            error=None,
+        )
         entry = await gw.ledger.append(
-            actor=self.client.name,
-            kind=REPLY,
-            parent=call_seq,
-            body={
-                **self._where(lease),
-                "finish_reason": done.finish_reason,
-                "usage": {
-                    "prompt_tokens": usage.prompt_tokens,
-                    "completion_tokens": usage.completion_tokens,
-                    "cached_tokens": usage.cached_tokens,
-                },
-                "timings": ledger_timings(done.timings),
-                "ttft_us": ttft_us,
-                "duration_us": int(duration * 1e6),
-                "text_sha256": text_sha,
-                "response_sha256": response_sha,
-                "response_bytes": response_size,
-                "response": data.decode() if keep else None,
-                "error": None,
-            },
+            actor=self.client.name, kind=reply.KIND, parent=call_seq, body=reply.written()
         )
         self._count(done, duration, ttft_us)
         headers = self._headers(entry.seq, "X-Tally-Seq")
@@ -722,23 +712,22 @@ class _Call:
     ) -> None:
         self.gateway.stats(self.client.name, self.request.model).errors += 1
         call_seq = (await asyncio.shield(call)).seq
+        # `usage` null: the server reported nothing (`GatewayReply.tokens` reads it as 0, 0)
+        reply = rec.GatewayReply(
+            **self._where(lease),
+            finish_reason=None,
+            usage=None,
+            timings={},
+            ttft_us=None,
+            duration_us=int((time.monotonic() - started) * 1e6),
+            text_sha256=None,
+            response_sha256=None,
+            response_bytes=0,
+            response=None,
+            error=why,
+        )
         await self.gateway.ledger.append(
-            actor=self.client.name,
-            kind=REPLY,
-            parent=call_seq,
-            body={
-                **self._where(lease),
-                "finish_reason": None,
-                "usage": None,
-                "timings": {},
-                "ttft_us": None,
-                "duration_us": int((time.monotonic() - started) * 1e6),
-                "text_sha256": None,
-                "response_sha256": None,
-                "response_bytes": 0,
-                "response": None,
-                "error": why,
-            },
+            actor=self.client.name, kind=reply.KIND, parent=call_seq, body=reply.written()
         )
 
     def _count(self, done: Completion, duration: float, ttft_us: int | None) -> None:

@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
+from daemon.record import ModelReply
 from daemon.runs import entries as k
 from daemon.runs.ports import EntryLike
 from daemon.runs.state import FINAL
@@ -49,10 +52,6 @@ class Histogram:
             total += n
             out.append((bound, total))
         return out
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class RunTimings:
@@ -119,20 +118,22 @@ class RunTimings:
 
     def _model_reply(self, parent: int | None, ts: int, body: dict[str, Any]) -> None:
         call = self._calls.pop(parent, None) if parent is not None else None
-        if call is None or body.get("error") is not None:
+        try:
+            reply = ModelReply.read(body)
+        except ValidationError:  # not a model.reply body: nothing to time
+            return
+        if call is None or reply.error is not None:
             return
         member, called = call
         latency = (ts - called) / 1e6
         self.call_seconds.observe(member, latency)
-        timings = body.get("timings") if isinstance(body.get("timings"), dict) else {}
-        assert isinstance(timings, dict)
-        prompt_us = _int(timings.get("prompt_us"))
+        timings = reply.timings
+        prompt_us = timings.get("prompt_us")
         if prompt_us is not None:
             self.ttft_seconds.observe(member, prompt_us / 1e6)
-        n, us = _int(timings.get("predicted_n")), _int(timings.get("predicted_us"))
-        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-        assert isinstance(usage, dict)
+        n, us = timings.get("predicted_n"), timings.get("predicted_us")
+        completion = reply.usage.completion_tokens if reply.usage is not None else None
         if n and us:
             self.tokens_per_second.observe(member, n / (us / 1e6))
-        elif _int(usage.get("completion_tokens")) and latency > 0:
-            self.tokens_per_second.observe(member, usage["completion_tokens"] / latency)
+        elif completion and latency > 0:
+            self.tokens_per_second.observe(member, completion / latency)

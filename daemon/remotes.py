@@ -25,13 +25,14 @@ import os
 from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from daemon.intake import loads, read_body
 from daemon.ledger.canonical import NotCanonical, canonicalize
 from daemon.ledger.checkpoint import CheckpointError, verify_note
 from daemon.ledger.entry import Entry
 from daemon.ledger.merkle import leaf_hash, verify_inclusion
+from daemon.record import ModelReply, Remote
 from daemon.slots.discovery import split_url
 from daemon.tls import client_ssl
 from roster import Member
@@ -222,12 +223,9 @@ async def verify_remote(
     results: list[RemoteCheck] = []
     remotes: dict[str, _Remote] = {}
     async with aiohttp.ClientSession() as session:
-        for entry, body in await _remote_replies(ledger, run, limit):
-            info = body["remote"]
-            name = str(info.get("member"))
-            check = RemoteCheck(
-                seq=entry.seq, member=name, remote_seq=int(info["seq"]), status="failed"
-            )
+        for entry, reply, info in await _remote_replies(ledger, run, limit):
+            name = info.member
+            check = RemoteCheck(seq=entry.seq, member=name, remote_seq=info.seq, status="failed")
             member = roster.member(name)
             if member is None or not member.tally or member.tally_key is None:
                 results.append(_failed(check, f"{name!r} is no longer a tally member with a key"))
@@ -236,7 +234,7 @@ async def verify_remote(
             if remote.broken is not None:
                 results.append(_failed(check, remote.broken))
                 continue
-            results.append(await _checked(remote, check, str(body["text"])))
+            results.append(await _checked(remote, check, reply.text))
     return RemoteReport(
         checked=len(results),
         ok=sum(r.status == "ok" for r in results),
@@ -280,18 +278,21 @@ def _short(err: BaseException) -> str:
 
 async def _remote_replies(
     ledger: Ledger, run: str | None, limit: int
-) -> list[tuple[Any, dict[str, Any]]]:
-    found: list[tuple[Any, dict[str, Any]]] = []
+) -> list[tuple[Any, ModelReply, Remote]]:
+    """Our model.reply entries another tally daemon answered (a body that is not a
+    model.reply, `tally ledger verify --deep` names; it claims no remote call here)."""
+    found: list[tuple[Any, ModelReply, Remote]] = []
     start = 0
     while len(found) < limit:
         batch = await ledger.entries(start=start, limit=1000, kind="model.reply", run=run)
         bodies = await ledger.read_bodies([entry.body for entry in batch])
         for entry, (_, body) in zip(batch, bodies, strict=True):
-            if not isinstance(body, dict):
+            try:
+                reply = ModelReply.read(body)
+            except ValidationError:
                 continue
-            remote = body.get("remote")
-            if isinstance(remote, dict) and isinstance(remote.get("seq"), int):
-                found.append((entry, body))
+            if reply.remote is not None:
+                found.append((entry, reply, reply.remote))
         if len(batch) < 1000:
             break
         start = batch[-1].seq + 1

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from daemon import record as rec
 from daemon.clients import ClientStore
 from daemon.config import Settings
 from daemon.cosigning import Collector, Cosigner, collect_loop
@@ -326,22 +327,16 @@ class Daemon:
         policy = roster.policy.command
         if policy.enabled and policy.sandbox == "none":
             log.warning("command tasks run WITHOUT a sandbox ([policy.command] sandbox = none)")
-            await self.ledger.append(
-                actor="daemon",
-                kind="policy.unsandboxed",
-                body={"roster": str(self.roster_path), "command": policy.model_dump()},
-            )
+            body = rec.PolicyUnsandboxed(roster=str(self.roster_path), command=policy.model_dump())
+            await self.ledger.append(actor="daemon", kind=body.KIND, body=body.written())
 
     async def witness_listener(self, listener: Listener) -> None:
         """The TCP listener listens; plain HTTP beyond loopback is an explicit choice
         (`--insecure-http`): put it on the record."""
         if listener.insecure_http:
             log.warning("serving plain HTTP on %s (--insecure-http)", listener.url)
-            await self.ledger.append(
-                actor="daemon",
-                kind="serve.insecure_http",
-                body={"url": listener.url, "host_names": listener.host_names},
-            )
+            said = rec.ServeInsecureHttp(url=listener.url, host_names=list(listener.host_names))
+            await self.ledger.append(actor="daemon", kind=said.KIND, body=said.written())
         self.listener = listener
 
     async def write_snapshot(self) -> None:
@@ -383,15 +378,10 @@ class Daemon:
         if self._router.embeddings is not None:  # its member leases from the reloaded pool
             self._router.embeddings.start()
         await self._witness_command_policy(roster)
-        await self.ledger.append(
-            actor=client,
-            kind="roster.reload",
-            body={
-                "lanes": len(roster.lanes),
-                "models": [m.name for m in roster.models],
-                "client": client,
-            },
+        reloaded = rec.RosterReload(
+            lanes=len(roster.lanes), models=[m.name for m in roster.models], client=client
         )
+        await self.ledger.append(actor=client, kind=reloaded.KIND, body=reloaded.written())
         return roster
 
     async def stop(self) -> None:
@@ -430,8 +420,8 @@ class Daemon:
     async def _on_slot_event(self, event: SlotEvent) -> None:
         if self._ledger is None:
             return
-        body = event.model_dump(mode="json")
-        await self._ledger.append(actor="pool", kind=event.kind, body=body)
+        body = rec.slot_body(event.model_dump(mode="json"))
+        await self._ledger.append(actor="pool", kind=body.KIND, body=body.written())
 
     async def _check_members(self, roster: Roster) -> None:
         """`tally doctor --no-spawn` at start-up: warnings in the log, nothing blocks."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from daemon import record as rec
 from daemon.errors import Conflict, InvalidInput, InvalidRoster, NotFound
 from daemon.routing import Decision
 from daemon.runs import entries as k
@@ -29,9 +30,7 @@ from roster.loading import RosterError, read_roster_bytes, write_atomic
 if TYPE_CHECKING:
     from daemon.service import Daemon
 
-TEACH = "route.teach"
-"""[none] {lane, text, roster: path, kept_comments: bool, examples: int (the lane's, after),
-before: {lane, source}, after: {lane, source}, client}"""
+TEACH = rec.RouteTeach.KIND  # the body: daemon.record.operations.RouteTeach
 
 _LOCK = asyncio.Lock()  # one roster edit at a time: each reads the file the last one wrote
 
@@ -90,20 +89,17 @@ async def teach(daemon: Daemon, lane: str, text: str, client: str) -> Taught:
         await daemon.reload_roster(client=client)
         # the new example's vector is the one the embedding member must compute anew
         after = (await daemon.router.aroute(text, TEACH_WAIT_S)).decision
-        entry = await daemon.ledger.append(
-            actor=client,
-            kind=TEACH,
-            body={
-                "lane": lane,
-                "text": text,
-                "roster": str(path),
-                "kept_comments": taught.kept_comments,
-                "examples": taught.examples,
-                "before": {"lane": before.lane, "source": before.source},
-                "after": {"lane": after.lane, "source": after.source},
-                "client": client,
-            },
+        body = rec.RouteTeach(
+            lane=lane,
+            text=text,
+            roster=str(path),
+            kept_comments=taught.kept_comments,
+            examples=taught.examples,
+            before=rec.Decision(lane=before.lane, source=before.source),
+            after=rec.Decision(lane=after.lane, source=after.source),
+            client=client,
         )
+        entry = await daemon.ledger.append(actor=client, kind=body.KIND, body=body.written())
     return Taught(
         lane=lane,
         roster=str(path),

@@ -35,6 +35,7 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
+from daemon import record as rec
 from daemon.clients import CLIENT_NAME, OWNER, Client, Limits, Scope
 from daemon.errors import (
     Busy,
@@ -454,19 +455,23 @@ def _ppm(x: float) -> int:
 
 async def route(daemon: Daemon, data: RouteIn, ctx: ToolContext) -> RouteOut:
     r = await daemon.router.aroute(data.text)
-    body: dict[str, Any] = {
-        "text": data.text,
-        "lane": r.lane,
-        "confidence_ppm": _ppm(r.confidence),
-        "escalate": r.escalate,
-        "scores_ppm": {lane: _ppm(score) for lane, score in r.scores[:5]},
-        "decision": {"lane": r.decision.lane, "source": r.decision.source},
-    }
+    preview = rec.RoutePreview(
+        text=data.text,
+        lane=r.lane,
+        confidence_ppm=_ppm(r.confidence),
+        escalate=r.escalate,
+        scores_ppm={lane: _ppm(score) for lane, score in r.scores[:5]},
+        decision=rec.Decision(lane=r.decision.lane, source=r.decision.source),
+    )
     if r.embedding is not None:  # only with an embedding member: older previews unchanged
         from daemon.runs.routing import embedding_body
 
-        body["embedding"] = embedding_body(r.embedding)
-    await daemon.ledger.append(actor="tool", kind="route.preview", body=body)
+        preview.embedding = embedding_body(r.embedding)
+    await daemon.ledger.append(
+        actor="tool",
+        kind=preview.KIND,
+        body=preview.written(),
+    )
     return route_out(r)
 
 
@@ -951,7 +956,8 @@ async def _compare_side(daemon: Daemon, run_id: str) -> CompareSide:
             if e.kind == k.TASK_ESCALATE:
                 counts[k.TASK_ESCALATE] += 1
             elif e.kind == k.TASK_VERDICT and e.body is not None:
-                counts["ok" if isinstance(body, dict) and body.get("ok") else "failed"] += 1
+                verdict = rec.TaskVerdict.parsed(body)
+                counts["ok" if verdict is not None and verdict.ok else "failed"] += 1
         if len(batch) < 1000:
             break
         start = batch[-1].seq + 1
@@ -1419,10 +1425,10 @@ class ClientListOut(_Out):
 
 async def client_add(daemon: Daemon, data: ClientAddIn, ctx: ToolContext) -> ClientAddOut:
     token = await asyncio.to_thread(daemon.clients.add, data.name, data.scope, data.limits)
-    body: dict[str, Any] = {"name": data.name, "scope": data.scope}
+    body = rec.ClientAdd(name=data.name, scope=data.scope)
     if data.limits is not None and data.limits.any():  # absent otherwise: the bytes of before
-        body["limits"] = data.limits.model_dump(exclude_none=True)
-    await daemon.ledger.append(actor=ctx.client.name, kind="client.add", body=body)
+        body.limits = data.limits.model_dump(exclude_none=True)
+    await daemon.ledger.append(actor=ctx.client.name, kind=body.KIND, body=body.written())
     record = next(r for r in daemon.clients.records() if r.name == data.name)
     return ClientAddOut(**record.model_dump(exclude={"token_sha256"}), token=token)
 
@@ -1442,9 +1448,8 @@ async def client_list(daemon: Daemon, _: Empty, ctx: ToolContext) -> ClientListO
 
 async def client_revoke(daemon: Daemon, data: ClientNameIn, ctx: ToolContext) -> ClientOut:
     record = await asyncio.to_thread(daemon.clients.revoke, data.name)
-    await daemon.ledger.append(
-        actor=ctx.client.name, kind="client.revoke", body={"name": data.name}
-    )
+    revoked = rec.ClientRevoke(name=data.name)
+    await daemon.ledger.append(actor=ctx.client.name, kind=revoked.KIND, body=revoked.written())
     return ClientOut(**record.model_dump(exclude={"token_sha256"}))
 
 
@@ -1791,8 +1796,10 @@ def _tools() -> list[Tool[Any, Any]]:
             "run_retry",
             "Retry a failed, cancelled or budget-exhausted run: a new run with the same "
             "request, plan and budget whose record links the original (retry_of); the tasks "
-            "the original had done are reused, not run again, and the rest run anew. Returns "
-            "the new run.",
+            "the original had done are reused, not run again, and the rest run anew. On a "
+            "workspace (command scope) it works on a fresh snapshot of it, onto which each "
+            "reused task's changes are carried (a task whose changes no longer apply runs "
+            "again: `workspace.carry` says why). Returns the new run.",
             RunIdIn,
             RunOut,
             run_retry,

@@ -528,6 +528,18 @@ async def get_metrics(request: web.Request) -> web.Response:
     )
 
 
+@functools.cache
+def _record_schema_body() -> bytes:
+    from daemon.record import document
+
+    return json.dumps(document(), ensure_ascii=False).encode()
+
+
+async def get_record_schema(request: web.Request) -> web.Response:
+    """The record's vocabulary: every entry kind's JSON Schema (2020-12), keyed by kind."""
+    return web.Response(body=_record_schema_body(), content_type="application/json")
+
+
 async def healthz(request: web.Request) -> web.Response:
     daemon = request.app[DAEMON]
     health = daemon.ledger.health
@@ -597,6 +609,29 @@ _TOOLS_SCHEMA = {
                 },
             },
         }
+    },
+}
+
+
+_RECORD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["dialect", "schemas", "kinds"],
+    "properties": {
+        "dialect": {"type": "string"},
+        "schemas": {"type": "object", "additionalProperties": {"type": "object"}},
+        "kinds": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["actors", "parents", "optional", "summary"],
+                "properties": {
+                    "actors": {"type": "array", "items": {"type": "string"}},
+                    "parents": {"type": "array", "items": {"type": "string"}},
+                    "optional": {"type": "array", "items": {"type": "string"}},
+                    "summary": {"type": "string"},
+                },
+            },
+        },
     },
 }
 
@@ -687,6 +722,24 @@ def openapi_document() -> dict[str, Any]:
                         429: "The client has its limit of event streams open",
                     }
                 ),
+            },
+        }
+    }
+    paths["/v1/record/schema"] = {
+        "get": {
+            "operationId": "record_schema",
+            "summary": "The JSON Schema (2020-12) of every ledger entry kind, keyed by kind",
+            "description": "The record's vocabulary, as `tally ledger schema` prints it: "
+            "`schemas` holds each kind's body schema (tolerant of fields a later tally adds), "
+            "`kinds` who writes it, the kinds its parent may be, and the fields it writes only "
+            "when they hold something. `tally ledger verify --deep` checks bodies against it.",
+            "security": [{"bearer": ["read"]}],
+            "responses": {
+                "200": {
+                    "description": "OK",
+                    "content": {"application/json": {"schema": _RECORD_SCHEMA}},
+                },
+                **_errors(_GET_STATUSES),
             },
         }
     }
@@ -786,6 +839,7 @@ def create_app(daemon: Daemon, options: HttpOptions | None = None) -> web.Applic
     app.router.add_get("/v1/runs/{run_id}/events", counted_stream(run_events))
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/openapi.json", get_openapi)
+    app.router.add_get("/v1/record/schema", get_record_schema)
     app.router.add_get("/healthz", healthz)
     gateway_routes(app)
     console.register(app)

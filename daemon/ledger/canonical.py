@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from json.encoder import encode_basestring as _encode_basestring
-from typing import Any, TypeAlias, cast
+from typing import Any, TypeAlias, cast, overload
 
 import orjson
 
@@ -135,3 +135,31 @@ def canonicalize(value: object) -> bytes:
 def check_text(text: str) -> None:
     """A str field of an entry: it must be UTF-8 encodable."""
     _check_text(text, "$")
+
+
+@overload
+def safe(value: dict[str, Any]) -> dict[str, Any]: ...
+@overload
+def safe(value: object) -> object: ...
+def safe(value: object) -> object:
+    """Make a value given from outside ledger-safe: each float becomes {"__float__": "<repr>"}
+    (reversed by `unsafe`). The record's bodies pass a plan's `timeout_s` or a request's
+    sampling parameters through it; hashed data itself holds no floats (module doc)."""
+    if isinstance(value, float):
+        return {"__float__": repr(value)}
+    if isinstance(value, dict):
+        return {str(key): safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [safe(item) for item in value]
+    return value
+
+
+def unsafe(value: object) -> object:
+    """Undo `safe`."""
+    if isinstance(value, dict):
+        if set(value) == {"__float__"}:
+            return float(value["__float__"])
+        return {key: unsafe(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [unsafe(item) for item in value]
+    return value

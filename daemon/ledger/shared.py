@@ -69,7 +69,6 @@ from daemon.ledger.merkle import (
 )
 from daemon.ledger.outage import PROBE_MAX, Outage
 from daemon.ledger.postgres import (
-    JOIN_KIND,
     Levels,
     checkpoints,
     connect,
@@ -87,6 +86,7 @@ from daemon.ledger.postgres import (
 )
 from daemon.ledger.reader import ConsistencyProof, InclusionProof
 from daemon.ledger.writer import MAX_BATCH, MAX_BATCH_BYTES, _Pending, _Stats
+from daemon.record.ledger import LedgerJoin
 
 log = logging.getLogger(__name__)
 
@@ -244,9 +244,8 @@ class SharedLedger(Ledger):
         )
         if await cur.fetchone() is None:
             return
-        entry = await self.append(
-            actor="ledger", kind=JOIN_KIND, body={"daemon": self.name, "vkey": vkey}
-        )
+        joined = LedgerJoin(daemon=self.name, vkey=vkey)
+        entry = await self.append(actor="ledger", kind=joined.KIND, body=joined.written())
         await self._conn.execute(
             "UPDATE tally_daemons SET joined_seq = %s WHERE name = %s", (entry.seq, self.name)
         )

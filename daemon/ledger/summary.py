@@ -11,9 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from pydantic import ValidationError
 
 from daemon.ledger.entry import Body, Entry
+from daemon.record import Body as Typed
+from daemon.record import GatewayReply, ModelReply
+
+T = TypeVar("T", bound=Typed)
 
 PAGE = 1000  # entries per read (and their bodies in one more hop)
 
@@ -85,6 +91,15 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
+def _typed(model: type[T], body: dict[str, Any]) -> T | None:
+    """The body as its kind's model; None for one that does not fit (`tally ledger verify
+    --deep` names it), whose numbers are then not counted."""
+    try:
+        return model.read(body)
+    except ValidationError:
+        return None
+
+
 @dataclass
 class Summary:
     """Accumulates from entries in seq order (`add`); bodies only of `Vocabulary.reads`."""
@@ -132,13 +147,15 @@ class Summary:
             self.by_purpose[purpose] = self.by_purpose.get(purpose, 0) + 1
             self.calls[entry.seq] = entry.ts
         elif entry.kind == words.model_reply:
-            m = self.member(body.get("member"))
-            usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-            assert isinstance(usage, dict)
-            m.prompt_tokens += _int(usage.get("prompt_tokens"))
-            m.completion_tokens += _int(usage.get("completion_tokens"))
-            m.cached_tokens += _int(usage.get("cached_tokens"))
-            m.errors += body.get("error") is not None
+            reply = _typed(ModelReply, body)
+            if reply is None:
+                return
+            m = self.member(reply.member)
+            if reply.usage is not None:  # an error reply reports none
+                m.prompt_tokens += reply.usage.prompt_tokens or 0
+                m.completion_tokens += reply.usage.completion_tokens or 0
+                m.cached_tokens += reply.usage.cached_tokens or 0
+            m.errors += reply.error is not None
             called = self.calls.pop(entry.parent, None) if entry.parent is not None else None
             if called is not None:
                 m.ms += max(0, entry.ts - called) // 1000
@@ -151,17 +168,19 @@ class Summary:
             self.gateway_reply(body)
 
     def gateway_reply(self, body: dict[str, Any]) -> None:
-        models = self.gateway.setdefault(str(body.get("client")), {})
-        usage = models.setdefault(str(body.get("model")), GatewayTotals())
-        if body.get("error") is not None:
+        reply = _typed(GatewayReply, body)
+        if reply is None:
+            return
+        models = self.gateway.setdefault(reply.client, {})
+        usage = models.setdefault(reply.model, GatewayTotals())
+        if reply.error is not None:
             usage.errors += 1
             return
         usage.calls += 1
-        tokens = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-        assert isinstance(tokens, dict)
-        usage.prompt_tokens += _int(tokens.get("prompt_tokens"))
-        usage.completion_tokens += _int(tokens.get("completion_tokens"))
-        usage.ms += _int(body.get("duration_us")) // 1000
+        prompt, completion = reply.tokens()  # an error reply's `usage` is null: see tokens
+        usage.prompt_tokens += prompt
+        usage.completion_tokens += completion
+        usage.ms += reply.duration_us // 1000
 
 
 async def summarize(

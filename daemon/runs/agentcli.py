@@ -43,10 +43,9 @@ import tempfile
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
-from pydantic import BaseModel, ConfigDict
-
+from daemon import record as rec
 from daemon.errors import InvalidInput
 from daemon.planning import Task
 from daemon.runs.context import Run, Setting
@@ -57,7 +56,7 @@ from daemon.slots.checkup import MemberReport
 from daemon.workspace.view import View, ViewFailed
 from roster.models import CommandPolicy, Member, Roster
 
-AGENT_CLI: Final = "agent.cli"
+AGENT_CLI: Final = rec.AgentCli.KIND
 """[task.start] one agent CLI call: `CliBody`."""
 EXCERPT = 2000
 """Characters of stdout (its head) and stderr (its tail) an `agent.cli` entry keeps."""
@@ -66,37 +65,9 @@ MAX_ARG_PROMPT = 120_000
 FAILURE_TAIL = 800
 
 
-class CliBody(BaseModel):
-    """The body of an `agent.cli` entry."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    task: str
-    attempt: int
-    member: str
-    argv: list[str]
-    """As configured: placeholders such as `{prompt_file}` unexpanded."""
-    prompt: Literal["stdin", "file", "arg"]
-    prompt_sha256: str
-    env: list[str]
-    """The names of the variables passed from the daemon's environment (never their values)."""
-    network: bool
-    exit_code: int | None
-    timed_out: bool
-    limit: str | None
-    duration_ms: int
-    stdout_sha256: str
-    stdout_chars: int
-    stdout_head: str
-    stderr_sha256: str
-    stderr_tail: str
-    truncated: bool
-    """A stream passed `executors.OUTPUT_CAP` bytes: its digest is of the part kept."""
-    diff_sha256: str | None
-    """The view's changes (the `task.diff` body's `diff`); None when the task has no workspace
-    or the diff could not be taken (`diff_error`)."""
-    files: list[str]
-    diff_error: str | None = None
+CliBody = rec.AgentCli
+"""The body of an `agent.cli` entry: declared with the record's other kinds, in
+`daemon.record.agent`."""
 
 
 class AgentCliFailed(RuntimeError):
@@ -159,7 +130,7 @@ async def run(
         )
     diff_sha, files, diff_error = await _diff(run, opened)
     body = record(member, task.id, attempt, text, outcome, diff_sha, files, diff_error)
-    seq = await s.witness(run.id, AGENT_CLI, body.model_dump(), start_seq)
+    seq = await s.witness(run.id, body, start_seq)
     if outcome.timed_out:
         raise TimeoutError(
             f"the agent CLI {member.name!r} timed out after {outcome.duration_ms} ms "

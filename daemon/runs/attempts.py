@@ -25,10 +25,10 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from daemon import record as rec
 from daemon.errors import InvalidInput
 from daemon.planning import Plan, Task
 from daemon.runs import agentcli, checks, guard, views
-from daemon.runs import entries as k
 from daemon.runs.agent import executor as agent_executor
 from daemon.runs.agent.executor import AgentStopped
 from daemon.runs.budget import BudgetExhausted
@@ -90,15 +90,14 @@ async def execute(s: Setting, run: Run, task: Task) -> bool:
         )
         verdict_seq = await s.witness(
             run.id,
-            k.TASK_VERDICT,
-            {
-                "task": task.id,
-                "attempt": attempt,
-                "ok": not failures,
-                "failures": failures,
-                "judge": judged,
-                "next": nxt,
-            },
+            rec.TaskVerdict(
+                task=task.id,
+                attempt=attempt,
+                ok=not failures,
+                failures=failures,
+                judge=None if judged is None else rec.Judge.model_validate(judged),
+                next=nxt,
+            ),
             result_seq,
         )
         if nxt == "done":
@@ -112,14 +111,13 @@ async def execute(s: Setting, run: Run, task: Task) -> bool:
             continue
         parent = await s.witness(
             run.id,
-            k.TASK_ESCALATE,
-            {
-                "task": task.id,
-                "from_tier": tier,
-                "to_tier": ladder[rung + 1],
-                "reason": failures[0],
-                "failures": failures,
-            },
+            rec.TaskEscalate(
+                task=task.id,
+                from_tier=tier,
+                to_tier=ladder[rung + 1],
+                reason=failures[0],
+                failures=failures,
+            ),
             verdict_seq,
         )
         rung += 1
@@ -142,16 +140,15 @@ async def _attempt(
     attempt's view if it has one)."""
     start_seq = await s.witness(
         run.id,
-        k.TASK_START,
-        {
-            "task": task.id,
-            "lane": task.lane,
-            "executor": task.executor,
-            "tier": tier,
-            "attempt": attempt,
-            "needs": list(task.needs),
-            "feedback": feedback,
-        },
+        rec.TaskStart(
+            task=task.id,
+            lane=task.lane,
+            executor=task.executor,
+            tier=tier,
+            attempt=attempt,
+            needs=list(task.needs),
+            feedback=feedback,
+        ),
         parent,
     )
     upstream = {n: run.outputs.get(n, "") for n in task.needs}
@@ -173,15 +170,14 @@ async def _attempt(
     output = clip(output, RESULT_CAP)
     result_seq = await s.witness(
         run.id,
-        k.TASK_RESULT,
-        {
-            "task": task.id,
-            "attempt": attempt,
-            "ok": error is None,
-            "output": output,
-            "exit_code": exit_code,
-            "error": error,
-        },
+        rec.TaskResult(
+            task=task.id,
+            attempt=attempt,
+            ok=error is None,
+            output=output,
+            exit_code=exit_code,
+            error=error,
+        ),
         result_parent,
     )
     return output, exit_code, error, result_seq, opened
@@ -284,7 +280,7 @@ async def _run_command(
         timeout_s=min(task.timeout_s or s.options.command_timeout_s, policy.max_timeout_s),
         workdir=opened.path if opened is not None else None,
     )
-    seq = await s.witness(run.id, k.COMMAND_RUN, outcome.body(task.id), start_seq)
+    seq = await s.witness(run.id, outcome.body(task.id), start_seq)
     if outcome.timed_out:
         raise TimeoutError(f"the command timed out after {outcome.duration_ms} ms")
     if outcome.limit is not None:

@@ -29,6 +29,7 @@ import asyncio
 import time
 from typing import Any
 
+from daemon import record as rec
 from daemon.errors import TallyError
 from daemon.runs import entries as k
 from daemon.runs import guard
@@ -109,17 +110,17 @@ async def call(
             if isinstance(exc.error, NoHealthyMember) and isinstance(retry_after, int | float):
                 # Until the pool's next probe nothing changes; but never past the cap.
                 wait_s = min(max(wait_s, float(retry_after)), LOST_WAIT_CAP_S)
-            body = {
-                "purpose": purpose,
-                "task": task,
-                "target": target,
-                "member": exc.member,
-                "error": describe(exc.error),
-                "lost": len(lost),
-                "retries": s.options.lost_call_retries,
-                "wait_ms": int(wait_s * 1000),
-            }
-            parent = await s.witness(run.id, k.MODEL_RETRY, body, exc.seq or parent)
+            body = rec.ModelRetry(
+                purpose=purpose,
+                task=task,
+                target=target,
+                member=exc.member,
+                error=describe(exc.error),
+                lost=len(lost),
+                retries=s.options.lost_call_retries,
+                wait_ms=int(wait_s * 1000),
+            )
+            parent = await s.witness(run.id, body, exc.seq or parent)
             await asyncio.sleep(wait_s)
             deadline = time.monotonic() + s.options.lost_call_wait_s
 
@@ -182,16 +183,16 @@ async def _once(
         leasing = s.pool.lease(target, priority=priority, deadline=deadline, affinity=affinity)
         async with s.waits.lease(run.id, task, leasing) as lease:  # `waiting` while it queues
             request = k.safe(lease.request(messages, max_tokens, response_format, stream=stream))
-            call_body = {
-                "purpose": purpose,
-                "task": task,
-                "target": target,
-                "member": lease.member,
-                "instance": lease.instance,
-                "slot": lease.id_slot,
-                "request": request,
-            }
-            call_seq = await s.witness(run.id, k.MODEL_CALL, call_body, parent)
+            call_body = rec.ModelCall(
+                purpose=purpose,
+                task=task,
+                target=target,
+                member=lease.member,
+                instance=lease.instance,
+                slot=lease.id_slot,
+                request=request,
+            )
+            call_seq = await s.witness(run.id, call_body, parent)
             sent = True
             try:
                 result = await lease.chat(
@@ -204,22 +205,23 @@ async def _once(
                 raise
             except Exception as exc:
                 where = {"member": lease.member, "instance": lease.instance, "slot": lease.id_slot}
-                reply_seq = await s.witness(
-                    run.id,
-                    k.MODEL_REPLY,
-                    {"text": "", "finish_reason": None, "usage": None, "timings": {}}
-                    | where
-                    | {"error": describe(exc)},
-                    call_seq,
+                error = rec.ModelReply(
+                    text="",
+                    finish_reason=None,
+                    usage=None,
+                    timings={},
+                    member=lease.member,
+                    instance=lease.instance,
+                    slot=lease.id_slot,
+                    error=describe(exc),
                 )
+                reply_seq = await s.witness(run.id, error, call_seq)
                 if _lost(exc):
                     raise _Lost(exc, lease.member, reply_seq) from exc
                 raise
             # Read after the call: a tier's lease that moved a failed call names where it ran.
             where = {"member": lease.member, "instance": lease.instance, "slot": lease.id_slot}
-            reply_seq = await s.witness(
-                run.id, k.MODEL_REPLY, _reply(result, request, where), call_seq
-            )
+            reply_seq = await s.witness(run.id, _reply(result, request, where), call_seq)
     except (NoHealthyMember, PoolTimeout) as exc:
         if sent:
             raise
@@ -229,26 +231,27 @@ async def _once(
     return result, reply_seq
 
 
-def _reply(result: ChatReply, request: object, where: dict[str, Any]) -> dict[str, Any]:
+def _reply(result: ChatReply, request: object, where: dict[str, Any]) -> rec.ModelReply:
     """The `model.reply` body of a reply that came back."""
     usage = result.usage
     # What went upstream, when the lease reports it (a relay adds the slot's fields).
     sent = k.safe(dict(getattr(result, "request", None) or {}))
-    reply = {
-        "text": result.text,
-        "finish_reason": result.finish_reason,
-        "usage": {
-            "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
-            "cached_tokens": usage.cached_tokens,
-        },
-        "timings": ledger_timings(result.timings),
-        "sent": _differs(request, sent),
-        "error": None,
-    } | where
+    reply = rec.ModelReply(
+        text=result.text,
+        finish_reason=result.finish_reason,
+        usage=rec.Usage(
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+        ),
+        timings=ledger_timings(result.timings),
+        sent=_differs(request, sent),
+        error=None,
+        **where,
+    )
     remote = getattr(result, "remote", None)
-    if remote is not None:  # another tally daemon served it: where its record has it
-        reply["remote"] = {"member": where["member"], **remote}
+    if remote is not None:  # only then: another tally daemon served it, and where its record has it
+        reply.remote = rec.Remote(member=where["member"], **remote)
     return reply
 
 
@@ -280,13 +283,13 @@ async def structured(
 
     async def witness(attempt: guard.Attempt) -> None:
         nonlocal last_parent
-        body = {
-            "purpose": attempt.purpose,
-            "attempt": attempt.attempt,
-            "outcome": attempt.outcome,
-            "error": attempt.error,
-        }
-        last_parent = await s.witness(run.id, k.GUARD, body, attempt.reply_seq or last_parent)
+        body = rec.OutputGuard(
+            purpose=attempt.purpose,
+            attempt=attempt.attempt,
+            outcome=attempt.outcome,
+            error=attempt.error,
+        )
+        last_parent = await s.witness(run.id, body, attempt.reply_seq or last_parent)
 
     return await guard.structured(
         purpose,
@@ -298,7 +301,7 @@ async def structured(
     )
 
 
-def _differs(witnessed: object, sent: object) -> object:
+def _differs(witnessed: object, sent: object) -> dict[str, Any] | None:
     """None when the pool sent what model.call witnessed (or did not say what it sent), else
     the body it did send minus its messages, so the ledger never hides a parameter."""
     if not isinstance(sent, dict) or not sent or not isinstance(witnessed, dict):

@@ -18,8 +18,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from daemon import record as rec
 from daemon.planning import Plan
 from daemon.routing import classifier_of
 from daemon.runs.budget import Meter
@@ -32,7 +32,7 @@ from daemon.runs.waits import Waits
 from daemon.workspace.view import RunDirs
 from roster.models import Lane, Roster
 
-Witness = Callable[[str, str, dict[str, Any], int | None], Awaitable[int]]
+Witness = Callable[[str, rec.Body, int | None], Awaitable[int]]
 """(run id, kind, body, parent) -> the entry's seq, once it is durable and applied."""
 Delta = Callable[[str, str, str | None], None]
 """(run id, streamed text, task id or None for the synthesis) -> None: to live listeners only."""

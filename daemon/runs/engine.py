@@ -42,6 +42,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from daemon import record as rec
 from daemon.errors import Busy, Conflict, InvalidInput, NotFound
 from daemon.planning import Plan, agent_needs_view, check_plan
 from daemon.runs import checks, lifecycle, planning, reuse, routing, synthesis, waves
@@ -60,7 +61,7 @@ from daemon.runs.state import FINAL, STOPPED, Census, Limits, RunEvent, RunView
 from daemon.runs.table import RunTable
 from daemon.runs.waits import Waits
 from daemon.workspace import patch as workspace_patch
-from daemon.workspace.record import APPLY, SNAPSHOT, ApplyBody, PatchBody, SnapshotBody
+from daemon.workspace.record import ApplyBody, PatchBody, SnapshotBody
 from daemon.workspace.view import RunDirs
 from roster.models import Budget, Roster
 
@@ -297,7 +298,7 @@ class Engine:
         try:
             applied = await asyncio.to_thread(workspace_patch.apply, where, body, check)
         except workspace_patch.ApplyRefused as exc:
-            refused = ApplyBody(
+            refused = rec.WorkspaceApply(
                 path=str(where),
                 ok=False,
                 method="none",
@@ -307,9 +308,9 @@ class Engine:
                 check=check,
             )
             if not check:
-                await self._witness(run_id, APPLY, refused.model_dump(), view.patch_seq)
+                await self._witness(run_id, refused, view.patch_seq)
             raise Conflict(f"run {run_id}: {exc}", details={"run": run_id}) from None
-        outcome = ApplyBody(
+        outcome = rec.WorkspaceApply(
             path=str(where),
             ok=True,
             method=applied.method,
@@ -319,7 +320,7 @@ class Engine:
             check=check,
         )
         if not check and not applied.already:
-            await self._witness(run_id, APPLY, outcome.model_dump(), view.patch_seq)
+            await self._witness(run_id, outcome, view.patch_seq)
         return outcome
 
     # ---------------------------------------------------------------- control
@@ -363,19 +364,21 @@ class Engine:
         if workspace is not None:
             self._admit()  # a daemon at capacity refuses before it copies anything
             taken = await spaces.snapshot(self.setting, run_id, workspace)
-        body = {
-            "request": request,
-            "lane": lane,
-            "plan": k.safe(checked.model_dump(mode="json", by_alias=True)) if checked else None,
-            "budget": budget_limits.model_dump(),
-            "max_parallel": max_parallel,
-            "barrier": barrier,
-            "idempotency_key": idempotency_key,
-            "client": client,
-        }
+        body = rec.RunRequest(
+            request=request,
+            lane=lane,
+            plan=k.safe(checked.model_dump(mode="json", by_alias=True)) if checked else None,
+            budget=rec.Budget(**budget_limits.model_dump()),
+            max_parallel=max_parallel,
+            barrier=barrier,
+            idempotency_key=idempotency_key,
+            client=client,
+        )
         # Only when set, so a request without them keeps the bytes it always had.
-        body |= {"tier": tier} if tier is not None else {}
-        body |= {"member": member} if member is not None else {}
+        if tier is not None:
+            body.tier = tier
+        if member is not None:
+            body.member = member
         try:
             self._admit()  # no await from here to the witness: the check and the counts agree
         except Busy:
@@ -393,7 +396,7 @@ class Engine:
     async def _request(
         self,
         run_id: str,
-        body: dict[str, Any],
+        body: rec.RunRequest,
         checked: Plan | None,
         key: str | None,
         claim: asyncio.Future[str] | None,
@@ -401,10 +404,12 @@ class Engine:
     ) -> None:
         """`submit`'s durable part: witness the request, then settle its key and start it."""
         try:
-            request_seq = await self._witness(run_id, k.REQUEST, body, None)
+            request_seq = await self._witness(run_id, body, None)
             if taken is not None:
                 self._spaces[run_id] = taken[0]
-                await self._witness(run_id, SNAPSHOT, taken[1].model_dump(), request_seq)
+                await self._witness(
+                    run_id, rec.WorkspaceSnapshot(**taken[1].model_dump()), request_seq
+                )
         except BaseException as exc:
             if taken is not None:
                 self._spaces.pop(run_id, None)
@@ -474,25 +479,26 @@ class Engine:
 
     async def retry(self, run_id: str, client: str = "owner") -> RunView:
         """A new run for a failed, cancelled or budget-exhausted run, linked to it and reusing
-        its done tasks (see `reuse`)."""
+        its done tasks (see `reuse`); on a workspace, on a fresh snapshot of it (`reuse.fresh`)
+        that the done tasks' changes are carried onto."""
         self._refuse_while_closing()
         original = await self.find(run_id)
-        if original.workspace is not None:
-            # Its reused tasks' changes would have to be carried onto a fresh snapshot of the
-            # project; until they are, say so rather than run the rest on an empty dir.
-            raise Conflict(
-                f"run {run_id} worked on a workspace: retry does not carry its tasks' changes "
-                f"yet; submit again with --workspace {original.workspace}",
-                details={"run": run_id},
-            )
         plan = reuse.retryable(original)
         lane = original.lane if original.lane in self.setting.lanes else None
         checked = self._checked(original.request, plan, lane, original.max_parallel)
         body = reuse.retry_request(original, checked, lane, self.roster, client)
         new_id = "r" + uuid.uuid4().hex[:15]  # see table.RUN_ID
         self._admit()
+        taken = None
+        if original.workspace is not None:
+            taken = await reuse.fresh(self.setting, new_id, original)
+            try:
+                self._admit()  # checked again after the copy: no await from here to the witness
+            except Busy:
+                await asyncio.to_thread(taken[0].remove)
+                raise
         self._requesting.add(new_id)
-        await self._step(self._request(new_id, body, checked, None, None))
+        await self._step(self._request(new_id, body, checked, None, None, taken))
         return self.get(new_id)
 
     async def cancel(self, run_id: str, reason: str = "cancelled by request") -> RunView:
@@ -512,12 +518,12 @@ class Engine:
         return self.get(run_id)
 
     async def _cancel_stopped(self, view: RunView, reason: str) -> None:
-        seq = await self._witness(view.id, k.CANCEL, {"reason": reason}, view.request_seq)
-        await self._witness(view.id, k.STATE, {"state": "cancelled", "error": reason}, seq)
+        seq = await self._witness(view.id, rec.RunCancel(reason=reason), view.request_seq)
+        await self._witness(view.id, rec.RunState(state="cancelled", error=reason), seq)
         self._retire(view.id)
 
     async def _cancel_running(self, run: Run, view: RunView, reason: str) -> None:
-        await self._witness(view.id, k.CANCEL, {"reason": reason}, view.request_seq)
+        await self._witness(view.id, rec.RunCancel(reason=reason), view.request_seq)
         await self._abort(run)
 
     async def resume(self, run_id: str) -> RunView:
@@ -530,12 +536,12 @@ class Engine:
             raise Conflict(f"run {run_id} is {view.state}; only an interrupted run resumes")
         done = [t.id for t in view.tasks if t.state == "done"]
         redo = [t.id for t in view.tasks if t.state != "done"]
-        body = {
-            "reused": done,
-            "redo": redo,
-            "stage": "dispatch" if view.plan_seq is not None else "route",
-            "spent": view.spent.model_dump(),
-        }
+        body = rec.RunResume(
+            reused=done,
+            redo=redo,
+            stage="dispatch" if view.plan_seq is not None else "route",
+            spent=rec.Budget(**view.spent.model_dump()),
+        )
         self._admit()
         await self._step(self._resume(run_id, body, view.answer_seq or view.request_seq))
         return self.get(run_id)
@@ -556,8 +562,8 @@ class Engine:
         task.add_done_callback(self._steps.discard)
         return await asyncio.shield(task)
 
-    async def _resume(self, run_id: str, body: dict[str, Any], parent: int | None) -> None:
-        await self._witness(run_id, k.RESUME, body, parent)
+    async def _resume(self, run_id: str, body: rec.RunResume, parent: int | None) -> None:
+        await self._witness(run_id, body, parent)
         self._start(run_id, fresh=None)
 
     async def restore(self, snapshot: Snapshot | None = None) -> builtins.list[str]:
@@ -590,18 +596,18 @@ class Engine:
 
     async def _interrupted(self, view: RunView) -> None:
         """Reconcile: a run the record shows in flight ends interrupted (actor "daemon")."""
-        body = {
-            "reason": "the daemon stopped while the run was in flight",
-            "previous": view.state,
-            "spent_wall_ms": view.spent.wall_ms,
-        }
+        body = rec.RunInterrupted(
+            reason="the daemon stopped while the run was in flight",
+            previous=view.state,
+            spent_wall_ms=view.spent.wall_ms,
+        ).written()
 
         def applied(entry: EntryLike) -> None:
             self.table.apply(entry.seq, entry.ts, k.INTERRUPTED, view.id, body)
 
         await self.ledger.append(
             actor="daemon",
-            kind=k.INTERRUPTED,
+            kind=rec.RunInterrupted.KIND,
             body=body,
             run=view.id,
             parent=view.request_seq,
@@ -645,9 +651,8 @@ class Engine:
 
     # ---------------------------------------------------------------- witnessing
 
-    async def _witness(
-        self, run_id: str, kind: str, body: dict[str, Any], parent: int | None
-    ) -> int:
+    async def _witness(self, run_id: str, typed: rec.Body, parent: int | None) -> int:
+        kind, body = typed.KIND, typed.written()
         entry = await self.ledger.append(
             actor=k.ACTOR,
             kind=kind,
@@ -666,7 +671,7 @@ class Engine:
         self.feed.publish(run_id, kind, entry, body)
 
     async def _witness_all(
-        self, run_id: str, entries: Sequence[tuple[str, dict[str, Any], int | None]]
+        self, run_id: str, entries: Sequence[tuple[rec.Body, int | None]]
     ) -> builtins.list[int]:
         """`_witness` for entries whose parents are all durable already: appended at once, so
         they share a group commit. Their seqs follow the list's order (the ledger takes appends
@@ -674,7 +679,7 @@ class Engine:
         entry the ledger took is applied even if another failed, then the first error raises.
         """
         appended = await asyncio.gather(
-            *(self._witness(run_id, kind, body, parent) for kind, body, parent in entries),
+            *(self._witness(run_id, body, parent) for body, parent in entries),
             return_exceptions=True,
         )
         seqs: builtins.list[int] = []
@@ -740,11 +745,9 @@ class Engine:
         await spaces.patch(s, run, plan)
         answer_seq = await synthesis.synthesize(s, run, plan)
         intent = checks.intent(view.request, view.answer or "")
-        done = {"state": "done", "error": None}
+        done = rec.RunState(state="done", error=None)
         # Both hang off the answer, which is durable: one group commit instead of two in turn.
-        await self._witness_all(
-            run.id, [(k.INTENT, intent, answer_seq), (k.STATE, done, answer_seq)]
-        )
+        await self._witness_all(run.id, [(rec.RunIntent(**intent), answer_seq), (done, answer_seq)])
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from daemon import record as rec
 from daemon.runs import limits, sandbox, seccomp
 from daemon.runs.limits import DiskQuota, DiskUsage, TmpfsProbe, disk_usage
 from daemon.runs.sandbox import Confinement
@@ -83,19 +84,19 @@ class CommandOutcome:
     limit: str | None = None
     """The limit the task ran into (disk quota, a full in-memory dir), naming its setting."""
 
-    def body(self, task: str) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "task": task,
-            "argv": self.argv,
-            "exit_code": self.exit_code,
-            "timed_out": self.timed_out,
-            "stdout": self.stdout,
-            "stderr": self.stderr,
-            "truncated": self.truncated,
-            "duration_ms": self.duration_ms,
-        }
+    def body(self, task: str) -> rec.CommandRun:
+        body = rec.CommandRun(
+            task=task,
+            argv=list(self.argv),
+            exit_code=self.exit_code,
+            timed_out=self.timed_out,
+            stdout=self.stdout,
+            stderr=self.stderr,
+            truncated=self.truncated,
+            duration_ms=self.duration_ms,
+        )
         if self.limit is not None:  # only then: a body without one keeps its bytes
-            body["limit"] = self.limit
+            body.limit = self.limit
         return body
 
 

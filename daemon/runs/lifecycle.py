@@ -23,7 +23,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from daemon.runs import entries as k
+from daemon import record as rec
 from daemon.runs import synthesis
 from daemon.runs.budget import BudgetExhausted
 from daemon.runs.context import Run, Setting, describe
@@ -52,8 +52,11 @@ async def drive(s: Setting, run: Run, work: Callable[[Run], Awaitable[None]]) ->
         )
         seq = await s.witness(
             run.id,
-            k.BUDGET,
-            {"limit": exc.limit, "budget": view.budget.model_dump(), "spent": spent},
+            rec.RunBudget(
+                limit=exc.limit,
+                budget=rec.Budget(**view.budget.model_dump()),
+                spent=rec.Budget(**spent),
+            ),
             view.request_seq,
         )
         if view.answer_seq is None:  # the work done within the budget is still its answer
@@ -66,12 +69,12 @@ async def drive(s: Setting, run: Run, work: Callable[[Run], Awaitable[None]]) ->
         if run.interrupting and not run.cancelling:
             now_us = time.time_ns() // 1000
             wall_ms = view.wall_base_ms + (now_us - view.started_at_us) // 1000
-            body = {
-                "reason": "the daemon stopped",
-                "previous": view.state,
-                "spent_wall_ms": max(view.spent.wall_ms, wall_ms),
-            }
-            await s.witness(run.id, k.INTERRUPTED, body, view.request_seq)
+            body = rec.RunInterrupted(
+                reason="the daemon stopped",
+                previous=view.state,
+                spent_wall_ms=max(view.spent.wall_ms, wall_ms),
+            )
+            await s.witness(run.id, body, view.request_seq)
         else:
             await final(s, run, "cancelled", "cancelled by request", None)
     except Exception as exc:
@@ -80,4 +83,4 @@ async def drive(s: Setting, run: Run, work: Callable[[Run], Awaitable[None]]) ->
 
 async def final(s: Setting, run: Run, state: str, error: str | None, parent: int | None) -> None:
     view = s.views[run.id]
-    await s.witness(run.id, k.STATE, {"state": state, "error": error}, parent or view.request_seq)
+    await s.witness(run.id, rec.RunState(state=state, error=error), parent or view.request_seq)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from daemon import record as rec
 from daemon.planning import Plan, Task, check_plan
 from daemon.runs import entries as k
 from daemon.runs.budget import BudgetExhausted
@@ -48,14 +49,14 @@ async def plan(s: Setting, run: Run, lane: str, parent: int) -> int:
         chosen = _agents(s, chosen)
     nodes = [Node(t.id, t.lane, tuple(t.needs)) for t in chosen.tasks]
     waves = levels(nodes, view.max_parallel or s.roster.policy.max_parallel)
-    body = {
-        "source": source,
-        "plan": k.safe(chosen.model_dump(mode="json", by_alias=True)),
-        "waves": waves,
-        "critical_path": _depth(nodes),
-        "error": error,
-    }
-    return await s.witness(run.id, k.PLAN, body, parent)
+    body = rec.RunPlan(
+        source=source,
+        plan=k.safe(chosen.model_dump(mode="json", by_alias=True)),
+        waves=waves,
+        critical_path=_depth(nodes),
+        error=error,
+    )
+    return await s.witness(run.id, body, parent)
 
 
 async def requested_plan(ledger: LedgerReader, view: RunView) -> Plan | None:

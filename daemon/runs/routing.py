@@ -23,8 +23,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from daemon import record as rec
 from daemon import routing
-from daemon.runs import entries as k
 from daemon.runs.budget import BudgetExhausted
 from daemon.runs.calls import structured
 from daemon.runs.context import Run, Setting, describe
@@ -38,13 +38,12 @@ async def route(s: Setting, run: Run) -> tuple[str, int]:
     view = s.views[run.id]
     router = s.router
     decided: RouteResult
-    embedded: dict[str, int] = {}
+    embedded: int | None = None
     if isinstance(router, EmbeddingRouter):
         decided = await router.aroute(view.request)
         likeness = getattr(decided, "embedding", None)
         if likeness is not None:  # the embedding member's part, before the route it fed
-            seq = await s.witness(run.id, k.EMBEDDING, embedding_body(likeness), view.request_seq)
-            embedded = {"embedding": seq}
+            embedded = await s.witness(run.id, embedding_body(likeness), view.request_seq)
     else:
         decided = router.route(view.request)
     scores = [[lane, _ppm(score)] for lane, score in list(decided.scores)[:8]]
@@ -52,27 +51,29 @@ async def route(s: Setting, run: Run) -> tuple[str, int]:
     if view.lane is not None:
         # The client named the lane: witnessed with the router's own choice beside it, so an
         # override is a correction the record keeps (`tally route --suggest` reads them).
-        body = {
-            "lane": view.lane,
-            "confidence_ppm": 1_000_000,
-            "escalate": False,
-            "source": "client",
-            "scores": scores,
-            "matched": matched,
-            "router": _choice(decided.decision),
-            **embedded,
-        }
-        return view.lane, await s.witness(run.id, k.ROUTE, body, view.request_seq)
-    body = {
-        "lane": decided.lane,
-        "confidence_ppm": _ppm(decided.confidence),
-        "escalate": bool(decided.escalate),
-        "source": "router",
-        "scores": scores,
-        "matched": matched,
-        **embedded,
-    }
-    seq = await s.witness(run.id, k.ROUTE, body, view.request_seq)
+        body = rec.RunRoute(
+            lane=view.lane,
+            confidence_ppm=1_000_000,
+            escalate=False,
+            source="client",
+            scores=scores,
+            matched=matched,
+            router=_choice(decided.decision),
+        )
+        if embedded is not None:  # only with an embedding member: older routes unchanged
+            body.embedding = embedded
+        return view.lane, await s.witness(run.id, body, view.request_seq)
+    body = rec.RunRoute(
+        lane=decided.lane,
+        confidence_ppm=_ppm(decided.confidence),
+        escalate=bool(decided.escalate),
+        source="router",
+        scores=scores,
+        matched=matched,
+    )
+    if embedded is not None:
+        body.embedding = embedded
+    seq = await s.witness(run.id, body, view.request_seq)
     if decided.lane is not None and not decided.escalate:
         return str(decided.lane), seq
     if run.client_plan is not None:  # the client planned: its lanes decide, no model call
@@ -86,32 +87,32 @@ async def route(s: Setting, run: Run) -> tuple[str, int]:
     candidates = ranked[:CANDIDATES]
     if GENERAL in s.lanes and GENERAL not in candidates:
         candidates.append(GENERAL)
-    body = {"lane": lane, "candidates": candidates, "source": decision.source, "error": None}
-    return lane, await s.witness(run.id, k.CLASSIFY, body, seq)
+    chosen = rec.RunClassify(lane=lane, candidates=candidates, source=decision.source, error=None)
+    return lane, await s.witness(run.id, chosen, seq)
 
 
-def embedding_body(likeness: Any) -> dict[str, Any]:
+def embedding_body(likeness: Any) -> rec.RunEmbedding:
     """What the embedding member said of a request (`daemon.embeddings.Likeness`), as the
     `run.embedding` entry and the `route.preview` hold it (no floats: cosines in ppm)."""
-    return {
-        "member": likeness.member,
-        "used": likeness.used,
-        "why": likeness.why,
-        "digest": likeness.digest,
-        "examples": likeness.examples,
-        "ms": likeness.ms,
-        "nearest": [[lane, _ppm(value), text] for lane, value, text in likeness.top()],
-    }
+    return rec.RunEmbedding(
+        member=likeness.member,
+        used=likeness.used,
+        why=likeness.why,
+        digest=likeness.digest,
+        examples=likeness.examples,
+        ms=likeness.ms,
+        nearest=[[lane, _ppm(value), text] for lane, value, text in likeness.top()],
+    )
 
 
-def _choice(decision: DecisionLike) -> dict[str, Any]:
+def _choice(decision: DecisionLike) -> rec.RouterChoice:
     """The router's decision as a witnessed body holds it."""
-    return {
-        "lane": decision.lane,
-        "source": decision.source,
-        "classifier": decision.classifier,
-        "candidates": list(decision.candidates),
-    }
+    return rec.RouterChoice(
+        lane=decision.lane,
+        source=decision.source,
+        classifier=decision.classifier,
+        candidates=list(decision.candidates),
+    )
 
 
 async def _classify(
@@ -152,8 +153,8 @@ async def _classify(
         raise
     except Exception as exc:  # the classifier is advice: fall back to the best score
         error = describe(exc)
-    body = {"lane": lane, "candidates": candidates, "source": source, "error": error}
-    return lane, await s.witness(run.id, k.CLASSIFY, body, reply_seq or parent)
+    body = rec.RunClassify(lane=lane, candidates=candidates, source=source, error=error)
+    return lane, await s.witness(run.id, body, reply_seq or parent)
 
 
 def _ppm(value: Any) -> int:

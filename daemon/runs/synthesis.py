@@ -21,8 +21,8 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from daemon import record as rec
 from daemon.planning import Plan
-from daemon.runs import entries as k
 from daemon.runs.budget import BudgetExhausted
 from daemon.runs.calls import call
 from daemon.runs.context import Run, Setting, describe
@@ -38,8 +38,8 @@ async def synthesize(s: Setting, run: Run, plan: Plan) -> int:
     done = [t for t in view.tasks if t.state == "done"]
     last = max((t.verdict_seq or 0 for t in done), default=view.plan_seq or 0)
     if len(plan.tasks) == 1 and done:
-        body = {"answer": run.outputs.get(done[0].id, ""), "source": "single"}
-        return await s.witness(run.id, k.ANSWER, body, done[0].verdict_seq or last)
+        body = rec.RunAnswer(answer=run.outputs.get(done[0].id, ""), source="single")
+        return await s.witness(run.id, body, done[0].verdict_seq or last)
     results = {t.id: run.outputs.get(t.id, "") for t in done}
     lane = s.lanes.get(view.lane or "") or s.roster.lanes[0]
     messages = [
@@ -71,15 +71,13 @@ async def synthesize(s: Setting, run: Run, plan: Plan) -> int:
         raise
     except Exception as exc:  # the task results still answer the request
         answer = _with_results("", done, results)
-        failed = {"answer": answer, "source": "results", "error": describe(exc)}
-        return await s.witness(run.id, k.ANSWER, failed, last)
+        failed = rec.RunAnswer(answer=answer, source="results", error=describe(exc))
+        return await s.witness(run.id, failed, last)
     summary, looped = await asyncio.to_thread(cut_loop, str(result.text))
-    answered: dict[str, Any] = {
-        "answer": _with_results(summary, done, results),
-        "source": "synthesis",
-        "looped": looped,
-    }
-    return await s.witness(run.id, k.ANSWER, answered, reply_seq)
+    answered = rec.RunAnswer(
+        answer=_with_results(summary, done, results), source="synthesis", looped=looped
+    )
+    return await s.witness(run.id, answered, reply_seq)
 
 
 async def partial(s: Setting, run: Run, error: str) -> int | None:
@@ -90,8 +88,8 @@ async def partial(s: Setting, run: Run, error: str) -> int | None:
         return None
     last = max((t.verdict_seq or 0 for t in done), default=0) or view.plan_seq
     results = {t.id: run.outputs.get(t.id, t.result or "") for t in done}
-    body = {"answer": _with_results("", done, results), "source": "partial", "error": error}
-    return await s.witness(run.id, k.ANSWER, body, last)
+    body = rec.RunAnswer(answer=_with_results("", done, results), source="partial", error=error)
+    return await s.witness(run.id, body, last)
 
 
 def _with_results(summary: str, done: list[Any], results: Mapping[str, str]) -> str:

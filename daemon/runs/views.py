@@ -24,7 +24,9 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from daemon import record as rec
 from daemon.errors import InvalidInput
 from daemon.planning import Plan, RunAssertion, Task
 from daemon.runs.context import Run, Setting
@@ -104,7 +106,7 @@ async def open_view(s: Setting, run: Run, task: Task, attempt: int) -> View | No
     space = run.space
     upstream = []
     if view.workspace is not None:
-        upstream = [await _diff_of(s, run, need) for need in _ancestors(view, task.id)]
+        upstream = [await diff_of(s, run, need) for need in ancestors(view, task.id)]
     name = "v-" + hashlib.sha256(task.id.encode()).hexdigest()[:16] + f".{attempt}"
 
     def work() -> View:
@@ -196,8 +198,8 @@ async def settle(
             except ViewFailed as exc:
                 why = str(exc)
                 failures.append(why)
-            body = ws.DiffBody(task=task.id, attempt=attempt, diff=diff, files=files, error=why)
-            seq = await s.witness(run.id, ws.TASK_DIFF, body.model_dump(), seq)
+            body = rec.TaskDiff(task=task.id, attempt=attempt, diff=diff, files=files, error=why)
+            seq = await s.witness(run.id, body, seq)
             run.diffs[task.id] = diff
         if error is None and not failures:
             for argv, timeout_s, source in _checks(s, view, task, lane, opened):
@@ -274,7 +276,7 @@ async def _check(
         timeout_s=min(timeout_s, policy.max_timeout_s),
         workdir=opened.path,
     )
-    body = ws.CheckBody(
+    body = rec.CheckRun(
         task=task.id,
         attempt=attempt,
         argv=list(argv),
@@ -285,7 +287,7 @@ async def _check(
         duration_ms=outcome.duration_ms,
         source="task" if source == "task" else "lane",
     )
-    seq = await s.witness(run.id, ws.CHECK_RUN, body.model_dump(), parent)
+    seq = await s.witness(run.id, body, parent)
     if outcome.exit_code == 0 and not outcome.timed_out:
         return None, seq
     shown = " ".join(argv)
@@ -302,7 +304,7 @@ def _tail(text: str, limit: int) -> str:
     return text if len(text) <= limit else "…" + text[-(limit - 1) :]
 
 
-def _ancestors(view: RunView, task_id: str) -> list[str]:
+def ancestors(view: RunView, task_id: str) -> list[str]:
     """Every task `task_id` needs, directly or not, in plan order."""
     needs: Mapping[str, Sequence[str]] = {t.id: t.needs for t in view.tasks}
     found: set[str] = set()
@@ -315,23 +317,44 @@ def _ancestors(view: RunView, task_id: str) -> list[str]:
     return [t.id for t in view.tasks if t.id in found]
 
 
-async def _diff_of(s: Setting, run: Run, task_id: str) -> str:
+async def diff_of(s: Setting, run: Run, task_id: str) -> str:
     """A done task's diff: in memory, or (after a restart) its last witnessed `task.diff`."""
     if task_id in run.diffs:
         return run.diffs[task_id]
-    view = s.views[run.id]
-    start, found = view.request_seq, ""
+    found = await last_diffs(s, run.id, s.views[run.id].request_seq, [task_id])
+    run.diffs[task_id] = found.get(task_id, "")
+    return run.diffs[task_id]
+
+
+async def witnessed(s: Setting, run_id: str, start: int, kind: str) -> list[dict[str, Any]]:
+    """The bodies of a run's entries of one kind from `start` on, in order (dicts only)."""
+    found: list[dict[str, Any]] = []
     while True:
-        batch = await s.ledger.entries(start=start, limit=500, kind=ws.TASK_DIFF, run=run.id)
+        batch = await s.ledger.entries(start=start, limit=500, kind=kind, run=run_id)
         bodies = await s.ledger.read_bodies([entry.body for entry in batch])
-        for _, value in bodies:
-            if isinstance(value, dict) and value.get("task") == task_id:
-                found = str(value.get("diff") or "")
+        found += [value for _, value in bodies if isinstance(value, dict)]
         if len(batch) < 500:
-            break
+            return found
         start = batch[-1].seq + 1
-    run.diffs[task_id] = found
+
+
+async def last_diffs(s: Setting, run_id: str, start: int, tasks: list[str]) -> dict[str, str]:
+    """Each of `tasks`' last witnessed `task.diff` in the run (the done attempt's, or the one
+    a retry carried); a task with none is absent."""
+    found: dict[str, str] = {}
+    for value in await witnessed(s, run_id, start, ws.TASK_DIFF):
+        if value.get("task") in tasks:
+            found[str(value["task"])] = str(value.get("diff") or "")
     return found
+
+
+async def space_of(s: Setting, run: Run) -> RunDirs:
+    """The run's dirs with its snapshot on disk (taken again, and checked, after a restart)."""
+    view = s.views[run.id]
+    if run.space is None or not run.space.has_base():
+        await _restore(s, run, view)
+    assert run.space is not None
+    return run.space
 
 
 async def _restore(s: Setting, run: Run, view: RunView) -> None:
@@ -344,7 +367,8 @@ async def _restore(s: Setting, run: Run, view: RunView) -> None:
         await asyncio.to_thread(space.remove)
         raise ViewFailed(
             f"the workspace {view.workspace} changed since the run's snapshot (its visible "
-            "files are not the ones witnessed): submit the request again"
+            f"files are not the ones witnessed): `tally retry {run.id}` runs what is not done "
+            "on the workspace as it is now, carrying the done tasks' changes"
         )
     run.space = space
 
@@ -355,7 +379,7 @@ async def patch(s: Setting, run: Run, plan: Plan) -> None:
     if view.workspace is None:
         return
     done = [t for t in plan.tasks if (tv := view.task(t.id)) is not None and tv.state == "done"]
-    diffs = [await _diff_of(s, run, t.id) for t in done]
+    diffs = [await diff_of(s, run, t.id) for t in done]
     if run.space is None or not run.space.has_base():
         await _restore(s, run, view)
     space = run.space
@@ -363,7 +387,7 @@ async def patch(s: Setting, run: Run, plan: Plan) -> None:
     error = None
     try:
         combined = await asyncio.to_thread(space.combine, diffs)
-        body = ws.PatchBody(
+        body = rec.RunPatch(
             patch=combined.diff,
             files=combined.files,
             tasks=[t.id for t in done],
@@ -372,17 +396,17 @@ async def patch(s: Setting, run: Run, plan: Plan) -> None:
         )
     except ViewFailed as exc:
         error = f"the tasks' changes conflict: {exc}"
-        body = ws.PatchBody(
+        body = rec.RunPatch(
             patch="", files=[], tasks=[t.id for t in done], before={}, after={}, error=error
         )
     parent = max((tv.verdict_seq or 0 for t in done if (tv := view.task(t.id))), default=0)
-    await s.witness(run.id, ws.PATCH, body.model_dump(), parent or view.plan_seq)
+    await s.witness(run.id, body, parent or view.plan_seq)
 
 
 async def partial_patch(s: Setting, run: Run, plan: Plan) -> None:
     """A failed run's `run.patch`: its done tasks' changes, as a failed run's answer holds their
-    outputs (retry does not take a workspace run: without this their work was lost). None when
-    no task is done, or when a restarted run's workspace changed (the failure says enough)."""
+    outputs (`tally apply` takes them without a retry). None when no task is done, or when a
+    restarted run's workspace changed (the failure says enough)."""
     view = s.views[run.id]
     if view.workspace is None or not any(
         (tv := view.task(t.id)) is not None and tv.state == "done" for t in plan.tasks

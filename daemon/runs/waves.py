@@ -13,9 +13,9 @@ their errors.
 
 from __future__ import annotations
 
+from daemon import record as rec
 from daemon.planning import Plan
 from daemon.runs import attempts
-from daemon.runs import entries as k
 from daemon.runs.context import Run, Setting, TaskFailed
 from daemon.runs.dispatch import Node, dispatch
 
@@ -30,7 +30,7 @@ async def run_plan(s: Setting, run: Run, plan: Plan) -> None:
         return await attempts.execute(s, run, by_id[task_id])
 
     async def skip(task_id: str, reason: str) -> None:
-        await s.witness(run.id, k.TASK_SKIP, {"task": task_id, "reason": reason}, view.plan_seq)
+        await s.witness(run.id, rec.TaskSkip(task=task_id, reason=reason), view.plan_seq)
 
     outcome = await dispatch(
         nodes,

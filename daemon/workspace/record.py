@@ -6,6 +6,9 @@ Each body is plain JSON (no floats); `model_dump()` is what is witnessed. Parent
 - `check.run` [task.diff | task.result | the previous check.run]: one `run` check.
 - `run.patch` [the last task.verdict]: the done tasks' changes combined, against the snapshot.
 - `workspace.apply` [run.patch]: the patch applied to the workspace (actor: the client).
+- `workspace.carry` [run.plan]: a retried run's reused tasks' changes carried onto its fresh
+  snapshot (see `carry`); then per carried task `task.reuse` [run.plan] and a `task.diff`
+  (attempt 0) [that task.reuse] with its changes against the new snapshot.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ TASK_DIFF: Final = "task.diff"
 CHECK_RUN: Final = "check.run"
 PATCH: Final = "run.patch"
 APPLY: Final = "workspace.apply"
-KINDS: Final = (SNAPSHOT, TASK_DIFF, CHECK_RUN, PATCH, APPLY)
+CARRY: Final = "workspace.carry"
+KINDS: Final = (SNAPSHOT, TASK_DIFF, CHECK_RUN, PATCH, APPLY, CARRY)
 
 
 class _Body(BaseModel):
@@ -87,3 +91,19 @@ class ApplyBody(_Body):
     error: str | None
     client: str
     check: bool = False
+
+
+class CarryBody(_Body):
+    """A retry's reuse of the original's done tasks on the workspace as it is now.
+
+    `from_content`/`content`: the original's snapshot and this run's (equal: the workspace's
+    visible files did not change). `carried`: the tasks taken as done, their diffs applied;
+    `changed`: per carried task, files it changes that are not as the original saw them (its
+    diff applied nonetheless); `redo`: tasks the original had done that run again, with why."""
+
+    from_run: str
+    from_content: str | None
+    content: str
+    carried: list[str]
+    changed: dict[str, list[str]]
+    redo: dict[str, str]

@@ -242,7 +242,7 @@ def _git_identity(
                 committed[raw.decode("utf-8", "surrogateescape")] = parts[2].decode()
     changes: list[str] = []
     for name in sorted(hashes):
-        blob = _blob_id(base / name)
+        blob = blob_id(base / name)
         if committed.get(name) != blob:
             changes.append(f"{name}\0{blob}")
     for name in sorted(set(committed) - set(hashes)):
@@ -253,7 +253,7 @@ def _git_identity(
     return head, hashlib.sha256("\n".join(changes).encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def _blob_id(path: Path) -> str:
+def blob_id(path: Path) -> str:
     """git's object id of a file's content (SHA-1 of `blob <size>\\0<content>`)."""
     data = os.readlink(path).encode() if path.is_symlink() else path.read_bytes()
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()

@@ -87,7 +87,11 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     )
 
     verify = sub.add_parser("verify", parents=[common], help="check chain, tree and checkpoints")
-    verify.add_argument("--deep", action="store_true", help="also re-hash every body")
+    verify.add_argument(
+        "--deep",
+        action="store_true",
+        help="also re-hash every body and check it against its kind's schema",
+    )
     verify.add_argument(
         "--since",
         metavar="CHECKPOINT_FILE",
@@ -165,6 +169,12 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     )
     export.add_argument("dir", metavar="DIR", help="a new directory (DIR/ledger is written)")
     export.set_defaults(run=_runner(_export))
+
+    schema = sub.add_parser(
+        "schema", help="the JSON Schema (2020-12) of every entry kind, keyed by kind"
+    )
+    schema.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # always JSON
+    schema.set_defaults(run=_schema)
 
     from surfaces.cli.reading import register_summary  # stdlib only at import, as this module
 
@@ -384,6 +394,8 @@ def _report_lines(
             )
         else:
             lines.append("  bodies:     not re-hashed (add --deep)")
+        if checked.get("schemas") is not None:
+            lines.extend(_schema_lines(checked["schemas"]))
     lines.extend(f"WARNING: {warning}" for warning in report.warnings)
     if report.derived:
         lines.append(
@@ -406,6 +418,31 @@ def _report_lines(
             f"  since:      {since['file']}, size {since['size']} ({since['signature']} "
             f"signature): {verdict} with the ledger at size {n}"
         )
+    return lines
+
+
+def _schema(args: argparse.Namespace) -> int:
+    """The record's vocabulary as `GET /v1/record/schema` publishes it (no ledger is read)."""
+    from daemon.record import document
+
+    _print_json(document())
+    return 0
+
+
+def _schema_lines(found: dict[str, Any]) -> list[str]:
+    """--deep: the bodies against their kinds' published schemas."""
+    lines = [
+        f"  schemas:    {found['checked']} present bodies checked against their kind's schema "
+        f"(`tally ledger schema`): {found['mismatches']} do not fit"
+    ]
+    for miss in found["first"]:
+        lines.append(f"SCHEMA MISMATCH at seq {miss['seq']} ({miss['kind']}):")
+        lines.extend(f"  {error}" for error in miss["errors"])
+    if found["mismatches"] > len(found["first"]):
+        lines.append(f"  ... and {found['mismatches'] - len(found['first'])} more")
+    if found["unknown"]:
+        kinds = ", ".join(f"{kind} ({n})" for kind, n in found["unknown"].items())
+        lines.append(f"  unknown kinds (not tally's, not checked): {kinds}")
     return lines
 
 
@@ -485,6 +522,14 @@ async def _verify(ledger: Ledger, args: argparse.Namespace) -> int:
             "root": latest.root,
             "signature": _signature(latest.note, ledger.vkey),
         }
+    if args.deep:
+        from daemon.record import KINDS
+        from daemon.record.conformance import conformance
+
+        found = await conformance(ledger, KINDS)
+        checked["schemas"] = found.model_dump()
+        if not found.ok:
+            report = report.model_copy(update={"ok": False})
     if getattr(args, "remote", False):
         checked["remote"] = await _remote(ledger, args)
     if getattr(ledger, "shared", False):

@@ -306,7 +306,12 @@ async def retry(args: argparse.Namespace) -> int:
         reused = [t["id"] for t in original.get("tasks") or [] if t.get("state") == "done"]
         print(
             f"tally: run {run['id']} retries {args.run_id}"
-            + (f", reusing {', '.join(reused)}" if reused else ""),
+            + (f", reusing {', '.join(reused)}" if reused else "")
+            + (
+                f" where their changes still apply to {original['workspace']} as it is now"
+                if reused and original.get("workspace")
+                else ""
+            ),
             file=sys.stderr,
         )
         run = await follow(client, run, args.json, tokens)
@@ -337,12 +342,9 @@ def _ending(run: dict[str, Any], as_json: bool, tokens: Any = None) -> int:
             print(run["answer"])
         print(f"run {run['id']} ended {run['state']}: {run.get('error') or ''}", file=sys.stderr)
         if run["state"] in ("failed", "cancelled", "budget_exhausted"):
-            # retry refuses a workspace run (engine.retry): point at what does work
-            again = (
-                f"`tally submit --workspace {run['workspace']} …` runs it again"
-                if run.get("workspace")
-                else f"`tally retry {run['id']}` runs what is not done again"
-            )
+            again = f"`tally retry {run['id']}` runs what is not done again"
+            if run.get("workspace"):  # engine.retry: on a fresh snapshot of the workspace
+                again += f", on {run['workspace']} as it is then"
             print(f"tally: `tally run {run['id']}` shows each attempt; {again}", file=sys.stderr)
             if run.get("patch_files"):  # the done tasks' changes (views.partial_patch)
                 changed = len(run["patch_files"])

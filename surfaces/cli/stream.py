@@ -148,6 +148,9 @@ def attempt_lines(entries: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
     for entry in entries:
         kind = str(entry.get("kind"))
         body = entry.get("content")
+        if kind == "workspace.carry" and isinstance(body, dict):
+            _carry_lines(out, body, entry.get("seq"))
+            continue
         if not isinstance(body, dict) or not isinstance(body.get("task"), str):
             continue
         lines = out.setdefault(body["task"], [])
@@ -155,6 +158,19 @@ def attempt_lines(entries: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
         if line:
             lines.append(f"{line}  [seq {entry.get('seq')}]")
     return out
+
+
+def _carry_lines(out: dict[str, list[str]], b: dict[str, Any], seq: Any) -> None:
+    """A retry's `workspace.carry` names no one task: a line for each task it decided about."""
+    origin = b.get("from_run")
+    redo, changed = b.get("redo"), b.get("changed")
+    for task, why in (redo if isinstance(redo, dict) else {}).items():
+        line = f"not reused from run {origin}, runs again: {_cut(why)}"
+        out.setdefault(str(task), []).append(f"{line}  [seq {seq}]")
+    for task, paths in (changed if isinstance(changed, dict) else {}).items():
+        named = ", ".join(str(p) for p in paths) if isinstance(paths, list) else ""
+        line = f"its changes carried onto the workspace as it is now; {named} changed since"
+        out.setdefault(str(task), []).append(f"{_cut(line)}  [seq {seq}]")
 
 
 def _describe(kind: str, b: dict[str, Any]) -> str | None:

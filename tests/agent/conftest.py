@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from daemon.ledger import Ledger
+from daemon.record import Body
 from daemon.runs import entries as k
 from daemon.runs.agent import AgentLimits, AgentResult, Mode, run_agent, sandboxed
 from daemon.runs.replay import replay
@@ -55,9 +56,9 @@ class Bench:
     tasks: Path
     plan_seq: int
 
-    async def witness(self, kind: str, body: dict[str, Any], parent: int | None) -> int:
+    async def witness(self, body: Body, parent: int | None) -> int:
         entry = await self.ledger.append(
-            actor=k.ACTOR, kind=kind, body=body, run=RUN, parent=parent
+            actor=k.ACTOR, kind=body.KIND, body=body.written(), run=RUN, parent=parent
         )
         return entry.seq
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
 from daemon.ledger import Ledger
+from daemon.record import Body
 from daemon.runs import entries as k
 from daemon.runs.agent import AgentLimits, native_supported, run_agent, sandboxed
 from daemon.runs.sandbox import Confinement
@@ -54,9 +54,12 @@ async def test_the_embedded_model_runs_a_bounded_json_loop(tmp_path: Path) -> No
     pool = Pool(roster, state, options=PoolOptions(ready_poll_s=0.05, stop_grace_s=5))
     ledger = await Ledger.open(state, checkpoint_interval=None)
 
-    async def witness(kind: str, body: dict[str, Any], parent: int | None) -> int:
+    async def witness(body: Body, parent: int | None) -> int:
+        written = body.written()
         return (
-            await ledger.append(actor="engine", kind=kind, body=body, run="r", parent=parent)
+            await ledger.append(
+                actor="engine", kind=body.KIND, body=written, run="r", parent=parent
+            )
         ).seq
 
     async def checks() -> tuple[bool, str]:

@@ -226,6 +226,8 @@ async def test_the_console_in_a_browser(
             answer = await real.daemon.ledger.entries(run=view.id, kind=k.ANSWER, limit=1)
             seq = answer[0].seq
             await page.goto(f"{real.url}/#/ledger/{seq}")
+            fits = page.locator("#body-schema")  # the body against GET /v1/record/schema
+            assert await fits.inner_text() == "✓ body: fits the published schema of run.answer"
             await page.locator("#pin").click()  # first use: pin the daemon's key
             await page.wait_for_selector("#unpin")
             await page.locator("#verify-here").click()

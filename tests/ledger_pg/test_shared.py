@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import io
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -340,6 +341,14 @@ async def test_export_redaction_and_runs_of_all_daemons(
     code, said, _ = await cli("ledger", "verify", "--deep", "--ledger", pg_dsn)
     assert code == 0, said
     assert "1 redacted, 0 tampered" in said, said
+    # Deep verify reads every body of the shared record against its kind's schema too: the
+    # run's, both daemons' ledger.join; a test's own `note` is not tally's vocabulary.
+    code, said, _ = await cli("ledger", "verify", "--deep", "--json", "--ledger", pg_dsn)
+    assert code == 0, said
+    schemas = json.loads(said)["checked"]["schemas"]
+    assert schemas["mismatches"] == 0, schemas
+    assert schemas["checked"] >= 10, schemas
+    assert schemas["unknown"] == {"note": 2}, schemas  # counted, never checked
     out = tmp_path / "export"
     code, said, err = await cli("ledger", "export", str(out), "--ledger", pg_dsn)
     assert code == 0, said + err

@@ -188,8 +188,8 @@ async def test_apply_refuses_a_workspace_that_changed_under_the_patch(
 async def test_a_failed_run_keeps_its_done_tasks_changes_as_its_patch(
     tmp_path: Path, workspace_fleet: Make
 ) -> None:
-    # A new user's 2-task run failed on its second task: the first task's fix was lost, and
-    # retry refuses a workspace run. The done tasks' changes are the failed run's patch.
+    # A new user's 2-task run failed on its second task: the first task's fix would be lost
+    # without a retry. The done tasks' changes are the failed run's patch.
     src = project(tmp_path / "src")
     stray = "calc.py\n<<<<<<< SEARCH\nnot in the file\n=======\nx\n>>>>>>> REPLACE\n"
     daemon, _ = await workspace_fleet([("Fix add", RIGHT, 0.0), ("Tidy", stray, 0.0)])

@@ -39,3 +39,24 @@ def test_a_diff_and_a_check_are_said_in_words_not_dumped() -> None:
         "=== FAIL: test_add --- AssertionError: -1 != 5  [seq 4]",
         "  changes not captured: git add failed  [seq 5]",
     ]
+
+
+def test_a_retrys_carry_is_said_for_each_task_it_decided_about() -> None:
+    carry = {
+        "from_run": "r1",
+        "from_content": "a",
+        "content": "b",
+        "carried": ["fix"],
+        "changed": {"fix": ["calc.py"]},
+        "redo": {"docs": "its recorded diff does not apply: error: patch failed: README.md:1"},
+    }
+    lines = attempt_lines([{"seq": 7, "kind": "workspace.carry", "content": carry}])
+    assert lines == {
+        "docs": [
+            "not reused from run r1, runs again: its recorded diff does not apply: "
+            "error: patch failed: README.md:1  [seq 7]"
+        ],
+        "fix": [
+            "its changes carried onto the workspace as it is now; calc.py changed since  [seq 7]"
+        ],
+    }

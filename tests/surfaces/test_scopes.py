@@ -16,6 +16,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from daemon import record
 from daemon.clients import SCOPES, Client, ClientStore, Scope
 from daemon.tools import TOOLS
 from tests.slots.fake_server import FakeServer
@@ -149,6 +150,11 @@ async def test_tokens_healthz_metrics_and_revocation(tcp: Scoped) -> None:
         read = {"Authorization": f"Bearer {tcp.tokens['read']}"}
         async with http.get(f"{tcp.url}/metrics", headers=read) as resp:
             assert resp.status == 200
+        async with http.get(f"{tcp.url}/v1/record/schema") as resp:
+            assert resp.status == 401
+        async with http.get(f"{tcp.url}/v1/record/schema", headers=read) as resp:
+            assert resp.status == 200  # the record's vocabulary: scope read
+            assert await resp.json() == json.loads(json.dumps(record.document()))
         async with http.get(f"{tcp.url}/healthz", headers=read) as resp:
             assert "ledger_size" in await resp.json()
         admin = {"Authorization": f"Bearer {tcp.tokens['admin']}"}

@@ -9,15 +9,14 @@ import pytest
 from surfaces.cli import main, runs
 
 
-def test_a_failed_workspace_run_points_at_submit_not_retry(
+def test_a_failed_workspace_run_points_at_retry_on_the_workspace_as_it_is(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # engine.retry refuses a workspace run; the hint once sent the user straight into that wall.
+    # engine.retry takes a workspace run (on a fresh snapshot, the done tasks' changes carried)
     run = {"id": "r1", "state": "failed", "error": "boom", "workspace": "/src/shop"}
     assert runs._ending(run, as_json=False) == 1
     err = capsys.readouterr().err
-    assert "tally retry" not in err
-    assert "tally submit --workspace /src/shop" in err
+    assert "`tally retry r1` runs what is not done again, on /src/shop as it is then" in err
     assert "tally run r1" in err
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from daemon.record import Body
 from daemon.runs import entries as k
 from daemon.runs.agent import calls
 from daemon.runs.agent.calls import Call, Malformed, Mode
@@ -65,8 +66,8 @@ AgentLease = LeasePort
 
 
 LeaseFactory = Callable[[], AbstractAsyncContextManager[AgentLease]]
-StepWitness = Callable[[str, dict[str, Any], int | None], Awaitable[int]]
-"""(kind, body, parent) -> the entry's seq: the engine's `witness` with the run id bound."""
+StepWitness = Callable[[Body, int | None], Awaitable[int]]
+"""(body, parent) -> the entry's seq: the engine's `witness` with the run id bound."""
 Checks = Callable[[], Awaitable[tuple[bool, str]]]
 """The task's checks on the view as it is now: (passed, their output)."""
 
@@ -509,7 +510,7 @@ class _Loop:
             compacted=compacted,
             **where,
         )
-        self.last_seq = await self.witness(k.AGENT_STEP, body.model_dump(), self.last_seq)
+        self.last_seq = await self.witness(body, self.last_seq)
 
 
 async def run_agent(

@@ -48,6 +48,13 @@ export function tool(name, args = {}) {
   return request("POST", `/v1/tools/${name}`, args);
 }
 
+let vocabulary = null;
+// The record's published vocabulary (every kind's JSON Schema), asked once per page load.
+export function recordSchema() {
+  vocabulary ||= request("GET", "/v1/record/schema");
+  return vocabulary;
+}
+
 let who = null;
 // Who this session is ({client, scope, expires_in_s}), asked once per page load.
 export function session() {

@@ -1,7 +1,8 @@
 // The ledger: entries by run, kind and actor, with bodies and causal chains; verify status and
 // the latest checkpoint; redaction (admin); and "verify in this browser" on any entry.
-import { allows, tool } from "./api.js";
+import { allows, recordSchema, tool } from "./api.js";
 import { fail, h, json } from "./dom.js";
+import { checkBody } from "./schema.js";
 import { parseVkey, verifyEntry } from "./verify.js";
 
 const PIN = "tally.pinned-vkey";
@@ -49,6 +50,15 @@ async function verifyHere(seq, out) {
     h("p", { id: "verify-result", class: result.ok ? "ok" : "bad" }, result.ok ? "pass: this entry is in the signed tree" : "fail"));
 }
 
+// Whether the body fits its kind's published schema (shown beside the body).
+async function bodyCheck(e) {
+  if (!e.body || e.body_state !== "present") return null;  // no body to check (redacted, missing, tampered)
+  const verdict = checkBody(await recordSchema(), e.kind, e.content);
+  const mark = verdict.ok === null ? "·" : verdict.ok ? "✓" : "✗";
+  const cls = verdict.ok === false ? "bad" : "ok";
+  return h("p", { id: "body-schema", class: cls }, `${mark} body: ${verdict.detail}`);
+}
+
 async function detail(seq, pane) {
   const e = await tool("ledger_get", { seq });
   const chain = await tool("causal_chain", { seq });
@@ -67,7 +77,7 @@ async function detail(seq, pane) {
     h("button", { id: "verify-here", onclick: () => verifyHere(seq, result).catch((err) => fail(result, err)) }, "Verify in this browser"),
     result,
     json({ ...e, content: undefined }),
-    h("h3", {}, e.redacted ? "Body (redacted)" : "Body"), json(e.content),
+    h("h3", {}, e.redacted ? "Body (redacted)" : "Body"), await bodyCheck(e).catch(() => null), json(e.content),
     e.body && !e.redacted && (await allows("admin")) ? h("div", { class: "redact" }, reason, h("button", { id: "redact", onclick: redact }, "Redact body (admin)"), note) : null,
     h("h3", {}, "Causal chain"),
     h("ol", { id: "chain" }, chain.entries.map((c) => h("li", {}, h("a", { href: `#/ledger/${c.seq}` }, `${c.seq} ${c.kind}`), ` by ${c.actor}`))));

@@ -1,5 +1,8 @@
 """The witnessed gateway: OpenAI chat completions over the slot pool, each call in the ledger.
 
+One piece past 500 lines: the request model, the lease, the witness and the streamed relay
+share one call's state from lease to reply entry; split, each part would take all of it.
+
 Contract:
 - A model id names a pool member (`tiny`), a tier (`tier:cheap`: whichever of its members
   frees a slot first, with the pool's failover), or a lane (`lane:docs`: the lane's system

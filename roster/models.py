@@ -1,4 +1,7 @@
-"""Pydantic models of the roster file. Loading with located errors lives in roster.loading."""
+"""Pydantic models of the roster file. Loading with located errors lives in roster.loading.
+
+One piece past 500 lines: the models' cross-field validators read one another (members, tiers,
+lanes, policy), so they are checked and read together."""
 
 from __future__ import annotations
 

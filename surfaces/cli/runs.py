@@ -1,5 +1,8 @@
 """`tally submit | runs | run | cancel | resume | retry`: run commands, answered by the daemon.
 
+One piece past 500 lines: the six commands share their argument parsing, the follow/stream
+loop and the last-line hints a user reads after each.
+
 On a terminal, `submit`, `run --follow`, `resume` and `retry` stream the tokens each task
 writes, named by task (`surfaces.cli.stream`); `--stream`/`--no-stream` force it either way.
 """

@@ -8,12 +8,18 @@ import { poolPage } from "./pool.js";
 import { ledgerPage } from "./ledger.js";
 
 let cleanup = () => {};
+let shown = 0; // which route() call owns the page
 
+// Each route renders into its own view. Two routes can overlap (the session resolving as a
+// hashchange is queued, or quick clicks): the older one then fills a view no longer in the
+// page, instead of appending a second copy of its page beside the newer one's.
 async function route() {
   cleanup();
   cleanup = () => {};
+  const mine = ++shown;
   const main = document.getElementById("main");
-  main.replaceChildren();
+  const view = h("div", { class: "view" });
+  main.replaceChildren(view);
   const [page, ...rest] = (location.hash.replace(/^#\/?/, "") || "runs").split("/").map(decodeURIComponent);
   for (const a of document.querySelectorAll("nav a")) {
     a.classList.toggle("current", a.id === `nav-${page === "run" ? "runs" : page}`);
@@ -21,9 +27,11 @@ async function route() {
   const pages = { runs: runsPage, run: runPage, compare: comparePage, pool: poolPage, ledger: ledgerPage };
   const render = pages[page] || runsPage;
   try {
-    cleanup = (await render(main, ...rest)) || (() => {});
+    const done = (await render(view, ...rest)) || (() => {});
+    if (mine === shown) cleanup = done;
+    else done(); // a newer route owns the page: stop this one's streams now
   } catch (err) {
-    main.append(h("p", { class: "error" }, String(err.message || err)));
+    view.append(h("p", { class: "error" }, String(err.message || err)));
   }
 }
 

@@ -88,21 +88,24 @@ class _Remote:
         self.checkpoint_failed = False
         """Why its remaining calls fail without asking (no checkpoint, no answer in time)."""
 
-    async def tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        url = f"{self.root}/v1/tools/{name}"
+    async def _post(self, name: str, arguments: dict[str, Any]) -> tuple[int, bytes]:
+        """One call of the other daemon's tool: its HTTP status and body, bounded and in time."""
         timeout = aiohttp.ClientTimeout(total=_TIMEOUT_S)
         async with self.session.post(
-            url,
+            f"{self.root}/v1/tools/{name}",
             json=arguments,
             headers=self.headers,
             timeout=timeout,
             allow_redirects=False,
             ssl=self.ssl,
         ) as resp:
-            if resp.status != 200:
-                text = (await resp.content.read(200)).decode("utf-8", "replace")
-                raise ValueError(f"{name}: HTTP {resp.status}: {text}")
-            raw = await read_body(resp, _MAX_ANSWER, f"{name}: the answer")
+            return resp.status, await read_body(resp, _MAX_ANSWER, f"{name}: the answer")
+
+    async def tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        status, raw = await self._post(name, arguments)
+        if status != 200:
+            text = raw[:200].decode("utf-8", "replace")
+            raise ValueError(f"{name}: HTTP {status}: {text}")
         data = loads(raw, f"{name}: the answer")  # Malformed is a ValueError
         if not isinstance(data, dict):
             raise ValueError(f"{name}: the answer is not a JSON object")
@@ -111,18 +114,7 @@ class _Remote:
     async def answer(self, name: str, arguments: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """The tool's HTTP status and JSON object, error answers included (read as `tool`
         reads: bounded, in time, shapes checked), for a caller that acts on an error's code."""
-        url = f"{self.root}/v1/tools/{name}"
-        timeout = aiohttp.ClientTimeout(total=_TIMEOUT_S)
-        async with self.session.post(
-            url,
-            json=arguments,
-            headers=self.headers,
-            timeout=timeout,
-            allow_redirects=False,
-            ssl=self.ssl,
-        ) as resp:
-            raw = await read_body(resp, _MAX_ANSWER, f"{name}: the answer")
-            status = resp.status
+        status, raw = await self._post(name, arguments)
         try:
             data = loads(raw, f"{name}: the answer")
         except ValueError:

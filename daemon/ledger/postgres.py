@@ -134,12 +134,18 @@ async def connect(dsn: str, timeout: float = 5.0) -> Any:
     return conn
 
 
-async def ensure_schema(conn: Any) -> None:
+async def ensure_schema(conn: Any, readonly: bool = False) -> None:
     """Create the tables once. When they exist, no DDL runs: `CREATE INDEX IF NOT EXISTS`
-    would take a share lock on the entries and stall the other daemons' appends."""
+    would take a share lock on the entries and stall the other daemons' appends. A reader
+    (`readonly`) never creates them: a database without them holds no record to read."""
     cur = await conn.execute("SELECT to_regclass('tally_cosignatures') IS NOT NULL")
     if (await cur.fetchone())[0]:
         return
+    if readonly:
+        raise LookupError(
+            "no tally record in this database (its tables are missing): check the URL, or "
+            "start a daemon with --ledger on it first"
+        )
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
         await conn.execute(SCHEMA)

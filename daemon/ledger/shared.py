@@ -192,11 +192,13 @@ class SharedLedger(Ledger):
 
         try:
             self._conn = await connect(self.dsn)
-            await ensure_schema(self._conn)
+            await ensure_schema(self._conn, self.readonly)  # a reader never runs DDL
         except psycopg.Error as err:
             raise Unavailable(
                 f"cannot open the shared record at {shown_dsn(self.dsn)}: {_said(err)}"
             ) from err
+        except LookupError as err:
+            raise Unavailable(f"{shown_dsn(self.dsn)}: {err}") from err
         self._pool = AsyncConnectionPool(
             self.dsn,
             min_size=1,

@@ -384,3 +384,17 @@ def test_a_shown_url_never_carries_its_password() -> None:
     shown = shown_dsn("postgresql://tally:s3cret@db.example:5433/record?sslmode=require")
     assert shown == "postgresql://tally@db.example/record"
     assert "s3cret" not in shown_dsn("postgresql://tally:s3cret@/x?host=/tmp/sock")
+
+
+async def test_reading_a_database_without_a_record_refuses_and_creates_nothing(
+    pg_dsn: str,
+) -> None:
+    """A read-only command on a wrong or empty database says so and runs no DDL."""
+    code, out, err = await cli("ledger", "verify", "--ledger", pg_dsn)
+    assert code == 1, out + err
+    assert "no tally record in this database" in out + err
+    with psycopg.connect(pg_dsn) as conn:
+        found = conn.execute(
+            "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'tally_%'"
+        ).fetchone()
+    assert found == (0,)

@@ -4,7 +4,7 @@ requests cached on disk, and a request's likeness to each lane's examples.
 When `[policy] embeddings` names a member serving an OpenAI-compatible `/v1/embeddings`
 (llama.cpp with `--embeddings --pooling mean`, Ollama's `nomic-embed-text`, ...), a route also
 asks it for the request's vector and compares it with every lane's examples; the router adds
-the lane's nearest-example cosine to its evidence (daemon.routing, `EMBED_WEIGHT`).
+the lane's nearest-example cosine to its evidence (daemon.router, `EMBED_WEIGHT`).
 
 **The cache.** Embedding hundreds of examples takes minutes on a small CPU model, so each
 example's vector is kept in `<state>/embeddings/<member>.json`, keyed by

@@ -18,7 +18,7 @@ examples`), and a request is scored against them in two ways, both deterministic
 **Task words over topic words.** "write a changelog entry about the dark-mode toggle" asks for
 a changelog; the toggle is only its topic. The head of a request (its words before "about",
 "on", "regarding", "for", "of", or before a colon, when that comes early) says the task, so
-its terms weigh `HEAD_BOOST` times more here and in the keyword score (see daemon.routing).
+its terms weigh `HEAD_BOOST` times more here and in the keyword score (see daemon.router).
 
 Everything is built once per roster (`ExampleIndex.of`); a route touches only the postings of
 the request's own terms: at most one entry per lane for BM25, and one per example holding the
@@ -251,7 +251,7 @@ def grams(word: str) -> tuple[str, ...]:
 def features(word: str) -> tuple[str, tuple[str, ...], float]:
     """A word's stem, its n-grams and each n-gram's share: worked out once per distinct word
     (examples and requests reuse a small vocabulary)."""
-    from daemon.routing import stem  # routing imports this module; stem lives there
+    from daemon.router import stem  # routing imports this module; stem lives there
 
     pieces = grams(word)
     return stem(word), pieces, (NGRAM_SHARE / len(pieces) if pieces else 0.0)

@@ -35,11 +35,11 @@ from daemon.cosigning import Collector, Cosigner, collect_loop
 from daemon.errors import InvalidRoster, TallyError
 from daemon.gateway import REPLY as GATEWAY_REPLY
 from daemon.gateway import Gateway
-from daemon.histograms import RunTimings
 from daemon.lag import LoopLag
+from daemon.latencies import RunTimings
 from daemon.ledger import Ledger
 from daemon.quotas import DAY_S, Quotas
-from daemon.routing import Router
+from daemon.router import Router
 from daemon.runs import entries as k
 from daemon.runs import snapshot as snapshots
 from daemon.runs.engine import Engine, EngineOptions

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from daemon import record as rec
 from daemon.errors import Conflict, InvalidInput, InvalidRoster, NotFound
-from daemon.routing import Decision
+from daemon.router import Decision
 from daemon.runs import entries as k
 from roster.edits import EditRefused, add_example
 from roster.loading import RosterError, read_roster_bytes, write_atomic

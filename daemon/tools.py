@@ -51,7 +51,7 @@ from daemon.gateway import REPLY as GATEWAY_REPLY
 from daemon.ledger.canonical import MAX_SAFE_INT
 from daemon.ledger.entry import Body, BodyState
 from daemon.ledger.summary import Vocabulary, summarize
-from daemon.planning import Plan, PlanInvalid, Task, problems, report, waves
+from daemon.plans import Plan, PlanInvalid, Task, problems, report, waves
 from daemon.quotas import RateLimited
 from daemon.runs import entries as k
 from daemon.runs.replay import replay
@@ -63,7 +63,7 @@ from roster.models import NAME, Budget, Whole
 
 if TYPE_CHECKING:
     from daemon.ledger import ConsistencyProof, Entry, InclusionProof
-    from daemon.routing import Decision, Route
+    from daemon.router import Decision, Route
     from daemon.runs.state import RunView
     from daemon.service import Daemon
     from daemon.slots import PoolStatus

@@ -2,7 +2,7 @@
 ladder and witnessed step by step in the ledger.
 
 The surface other packages use is named here; the modules behind it are the engine's own:
-the steps of a run (routing, planning, waves and attempts, synthesis, lifecycle; model calls
+the steps of a run (routing, planning, tasks and attempts, synthesis, lifecycle; model calls
 in calls), what they are given (context), what the engine keeps (table, keys, feed) and the
 parts they use (dispatch, guard, executors, sandbox, checks, budget, repetition).
 """

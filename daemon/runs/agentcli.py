@@ -47,7 +47,7 @@ from typing import Final
 
 from daemon import record as rec
 from daemon.errors import InvalidInput
-from daemon.planning import Task
+from daemon.plans import Task
 from daemon.runs.context import Run, Setting
 from daemon.runs.executors import ENV_ALLOW, CommandOutcome, chat_messages, run_command
 from daemon.runs.limits import LimitExceeded

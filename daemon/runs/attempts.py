@@ -27,7 +27,7 @@ from typing import Any
 
 from daemon import record as rec
 from daemon.errors import InvalidInput
-from daemon.planning import Plan, Task
+from daemon.plans import Plan, Task
 from daemon.runs import agentcli, checks, guard, views
 from daemon.runs.agent import executor as agent_executor
 from daemon.runs.agent.executor import AgentStopped

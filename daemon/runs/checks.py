@@ -199,7 +199,7 @@ def check(assertions: Sequence[Any], output: str, exit_code: int | None = None) 
 def _re2_validator() -> Any:
     """Draft 2020-12 with `pattern` matched by RE2 (linear time), not Python's `re`.
 
-    jsonschema loads with the first schema check (see daemon.planning); plans with
+    jsonschema loads with the first schema check (see daemon.plans); plans with
     `patternProperties` are refused at submit (daemon.patterns.schema_patterns).
     """
     import jsonschema

@@ -1,6 +1,6 @@
 """What a run's steps are given: the engine's setting, shared by every run, and one run's own state.
 
-The steps (`routing`, `planning`, `calls`, `attempts`, `waves`, `synthesis`, `lifecycle`) are
+The steps (`routing`, `planning`, `calls`, `attempts`, `tasks`, `synthesis`, `lifecycle`) are
 functions of a `Setting` and a `Run`; none of them imports the engine. The engine builds one
 `Setting` and hands it every step, and one `Run` per run it drives.
 
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from daemon import record as rec
-from daemon.planning import Plan
-from daemon.routing import classifier_of
+from daemon.plans import Plan
+from daemon.router import classifier_of
 from daemon.runs.budget import Meter
 from daemon.runs.dispatch import Capacity
 from daemon.runs.executors import Stub

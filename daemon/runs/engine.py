@@ -4,7 +4,7 @@ One piece (past 500 lines) because every control below writes run entries throug
 witnessing path, under the invariant that the live views are the reduction of the ledger.
 
 submit → route → plan → waves → synthesis → answer. Each step is its own module (`routing`,
-`planning`, `waves` with `attempts`, `synthesis`, around them `lifecycle`; model calls in
+`planning`, `tasks` with `attempts`, `synthesis`, around them `lifecycle`; model calls in
 `calls`), a function of the engine's `Setting` and the `Run` (see `context`); none imports
 this module. The engine owns what outlives one step: the run table (`table`: views, summaries,
 census), the runs being driven, idempotency keys (`keys`) and the live feed (`feed`), and it
@@ -44,8 +44,8 @@ from typing import Any, TypeVar
 
 from daemon import record as rec
 from daemon.errors import Busy, Conflict, InvalidInput, NotFound
-from daemon.planning import Plan, agent_needs_view, check_plan
-from daemon.runs import checks, lifecycle, planning, reuse, routing, synthesis, waves
+from daemon.plans import Plan, agent_needs_view, check_plan
+from daemon.runs import checks, lifecycle, planning, reuse, routing, synthesis, tasks
 from daemon.runs import entries as k
 from daemon.runs import views as spaces
 from daemon.runs.budget import Meter, limits
@@ -737,7 +737,7 @@ class Engine:
         if view.retry_of is not None:
             await reuse.reuse(s, run, self.find, self._witness_all)
         try:
-            await waves.run_plan(s, run, plan)
+            await tasks.run_plan(s, run, plan)
         except TaskFailed as exc:  # the done tasks' work is still the run's answer
             await spaces.partial_patch(s, run, plan)  # and their changes its patch
             await synthesis.partial(s, run, describe(exc))

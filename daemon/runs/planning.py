@@ -1,4 +1,4 @@
-"""A run's plan: the task DAG it will dispatch (the step; the Plan model is `daemon.planning`).
+"""A run's plan: the task DAG it will dispatch (the step; the Plan model is `daemon.plans`).
 
 Input: a routed run (lane, and the seq of its route or classify entry). Witnessed: one
 `run.plan` (parent: that seq, or the coordinator's last reply) with the plan, its waves
@@ -18,7 +18,7 @@ import asyncio
 from typing import Any
 
 from daemon import record as rec
-from daemon.planning import Plan, Task, check_plan
+from daemon.plans import Plan, Task, check_plan
 from daemon.runs import entries as k
 from daemon.runs.budget import BudgetExhausted
 from daemon.runs.calls import structured

@@ -91,7 +91,7 @@ class ChatReply(Protocol):
 
 
 class DecisionLike(Protocol):
-    """What submit does with a route (`daemon.routing.Decision`)."""
+    """What submit does with a route (`daemon.router.Decision`)."""
 
     @property
     def lane(self) -> str | None: ...
@@ -104,7 +104,7 @@ class DecisionLike(Protocol):
 
 
 class RouteResult(Protocol):
-    """The router's decision (`daemon.routing.Route`), as the engine witnesses it."""
+    """The router's decision (`daemon.router.Route`), as the engine witnesses it."""
 
     @property
     def decision(self) -> DecisionLike: ...
@@ -176,6 +176,6 @@ class RouterPort(Protocol):
 
 @runtime_checkable
 class EmbeddingRouter(Protocol):
-    """A router that may ask an embedding member (`daemon.routing.Router.aroute`)."""
+    """A router that may ask an embedding member (`daemon.router.Router.aroute`)."""
 
     async def aroute(self, text: str, wait: float = 0.0) -> Any: ...

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from daemon import record as rec
 from daemon.errors import Conflict
-from daemon.planning import Plan
+from daemon.plans import Plan
 from daemon.runs import entries as k
 from daemon.runs import views as spaces
 from daemon.runs.context import Run, Setting

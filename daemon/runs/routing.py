@@ -1,4 +1,4 @@
-"""A run's route: the lane its request goes to (the step; the keyword router is `daemon.routing`).
+"""A run's route: the lane its request goes to (the step; the keyword router is `daemon.router`).
 
 Input: a run whose request is witnessed (its view's `request_seq`). Output: (lane, seq), the
 seq being the entry the plan hangs off. Witnessed:
@@ -9,7 +9,7 @@ seq being the entry the plan hangs off. Witnessed:
   router's scores and its own choice beside it under `router`), or the router's scores,
   confidence and deciding words (source "router");
 - `run.classify` when the router escalates (no lane, or too close to call) and the client gave
-  no plan: what the route's `decision` says (`daemon.routing.decide`, the one `tally route`
+  no plan: what the route's `decision` says (`daemon.router.decide`, the one `tally route`
   shows): the classifier's choice among the best-scoring few lanes plus `general` (parent: its
   last reply), or, with no classifier or no lane's evidence over the floor, the best score /
   `general` without a model call. A failed classifier falls back to the best score, with its
@@ -24,14 +24,14 @@ import asyncio
 from typing import Any
 
 from daemon import record as rec
-from daemon import routing
+from daemon import router
 from daemon.runs.budget import BudgetExhausted
 from daemon.runs.calls import structured
 from daemon.runs.context import Run, Setting, describe
 from daemon.runs.ports import DecisionLike, EmbeddingRouter, RouteResult
 
-GENERAL = routing.GENERAL
-CANDIDATES = routing.CANDIDATES
+GENERAL = router.GENERAL
+CANDIDATES = router.CANDIDATES
 
 
 async def route(s: Setting, run: Run) -> tuple[str, int]:

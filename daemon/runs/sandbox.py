@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from daemon.errors import InvalidInput
-from daemon.planning import Plan
+from daemon.plans import Plan
 from daemon.runs.limits import MemoryCgroup
 from roster.models import CommandPolicy
 

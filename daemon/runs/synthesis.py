@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from daemon import record as rec
-from daemon.planning import Plan
+from daemon.plans import Plan
 from daemon.runs.budget import BudgetExhausted
 from daemon.runs.calls import call
 from daemon.runs.context import Run, Setting, describe

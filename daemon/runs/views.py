@@ -28,7 +28,7 @@ from typing import Any
 
 from daemon import record as rec
 from daemon.errors import InvalidInput
-from daemon.planning import Plan, RunAssertion, Task
+from daemon.plans import Plan, RunAssertion, Task
 from daemon.runs.context import Run, Setting
 from daemon.runs.executors import run_command
 from daemon.runs.sandbox import bwrap_path

@@ -33,7 +33,7 @@ from daemon.slots.context import PoolContext
 from daemon.slots.digest import DigestMismatch
 from daemon.slots.discovery import connection_problem, read_props, split_url
 from daemon.slots.errors import ServerStartError
-from daemon.slots.ports import LeaseHolder
+from daemon.slots.holder import LeaseHolder
 from daemon.slots.process import ServerProcess, free_port, render_argv
 from daemon.slots.records import EventKind, InstanceState, InstanceStatus, SlotEvent, StopReason
 from roster import Member, resolve_model_path

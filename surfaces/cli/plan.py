@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from surfaces.cli.roster import roster_path
 
 if TYPE_CHECKING:
-    from daemon.planning import PlanProblem
+    from daemon.plans import PlanProblem
 
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
@@ -34,7 +34,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from daemon.planning import report, waves
+    from daemon.plans import report, waves
     from roster import RosterError, load_roster
 
     try:

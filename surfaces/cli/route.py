@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from surfaces.cli.roster import roster_path
 
 if TYPE_CHECKING:
-    from daemon.routing import Route
+    from daemon.router import Route
     from roster.models import Roster
 
 
@@ -50,7 +50,7 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from daemon.routing import Router
+    from daemon.router import Router
     from roster.loading import RosterError
 
     if args.suggest or args.teach:

@@ -21,7 +21,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from daemon.clients import Client
-from daemon.planning import PlanInvalid
+from daemon.plans import PlanInvalid
 from daemon.runs import entries as k
 from daemon.runs.agent.record import EVENT_CHARS
 from daemon.service import Daemon

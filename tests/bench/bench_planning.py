@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from daemon.planning import Plan, check_plan, parse_plan, problems, waves
+from daemon.plans import Plan, check_plan, parse_plan, problems, waves
 
 TASKS = 10_000
 RUNS = 11

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from daemon.routing import Router
+from daemon.router import Router
 from roster.loading import load_roster_text
 from roster.models import Roster
 from surfaces.cli.route import read_roster

@@ -6,7 +6,7 @@ mean --parallel 1`) on a loopback port, builds the default roster's example vect
 the pool (`daemon.embeddings`, cached in a temporary state dir: a few minutes on a busy
 2-core machine), then routes every request of every set twice: keyword scores alone, and
 with the member's nearest-example cosines added (`EMBED_WEIGHT`, `EMBED_FROM` in
-daemon.routing). Rows: end-to-end top-1 | top-1 on decided | escalated | off-topic -> general.
+daemon.router). Rows: end-to-end top-1 | top-1 on decided | escalated | off-topic -> general.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.embeddings import Embeddings, Likeness
-from daemon.routing import Route, Router
+from daemon.router import Route, Router
 from daemon.slots import Pool
 from daemon.slots.process import free_port
 from roster import resolve_model_path

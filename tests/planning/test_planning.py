@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.errors import InvalidInput
-from daemon.planning import (
+from daemon.plans import (
     ContainsAssertion,
     JsonSchemaAssertion,
     Plan,

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from daemon.routing import Router
+from daemon.router import Router
 
 LABELLED = Path(__file__).with_name("labelled.jsonl")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from daemon.routing import Router
+from daemon.router import Router
 from surfaces.cli.route import read_roster
 from tests.routing.labelled import LABELLED, Example, evaluate, load
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from daemon.embeddings import Embeddings, VectorCache, example_key
-from daemon.routing import Router
+from daemon.router import Router
 from daemon.runs import entries as k
 from daemon.service import Daemon
 from daemon.slots import Pool

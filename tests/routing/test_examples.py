@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.routing import Router
+from daemon.router import Router
 from roster.loading import RosterError, load_roster, load_roster_text
 from roster.models import MAX_EXAMPLES, MAX_LANE_EXAMPLES
 from tests.routing.corpus import HEAD, big_roster, lane

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.routing import Router, term_of
+from daemon.router import Router, term_of
 from roster.models import Roster
 from surfaces.cli.route import read_roster
 from tests.routing.labelled import LABELLED, end_to_end, evaluate, load

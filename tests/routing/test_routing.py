@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from daemon.routing import (
+from daemon.router import (
     CONTEST_MIN,
     CONTEST_RATIO,
     FLOOR,

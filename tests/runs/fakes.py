@@ -13,7 +13,7 @@ from typing import Any
 
 from daemon.ledger.entry import NO_BODY, Body
 from daemon.ledger.log import check_append
-from daemon.routing import Decision, decide
+from daemon.router import Decision, decide
 from roster.models import Roster
 
 
@@ -256,7 +256,7 @@ class Route:
 
 class KeywordRouter:
     """Picks the lane whose name appears in the text; escalates when none does. What submit
-    then does is the real `daemon.routing.decide`, as with the real router."""
+    then does is the real `daemon.router.decide`, as with the real router."""
 
     def __init__(self, roster: Roster) -> None:
         self.roster = roster

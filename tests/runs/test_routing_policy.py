@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from daemon.routing import Router
+from daemon.router import Router
 from daemon.runs import entries as k
 from daemon.runs.engine import Engine
 from roster import Member

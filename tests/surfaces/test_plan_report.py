@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from daemon.planning import report
+from daemon.plans import report
 from surfaces.cli import main
 from tests.surfaces.conftest import roster_toml
 

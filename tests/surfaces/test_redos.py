@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from daemon import patterns
-from daemon.planning import PlanInvalid
+from daemon.plans import PlanInvalid
 from daemon.runs.executors import echo_stub
 from daemon.runs.state import FINAL
 from daemon.service import Daemon

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from daemon.planning import Plan, Task
+from daemon.plans import Plan, Task
 from daemon.runs.state import RunView, TaskView
 from daemon.tools import RunOut, TaskOut, run_out
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from daemon.planning import PlanInvalid, check_plan, parse_plan
+from daemon.plans import PlanInvalid, check_plan, parse_plan
 
 
 def task(**fields: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from daemon.planning import Task
+from daemon.plans import Task
 from daemon.runs import views
 from daemon.runs.agent.calls import Mode
 from daemon.runs.agent.loop import AgentLimits, AgentResult, LeaseFactory, run_agent, sandboxed

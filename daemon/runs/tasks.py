@@ -1,4 +1,4 @@
-"""A run's waves: every task of its plan dispatched, each up its ladder (`attempts.execute`).
+"""A run's tasks: every task of its plan dispatched, each up its ladder (`attempts.execute`).
 
 Input: a run whose plan is witnessed; tasks already done (a resumed run's, in
 `run.outputs`) are not run again. Dispatch is dependency-driven (`dispatch.dispatch`): bounded
@@ -14,7 +14,7 @@ their errors.
 from __future__ import annotations
 
 from daemon import record as rec
-from daemon.planning import Plan
+from daemon.plans import Plan
 from daemon.runs import attempts
 from daemon.runs.context import Run, Setting, TaskFailed
 from daemon.runs.dispatch import Node, dispatch

@@ -596,19 +596,19 @@ class Engine:
 
     async def _interrupted(self, view: RunView) -> None:
         """Reconcile: a run the record shows in flight ends interrupted (actor "daemon")."""
-        body = rec.RunInterrupted(
+        said = rec.RunInterrupted(
             reason="the daemon stopped while the run was in flight",
             previous=view.state,
             spent_wall_ms=view.spent.wall_ms,
-        ).written()
+        )
 
         def applied(entry: EntryLike) -> None:
-            self.table.apply(entry.seq, entry.ts, k.INTERRUPTED, view.id, body)
+            self.table.apply(entry.seq, entry.ts, k.INTERRUPTED, view.id, said)
 
         await self.ledger.append(
             actor="daemon",
             kind=rec.RunInterrupted.KIND,
-            body=body,
+            body=said.written(),
             run=view.id,
             parent=view.request_seq,
             on_commit=applied,
@@ -659,13 +659,17 @@ class Engine:
             body=body,
             run=run_id,
             parent=parent,
-            on_commit=functools.partial(self._applied, run_id, kind, body),
+            on_commit=functools.partial(self._applied, run_id, typed, body),
         )
         return int(entry.seq)
 
-    def _applied(self, run_id: str, kind: str, body: dict[str, Any], entry: EntryLike) -> None:
-        """The ledger's `on_commit` for a run entry: apply it to its view, then publish it."""
-        self.table.apply(entry.seq, entry.ts, kind, run_id, body)
+    def _applied(
+        self, run_id: str, typed: rec.Body, body: dict[str, Any], entry: EntryLike
+    ) -> None:
+        """The ledger's `on_commit` for a run entry: apply it to its view, then publish it.
+        The view reads the model witnessed (no parsing back of what was just written)."""
+        kind = typed.KIND
+        self.table.apply(entry.seq, entry.ts, kind, run_id, typed)
         if kind == k.REQUEST:
             self._requesting.discard(run_id)  # counted in the census from this step on
         self.feed.publish(run_id, kind, entry, body)

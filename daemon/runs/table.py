@@ -19,9 +19,9 @@ import heapq
 import itertools
 import re
 from collections import OrderedDict
-from typing import Any
 
 from daemon.errors import NotFound
+from daemon.record import Body
 from daemon.runs.ports import LedgerReader
 from daemon.runs.replay import RedactedAfterSnapshot, apply, replay
 from daemon.runs.snapshot import Snapshot
@@ -83,8 +83,9 @@ class RunTable:
             raise NotFound(f"no run {run_id}", details={"run": run_id})
         return found
 
-    def apply(self, seq: int, ts: int, kind: str, run_id: str, body: dict[str, Any]) -> None:
-        """The reducer on the live views, keeping the census in step with it."""
+    def apply(self, seq: int, ts: int, kind: str, run_id: str, body: Body) -> None:
+        """The reducer on the live views, keeping the census in step with it. `body` is the
+        model the engine witnessed: the hot path of every run entry reads it as it is."""
         before = self.views.get(run_id)
         if before is not None:
             self.census.count(before, -1)

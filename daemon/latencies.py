@@ -13,10 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
-from daemon.record import ModelReply
-from daemon.runs import entries as k
+from daemon import record as rec
 from daemon.runs.ports import EntryLike
 from daemon.runs.state import FINAL
 
@@ -87,21 +84,21 @@ class RunTimings:
         self._calls: dict[int, tuple[str, int]] = {}
         self._starts: dict[tuple[str, str], tuple[str, int]] = {}
 
-    def __call__(self, entry: EntryLike, body: dict[str, Any]) -> None:
-        run, seq, ts, kind = str(entry.run), entry.seq, entry.ts, entry.kind
-        if kind == k.REQUEST:
+    def __call__(self, entry: EntryLike, body: rec.Body) -> None:
+        run, seq, ts = str(entry.run), entry.seq, entry.ts
+        if isinstance(body, rec.RunRequest):
             self._remember(self._runs, run, ts)
-        elif kind == k.STATE and body.get("state") in FINAL:
+        elif isinstance(body, rec.RunState) and body.state in FINAL:
             started = self._runs.pop(run, None)
             if started is not None:
-                self.run_seconds.observe(str(body["state"]), (ts - started) / 1e6)
-        elif kind == k.INTERRUPTED:
+                self.run_seconds.observe(body.state, (ts - started) / 1e6)
+        elif isinstance(body, rec.RunInterrupted):
             self._runs.pop(run, None)
-        elif kind == k.TASK_START and body.get("tier"):
-            self._remember(self._starts, (run, str(body.get("task"))), (str(body["tier"]), ts))
-        elif kind == k.MODEL_CALL:
+        elif isinstance(body, rec.TaskStart) and body.tier:
+            self._remember(self._starts, (run, body.task), (body.tier, ts))
+        elif isinstance(body, rec.ModelCall):
             self._model_call(run, seq, ts, body)
-        elif kind == k.MODEL_REPLY:
+        elif isinstance(body, rec.ModelReply):
             self._model_reply(entry.parent, ts, body)
 
     def _remember(self, table: dict[Any, Any], key: Any, value: Any) -> None:
@@ -109,19 +106,15 @@ class RunTimings:
             table.pop(next(iter(table)))
         table[key] = value
 
-    def _model_call(self, run: str, seq: int, ts: int, body: dict[str, Any]) -> None:
-        self._remember(self._calls, seq, (str(body.get("member")), ts))
-        if body.get("purpose") == "task":
-            start = self._starts.pop((run, str(body.get("task"))), None)
+    def _model_call(self, run: str, seq: int, ts: int, body: rec.ModelCall) -> None:
+        self._remember(self._calls, seq, (body.member, ts))
+        if body.purpose == "task" and body.task is not None:
+            start = self._starts.pop((run, body.task), None)
             if start is not None:
                 self.queue_seconds.observe(start[0], (ts - start[1]) / 1e6)
 
-    def _model_reply(self, parent: int | None, ts: int, body: dict[str, Any]) -> None:
+    def _model_reply(self, parent: int | None, ts: int, reply: rec.ModelReply) -> None:
         call = self._calls.pop(parent, None) if parent is not None else None
-        try:
-            reply = ModelReply.read(body)
-        except ValidationError:  # not a model.reply body: nothing to time
-            return
         if call is None or reply.error is not None:
             return
         member, called = call

@@ -204,9 +204,9 @@ class Daemon:
         )
         self.start_seconds = time.perf_counter() - started
 
-    def _count_run_tokens(self, entry: Any, body: dict[str, Any]) -> None:
+    def _count_run_tokens(self, entry: Any, body: rec.Body) -> None:
         """A run's model reply counts its tokens against the client that submitted the run."""
-        if entry.kind != k.MODEL_REPLY or entry.run is None:
+        if not isinstance(body, rec.ModelReply) or entry.run is None:
             return
         view = self.engine.table.views.get(entry.run)
         if view is not None and view.client is not None:
@@ -229,20 +229,20 @@ class Daemon:
                 break
             wanted = [e.body if e.kind in _USAGE_KINDS else None for e in batch]
             for entry, found in zip(batch, await ledger.read_bodies(wanted), strict=True):
-                body = found.value if isinstance(found.value, dict) else None
-                if body is None:
+                # A body redacted, missing or not of its kind's shape spends nothing: a quota
+                # is rebuilt from what the record says for certain, never from a guess.
+                model = rec.model_for(entry.kind)
+                body = None if model is None else model.parsed(found.value)
+                if isinstance(body, rec.RunRequest) and entry.run is not None:
+                    runs[entry.run] = body.client
                     continue
-                if entry.kind == k.REQUEST and entry.run is not None:
-                    runs[entry.run] = (
-                        body.get("client") if isinstance(body.get("client"), str) else None
-                    )
+                if isinstance(body, rec.GatewayReply):
+                    who: str | None = body.client
+                elif isinstance(body, rec.ModelReply):
+                    who = self._client_of(entry.run, runs)
+                else:
                     continue
-                who = (
-                    body.get("client")
-                    if entry.kind == GATEWAY_REPLY
-                    else self._client_of(entry.run, runs)
-                )
-                if isinstance(who, str):
+                if who is not None:
                     self.quotas.spend(who, _tokens(body), at=entry.ts / 1e6)
             seq = batch[-1].seq + 1
 
@@ -470,16 +470,13 @@ class Daemon:
 _USAGE_KINDS = frozenset({k.REQUEST, k.MODEL_REPLY, GATEWAY_REPLY})
 
 
-def _tokens(body: dict[str, Any]) -> int:
-    usage = body.get("usage")
-    if not isinstance(usage, dict):
+def _tokens(body: rec.ModelReply | rec.GatewayReply) -> int:
+    """Prompt and completion tokens of a reply; a count below zero (no tally writes one)
+    counts as none, so a record cannot give a client back its budget."""
+    if body.usage is None:
         return 0
-    total = 0
-    for key in ("prompt_tokens", "completion_tokens"):
-        value = usage.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            total += value
-    return total
+    counts = (body.usage.prompt_tokens, body.usage.completion_tokens)
+    return sum(max(0, count or 0) for count in counts)
 
 
 async def _first_since(ledger: Ledger, ts_us: int, end: int) -> int:

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from daemon.runs import entries as k
+from daemon import record as rec
 from daemon.runs.ports import EntryLike
 from daemon.runs.state import FINAL
 from daemon.version import package_version
@@ -69,32 +69,36 @@ class RunTracer:
             span.end()  # still open at stop: ended now rather than lost
         self.provider.shutdown()
 
-    def __call__(self, entry: EntryLike, body: dict[str, Any]) -> None:
-        run, kind = str(entry.run), entry.kind
-        if kind == k.REQUEST:
+    def __call__(self, entry: EntryLike, body: rec.Body) -> None:
+        run = str(entry.run)
+        if isinstance(body, rec.RunRequest):
             self._run_start(entry, body)
-        elif kind == k.ROUTE and run in self._runs and body.get("lane"):
+        elif isinstance(body, rec.RunRoute) and run in self._runs and body.lane:
             agent = self._runs[run]
-            agent.update_name(f"invoke_agent {body['lane']}")
-            agent.set_attribute("gen_ai.agent.name", str(body["lane"]))
-        elif kind == k.TASK_START:
+            agent.update_name(f"invoke_agent {body.lane}")
+            agent.set_attribute("gen_ai.agent.name", body.lane)
+        elif isinstance(body, rec.TaskStart):
             self._task_start(entry, body)
-        elif kind == k.MODEL_CALL:
+        elif isinstance(body, rec.ModelCall):
             self._call(entry, body)
-        elif kind == k.MODEL_REPLY:
+        elif isinstance(body, rec.ModelReply):
             self._reply(entry, body)
-        elif (kind == k.TASK_VERDICT and body.get("next") in ENDED) or kind == k.TASK_SKIP:
-            task = self._tasks.pop((run, str(body.get("task"))), None)
+        elif (isinstance(body, rec.TaskVerdict) and body.next in ENDED) or isinstance(
+            body, rec.TaskSkip
+        ):
+            task = self._tasks.pop((run, body.task), None)
             if task is not None:
                 task.set_attribute("tally.ledger.end_seq", entry.seq)
-                if body.get("next") == "failed" or kind == k.TASK_SKIP:
+                if isinstance(body, rec.TaskSkip) or body.next == "failed":
                     task.set_status(Status(StatusCode.ERROR, "failed or skipped"))
                 task.end(end_time=_ns(entry.ts))
-        elif kind in (k.STATE, k.INTERRUPTED) and (body.get("state") in FINAL or kind != k.STATE):
-            self._run_end(entry, body)
+        elif isinstance(body, rec.RunState) and body.state in FINAL:
+            self._run_end(entry, body.state)
+        elif isinstance(body, rec.RunInterrupted):
+            self._run_end(entry, "interrupted")
 
-    def _run_start(self, entry: EntryLike, body: dict[str, Any]) -> None:
-        lane = body.get("lane")
+    def _run_start(self, entry: EntryLike, body: rec.RunRequest) -> None:
+        lane = body.lane
         span = self.tracer.start_span(
             f"invoke_agent {lane}" if lane else "invoke_agent",
             kind=SpanKind.INTERNAL,
@@ -105,27 +109,26 @@ class RunTracer:
                 "gen_ai.conversation.id": str(entry.run),
                 "tally.run.id": str(entry.run),
                 "tally.ledger.seq": entry.seq,
-                **({"tally.client": str(body["client"])} if body.get("client") else {}),
+                **({"tally.client": body.client} if body.client else {}),
             },
         )
         self._runs[str(entry.run)] = span
 
-    def _run_end(self, entry: EntryLike, body: dict[str, Any]) -> None:
+    def _run_end(self, entry: EntryLike, state: str) -> None:
         run = str(entry.run)
         for key in [key for key in self._tasks if key[0] == run]:
             self._tasks.pop(key).end(end_time=_ns(entry.ts))
         span = self._runs.pop(run, None)
         if span is None:
             return
-        state = str(body.get("state") or "interrupted")
         span.set_attribute("tally.run.state", state)
         span.set_attribute("tally.ledger.end_seq", entry.seq)
         if state != "done":
             span.set_status(Status(StatusCode.ERROR, state))
         span.end(end_time=_ns(entry.ts))
 
-    def _task_start(self, entry: EntryLike, body: dict[str, Any]) -> None:
-        key = (str(entry.run), str(body.get("task")))
+    def _task_start(self, entry: EntryLike, body: rec.TaskStart) -> None:
+        key = (str(entry.run), body.task)
         span = self._tasks.get(key)
         if span is None:
             parent = self._runs.get(key[0])
@@ -136,24 +139,25 @@ class RunTracer:
                 attributes={"tally.task.id": key[1], "tally.ledger.seq": entry.seq},
             )
             self._tasks[key] = span
-        span.set_attribute("tally.task.attempts", int(body.get("attempt") or 1))
-        if body.get("tier"):
-            span.set_attribute("tally.task.tier", str(body["tier"]))
+        span.set_attribute("tally.task.attempts", body.attempt or 1)
+        if body.tier:
+            span.set_attribute("tally.task.tier", body.tier)
 
-    def _call(self, entry: EntryLike, body: dict[str, Any]) -> None:
+    def _call(self, entry: EntryLike, body: rec.ModelCall) -> None:
         run = str(entry.run)
-        parent = self._tasks.get((run, str(body.get("task")))) or self._runs.get(run)
-        request = body.get("request") if isinstance(body.get("request"), dict) else {}
-        assert isinstance(request, dict)
-        model = str(request.get("model") or body.get("member"))
+        task = None if body.task is None else self._tasks.get((run, body.task))
+        parent = task or self._runs.get(run)
+        # `request` is the chat request as sent: a JSON object whose fields are the API's.
+        request = body.request
+        model = str(request.get("model") or body.member)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": "llama.cpp",
             "gen_ai.request.model": model,
             "gen_ai.conversation.id": run,
-            "tally.member": str(body.get("member")),
-            "tally.purpose": str(body.get("purpose")),
-            "tally.slot": int(body.get("slot") or 0),
+            "tally.member": body.member,
+            "tally.purpose": body.purpose,
+            "tally.slot": body.slot,
             "tally.ledger.seq": entry.seq,
         }
         if isinstance(request.get("max_tokens"), int):
@@ -168,22 +172,25 @@ class RunTracer:
             attributes=attributes,
         )
 
-    def _reply(self, entry: EntryLike, body: dict[str, Any]) -> None:
+    def _reply(self, entry: EntryLike, body: rec.ModelReply) -> None:
         span = self._calls.pop(entry.parent, None) if entry.parent is not None else None
         if span is None:
             return
         span.set_attribute("tally.ledger.reply_seq", entry.seq)
-        usage = body.get("usage") if isinstance(body.get("usage"), dict) else None
+        usage = body.usage
         if usage is not None:
-            for key, name in (("prompt_tokens", "input"), ("completion_tokens", "output")):
-                if isinstance(usage.get(key), int):
-                    span.set_attribute(f"gen_ai.usage.{name}_tokens", usage[key])
-        if body.get("finish_reason"):
-            span.set_attribute("gen_ai.response.finish_reasons", [str(body["finish_reason"])])
+            for value, name in (
+                (usage.prompt_tokens, "input"),
+                (usage.completion_tokens, "output"),
+            ):
+                if value is not None:
+                    span.set_attribute(f"gen_ai.usage.{name}_tokens", value)
+        if body.finish_reason:
+            span.set_attribute("gen_ai.response.finish_reasons", [body.finish_reason])
         if self.options.capture_content:
-            message = {"role": "assistant", "content": str(body.get("text", ""))}
+            message = {"role": "assistant", "content": body.text}
             span.set_attribute("gen_ai.output.messages", json.dumps([message]))
-        if body.get("error") is not None:
-            span.set_status(Status(StatusCode.ERROR, str(body["error"])[:200]))
+        if body.error is not None:
+            span.set_status(Status(StatusCode.ERROR, body.error[:200]))
             span.set_attribute("error.type", "model_error")
         span.end(end_time=_ns(entry.ts))

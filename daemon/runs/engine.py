@@ -672,7 +672,7 @@ class Engine:
         self.table.apply(entry.seq, entry.ts, kind, run_id, typed)
         if kind == k.REQUEST:
             self._requesting.discard(run_id)  # counted in the census from this step on
-        self.feed.publish(run_id, kind, entry, body)
+        self.feed.publish(run_id, entry, typed, body)
 
     async def _witness_all(
         self, run_id: str, entries: Sequence[tuple[rec.Body, int | None]]

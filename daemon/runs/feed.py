@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from daemon import record as rec
 from daemon.runs.agent.record import step_event
 from daemon.runs.ports import EntryLike
 from daemon.runs.state import RunEvent
@@ -40,8 +41,9 @@ OVERRUN = "overrun"
 WRITING_CAP = 64 * 1024
 """Characters of one streaming call's text kept for listeners that arrive late."""
 
-Watcher = Callable[[EntryLike, dict[str, Any]], None]
-"""Sees each run entry the engine witnesses (seq, ts, kind, run, parent) with its body."""
+Watcher = Callable[[EntryLike, rec.Body], None]
+"""Sees each run entry the engine witnesses (seq, ts, kind, run, parent) with its body, as the
+model of its kind the engine witnessed (`daemon.record`): typed, and never parsed again."""
 
 
 def live_data(kind: str, body: Any) -> Any:
@@ -110,14 +112,16 @@ class Feed:
                 if not listeners:
                     del self._listeners[run_id]
 
-    def publish(self, run_id: str, kind: str, entry: EntryLike, body: dict[str, Any]) -> None:
-        """`entry` (the run's, of this kind) is witnessed: tell every watcher and listener."""
+    def publish(self, run_id: str, entry: EntryLike, typed: rec.Body, body: dict[str, Any]) -> None:
+        """`entry` (the run's) is witnessed: tell every watcher (its model, `typed`) and
+        listener (its body as written, `body`)."""
+        kind = typed.KIND
         for watcher in self._watchers:
             try:
-                watcher(entry, body)
+                watcher(entry, typed)
             except Exception:  # an observer's fault must never fail the run it observes
                 log.exception("a run watcher failed on %s", kind)
-        self._track(run_id, kind, entry, body)
+        self._track(run_id, entry, typed)
         listeners = self._listeners.get(run_id)
         if listeners:
             event = RunEvent(seq=entry.seq, kind=kind, data=live_data(kind, body))
@@ -160,22 +164,21 @@ class Feed:
             if pieces
         ]
 
-    def _track(self, run_id: str, kind: str, entry: EntryLike, body: dict[str, Any]) -> None:
+    def _track(self, run_id: str, entry: EntryLike, body: rec.Body) -> None:
         """Keep the text of the run's streaming calls: from model.call to its model.reply."""
-        if kind in ("run.state", "run.interrupted"):
+        if isinstance(body, rec.RunState | rec.RunInterrupted):
             for task in self._writing.pop(run_id, {}):
                 self._written.pop((run_id, task), None)
             for call in [c for c in self._calls if c[0] == run_id]:
                 del self._calls[call]
             return
-        if kind == "model.call":
-            task = body.get("task") if isinstance(body.get("task"), str) else None
-            request = body.get("request")
-            if isinstance(request, dict) and request.get("stream") is True:
+        if isinstance(body, rec.ModelCall):
+            task = body.task
+            if body.request.get("stream") is True:  # the request as sent (a JSON object)
                 self._calls[(run_id, entry.seq)] = task
                 self._writing.setdefault(run_id, {})[task] = []
                 self._written.pop((run_id, task), None)
-        elif kind == "model.reply" and entry.parent is not None:
+        elif isinstance(body, rec.ModelReply) and entry.parent is not None:
             if (run_id, entry.parent) not in self._calls:
                 return
             task = self._calls.pop((run_id, entry.parent))

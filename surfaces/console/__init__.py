@@ -377,7 +377,7 @@ class RunFeed:
             self._unwatch()
             self._unwatch = None
 
-    def _changed(self, entry: EntryLike, body: dict[str, Any]) -> None:
+    def _changed(self, entry: EntryLike, body: object) -> None:
         self._nudged(str(entry.run))
 
     def _nudged(self, run_id: str) -> None:

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from daemon.ledger.entry import Body, Entry
 from daemon.record import Body as Typed
-from daemon.record import GatewayReply, ModelReply
+from daemon.record import GatewayReply, ModelCall, ModelReply, RunRequest, RunRoute, RunState
 
 T = TypeVar("T", bound=Typed)
 
@@ -91,9 +91,10 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _typed(model: type[T], body: dict[str, Any]) -> T | None:
-    """The body as its kind's model; None for one that does not fit (`tally ledger verify
-    --deep` names it), whose numbers are then not counted."""
+def _typed(model: type[T], body: object) -> T | None:
+    """The body as its kind's model; None for one that is absent (redacted) or does not fit
+    (`tally ledger verify --deep` names it), whose fields are then not counted: a summary
+    counts what the record says for certain, and the entry itself is still counted by kind."""
     try:
         return model.read(body)
     except ValidationError:
@@ -122,8 +123,9 @@ class Summary:
     def client_of(self, entry: Entry, body: Any) -> str | None:
         """Whose doing an entry is: its run's submitter, or the client that is its actor."""
         if entry.kind == self.words.request and entry.run is not None:
-            who = body.get("client") if isinstance(body, dict) else None
-            self.run_client[entry.run] = str(who or "unknown")  # runs from before clients
+            request = _typed(RunRequest, body)
+            who = None if request is None else request.client
+            self.run_client[entry.run] = who or "unknown"  # runs from before clients
         if entry.run is not None:
             return self.run_client.get(entry.run)
         return None if entry.actor in self.words.system else str(entry.actor)
@@ -142,8 +144,9 @@ class Summary:
         if not isinstance(body, dict):
             return
         if entry.kind == words.model_call:
-            self.member(body.get("member")).calls += 1
-            purpose = str(body.get("purpose") or "unknown")
+            call = _typed(ModelCall, body)
+            self.member(None if call is None else call.member).calls += 1
+            purpose = (None if call is None else call.purpose) or "unknown"
             self.by_purpose[purpose] = self.by_purpose.get(purpose, 0) + 1
             self.calls[entry.seq] = entry.ts
         elif entry.kind == words.model_reply:
@@ -160,9 +163,11 @@ class Summary:
             if called is not None:
                 m.ms += max(0, entry.ts - called) // 1000
         elif entry.kind == words.route:
-            self.route_escalations += body.get("escalate") is True
+            route = _typed(RunRoute, body)
+            self.route_escalations += route is not None and route.escalate
         elif entry.kind == words.state:
-            state = str(body.get("state"))
+            ended = _typed(RunState, body)
+            state = "unknown" if ended is None else ended.state
             self.states[state] = self.states.get(state, 0) + 1
         elif entry.kind == words.gateway_reply:
             self.gateway_reply(body)

@@ -22,17 +22,31 @@ WORDS = Vocabulary(
 
 async def test_a_summary_counts_usage_by_member_client_and_gateway(state_dir: Path) -> None:
     async with await Ledger.open(state_dir, checkpoint_interval=None) as ledger:
+        asked = rec.RunRequest(
+            request="x",
+            lane=None,
+            plan=None,
+            budget=rec.Budget(model_calls=None, tokens=None, wall_ms=None),
+            max_parallel=None,
+            barrier=False,
+            idempotency_key=None,
+            client="alice",
+        )
         req = await ledger.append(
-            actor="engine", kind="run.request", run="r1", body={"client": "alice"}
+            actor="engine", kind="run.request", run="r1", body=asked.written()
+        )
+        route = rec.RunRoute(
+            lane=None, confidence_ppm=0, escalate=True, source="keywords", scores=[], matched={}
         )
         await ledger.append(
-            actor="engine", kind="run.route", run="r1", parent=req.seq, body={"escalate": True}
+            actor="engine", kind="run.route", run="r1", parent=req.seq, body=route.written()
         )
+        called = rec.ModelCall(
+            purpose="task", task="T1", target="cheap", member="small", instance=0, slot=0,
+            request={},
+        )  # fmt: skip
         call = await ledger.append(
-            actor="engine",
-            kind="model.call",
-            run="r1",
-            body={"member": "small", "purpose": "task"},
+            actor="engine", kind="model.call", run="r1", body=called.written()
         )
         await ledger.append(
             actor="engine",
@@ -50,7 +64,8 @@ async def test_a_summary_counts_usage_by_member_client_and_gateway(state_dir: Pa
                 error=None,
             ).written(),
         )
-        await ledger.append(actor="engine", kind="run.state", run="r1", body={"state": "done"})
+        ended = rec.RunState(state="done", error=None).written()
+        await ledger.append(actor="engine", kind="run.state", run="r1", body=ended)
         await ledger.append(actor="pool", kind="slot.start", body={"member": "small"})
         ok = rec.GatewayReply(
             client="bob",
@@ -76,7 +91,7 @@ async def test_a_summary_counts_usage_by_member_client_and_gateway(state_dir: Pa
         await ledger.append(actor="bob", kind="gateway.reply", body={"client": "bob", "usage": 1})
 
         whole = await summarize(ledger, WORDS)
-        assert whole.count == 9
+        assert whole.count == 9, "every entry counts by kind, whether its body fits or not"
         assert whole.by_kind["gateway.reply"] == 3
         small = whole.members["small"]
         assert (small.calls, small.prompt_tokens, small.completion_tokens) == (1, 7, 3)
@@ -95,3 +110,26 @@ async def test_a_summary_counts_usage_by_member_client_and_gateway(state_dir: Pa
         assert set(alice.by_client) == {"alice"}
         one_run = await summarize(ledger, WORDS, run="r1")
         assert one_run.count == 5
+
+
+async def test_bodies_that_do_not_fit_count_by_kind_only(state_dir: Path) -> None:
+    """Old or hostile bodies (not their kind's shape) are counted, their fields are not read."""
+    async with await Ledger.open(state_dir, checkpoint_interval=None) as ledger:
+        req = await ledger.append(
+            actor="engine", kind="run.request", run="r1", body={"client": ["alice"]}
+        )
+        await ledger.append(
+            actor="engine", kind="run.route", run="r1", parent=req.seq, body={"escalate": "yes"}
+        )
+        await ledger.append(
+            actor="engine", kind="model.call", run="r1", body={"member": 7, "purpose": "task"}
+        )
+        await ledger.append(actor="engine", kind="run.state", run="r1", body={"state": 1})
+        whole = await summarize(ledger, WORDS)
+    assert whole.count == 4
+    assert set(whole.by_client) == {"unknown"}
+    assert whole.route_escalations == 0
+    assert set(whole.members) == {"unknown"}
+    assert whole.members["unknown"].calls == 1
+    assert whole.by_purpose == {"unknown": 1}
+    assert whole.states == {"unknown": 1}

@@ -251,3 +251,73 @@ def test_a_certificate_split_from_its_key_by_a_crash_is_made_again(state_dir: Pa
     assert cert.read_bytes() != old_cert  # made again: the pair loads together
     ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
     assert key.stat().st_mode & 0o777 == 0o600
+
+
+# --- every file name is spelled once: in daemon.layout -------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+# The layout's names that are file names through and through (a dot in them): one of these as
+# a string anywhere in product code is a second spelling of it.
+_FILE_NAMES = frozenset(
+    value
+    for name, value in vars(layout).items()
+    if name.isupper() and isinstance(value, str) and "." in value
+)
+# Every name the layout declares: as an operand of `/` (a path being joined) a plain word such
+# as "ledger", "logs" or "lock" is one too (elsewhere it is just a word: a command, a field).
+_ALL_NAMES = frozenset(
+    value for name, value in vars(layout).items() if name.isupper() and isinstance(value, str)
+)
+_STILL_SPELLED = {
+    # daemon/tools.py is being split into a package (issue 32); its one literal moves with it.
+    ("daemon/tools.py", "ledger"),
+    ("daemon/tools.py", "entries.jsonl"),
+}
+
+
+def layout_literals(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each file name of the layout spelled as a literal in `source`."""
+    import ast
+
+    found: list[tuple[int, str]] = []
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    joined = {
+        id(side)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)
+        for side in (node.left, node.right)
+    }
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or not isinstance(node.value, str):
+            continue
+        if id(node) in docstrings:
+            continue
+        if node.value in _FILE_NAMES or (id(node) in joined and node.value in _ALL_NAMES):
+            found.append((node.lineno, node.value))
+    return found
+
+
+def test_product_code_takes_every_file_name_from_the_layout() -> None:
+    spelled = []
+    for path in sorted([*REPO.glob("daemon/**/*.py"), *REPO.glob("surfaces/**/*.py")]):
+        rel = path.relative_to(REPO).as_posix()
+        if rel == "daemon/layout.py":
+            continue
+        for line, name in layout_literals(path.read_text()):
+            if (rel, name) not in _STILL_SPELLED:
+                spelled.append(f"{rel}:{line}: {name!r} (use daemon.layout)")
+    assert spelled == [], "\n".join(spelled)
+
+
+def test_the_literal_check_can_fail() -> None:
+    caught = layout_literals('root / "ledger" / "entries.jsonl"\nopen("http.token")\n')
+    assert sorted(caught) == [(1, "entries.jsonl"), (1, "ledger"), (2, "http.token")]
+    assert layout_literals('"""meta.json"""\nparser.add_parser("ledger")\n') == []

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from daemon import layout
 from daemon.ledger.canonical import canonicalize
 from daemon.ledger.entry import GENESIS_PREV, encode_line
 from daemon.ledger.merkle import leaf_hash
@@ -39,9 +40,9 @@ def _line(seq: int, ts: int, prev: str) -> bytes:
 def build(state_dir: Path | str, n: int, body: Callable[[int], object] | None = None) -> None:
     """Create a ledger of `n` entries in an empty state dir: body-less, or with `body(seq)`
     (a value in the canonical subset) stored in the pack as `Ledger.append` would."""
-    root = Path(state_dir) / "ledger"
+    root = Path(state_dir) / layout.LEDGER
     create_dir(root)
-    if (root / "entries.jsonl").exists():
+    if (root / layout.ENTRIES).exists():
         raise FileExistsError(f"{root} already holds a ledger")
     ts = time.time_ns() // 1000
     sample = encode_line(
@@ -50,7 +51,7 @@ def build(state_dir: Path | str, n: int, body: Callable[[int], object] | None = 
     assert _line(0, ts, GENESIS_PREV) == sample, "template drifted from the canonical encoding"
     tree = Tree(root, writable=True, trusted=0)
     bodies = BodyStore(root, writable=True, table_mark=0, table_count=0)
-    fd = open_append(root / "entries.jsonl")
+    fd = open_append(root / layout.ENTRIES)
     prev, end = GENESIS_PREV, 0
     try:
         for start in range(0, n, CHUNK):
@@ -77,7 +78,7 @@ def build(state_dir: Path | str, n: int, body: Callable[[int], object] | None = 
         os.close(fd)
         tree.close()
         bodies.close()
-    write_atomic(root / "meta.json", json.dumps(meta).encode())
+    write_atomic(root / layout.META, json.dumps(meta).encode())
 
 
 def _body_line(bodies: BodyStore, data: bytes, seq: int, ts: int, prev: str) -> bytes:

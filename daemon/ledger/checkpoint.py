@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from daemon import layout
 from daemon.ledger.errors import SignerUnusable
 from daemon.ledger.store import write_atomic
 
@@ -206,7 +207,7 @@ class SignerOnDemand:
 
     def __init__(self, ledger_dir: Path) -> None:
         self.dir = ledger_dir
-        self.path = credential_key() or ledger_dir / "checkpoint.key"
+        self.path = credential_key() or ledger_dir / layout.CHECKPOINT_KEY
         if not self.path.exists():
             write_atomic(self.path, key_pem(os.urandom(32)), mode=0o600)
         self._pem = read_key(self.path)
@@ -223,7 +224,7 @@ class SignerOnDemand:
                     signer = Signer.load(self._pem, self.path)
                 except CheckpointError as err:
                     raise SignerUnusable(str(err), details={"path": str(self.path)}) from err
-                vkey_path = self.dir / "checkpoint.vkey"
+                vkey_path = self.dir / layout.CHECKPOINT_VKEY
                 if not vkey_path.exists():
                     write_atomic(vkey_path, (signer.vkey + "\n").encode(), mode=0o644)
                 self._signer = signer

@@ -29,6 +29,7 @@ import os
 import time
 from pathlib import Path
 
+from daemon import layout
 from daemon.ledger.agreement import Agreement
 from daemon.ledger.checkpoint import (
     Checkpoint,
@@ -68,7 +69,7 @@ class Ledger(Recovery, Writer, Reader):
     def __init__(self, state_dir: Path, readonly: bool, tail_check: int = TAIL_CHECK) -> None:
         self.state_dir = state_dir
         self._tail_check = tail_check
-        self.dir = state_dir / "ledger"
+        self.dir = state_dir / layout.LEDGER
         self.readonly = readonly
         self._lock_fd = -1
         self._entries_fd = -1
@@ -204,7 +205,7 @@ class Ledger(Recovery, Writer, Reader):
         checkpoint = self._signer.get().sign(
             self.tree.size, self.tree.root(), max(time.time_ns() // 1000, self._last_ts)
         )
-        save_checkpoint(self.dir / "checkpoint", checkpoint)
+        save_checkpoint(self.dir / layout.CHECKPOINT, checkpoint)
         return checkpoint
 
     async def _tick(self, interval: float) -> None:

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from daemon import layout
 from daemon.errors import InvalidInput
 from daemon.ledger.audit import TAMPERED_BODIES, VerifyReport
 from daemon.ledger.checkpoint import CheckpointError, parse_note, verify_note
@@ -335,7 +336,7 @@ async def export_record(conn: Any, target: Path) -> dict[str, Any]:
     them (ignored by those verifiers): `checkpoints/` (every daemon's notes), `daemons.json`
     (names and keys) and `writers.jsonl` (which daemon wrote which seqs, as ranges). One
     REPEATABLE READ snapshot; `target/ledger` must not exist yet (nothing is overwritten)."""
-    out = target / "ledger"
+    out = target / layout.LEDGER
     if out.exists():
         raise InvalidInput(f"{out} exists: export writes into a new directory")
     out.mkdir(parents=True, mode=0o700)
@@ -351,8 +352,8 @@ async def export_record(conn: Any, target: Path) -> dict[str, Any]:
         count = 0
         # Blocking writes on the loop: the export is a CLI command, its loop serves no one else.
         with (
-            open(out / "entries.jsonl", "wb") as entries,  # noqa: ASYNC230
-            open(out / "bodies.pack", "wb") as pack,  # noqa: ASYNC230
+            open(out / layout.ENTRIES, "wb") as entries,  # noqa: ASYNC230
+            open(out / layout.BODIES_PACK, "wb") as pack,  # noqa: ASYNC230
         ):
             query = (
                 "SELECT e.seq, e.line, e.daemon, e.body, b.length, b.data FROM tally_entries e "
@@ -387,8 +388,8 @@ async def export_record(conn: Any, target: Path) -> dict[str, Any]:
     ours = [n for n in notes if cosigned is None or n[0] == cosigned[0]]
     latest = max(ours, key=lambda n: n[1], default=None)
     if latest is not None:
-        (out / "checkpoint").write_text(latest[2])
-        (out / "checkpoint.vkey").write_text(keys[latest[0]] + "\n")
+        (out / layout.CHECKPOINT).write_text(latest[2])
+        (out / layout.CHECKPOINT_VKEY).write_text(keys[latest[0]] + "\n")
     if cosigned is not None:
         (out / "checkpoint.cosigned").write_text(cosigned[2])
     (out / "daemons.json").write_text(

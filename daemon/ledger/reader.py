@@ -25,6 +25,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
+from daemon import layout
 from daemon.errors import NotFound
 from daemon.ledger.audit import (
     DERIVED,
@@ -178,7 +179,7 @@ class Reader(Handle):
         if latest is not None and latest.size <= size:
             pinned = (latest.size, bytes.fromhex(latest.root))
         report = await asyncio.to_thread(
-            verify_files, self.dir / "entries.jsonl", self.tree, self.bodies, size, deep, pinned
+            verify_files, self.dir / layout.ENTRIES, self.tree, self.bodies, size, deep, pinned
         )
         report = self._as_opened(report)
         if report.derived and not self.readonly and self._failed is None:
@@ -246,14 +247,14 @@ class Reader(Handle):
         """Writer thread: rebuild the caches `verify` found wrong (index records, tree nodes,
         the body table) from the entries."""
         rebuilt = []
-        index = any(p.startswith("index.bin") for p in problems) and self._rebuild_index()
+        index = any(p.startswith(layout.INDEX) for p in problems) and self._rebuild_index()
         if index:
-            rebuilt.append("index.bin")
+            rebuilt.append(layout.INDEX)
         if (index or any(p.startswith("tree/") for p in problems)) and self._rebuild_tree():
             rebuilt.append("tree/level-*.bin")
-        if any(p.startswith("bodies.idx") for p in problems):
+        if any(p.startswith(layout.BODIES_TABLE) for p in problems):
             self.bodies.rebuild_table()
-            rebuilt.append("bodies.idx")
+            rebuilt.append(layout.BODIES_TABLE)
         return rebuilt
 
     def root(self, size: int | None = None) -> str:

@@ -43,6 +43,7 @@ import json
 import logging
 import os
 
+from daemon import layout
 from daemon.errors import NotFound
 from daemon.ledger.agreement import Agreement, compare
 from daemon.ledger.audit import Chain, verify_files, walk_chain
@@ -86,7 +87,7 @@ class Recovery(Handle):
     """Open and recovery, on the writer thread before the writer starts (module doc)."""
 
     def _open(self) -> None:
-        entries, pack = self.dir / "entries.jsonl", self.dir / "bodies.pack"
+        entries, pack = self.dir / layout.ENTRIES, self.dir / layout.BODIES_PACK
         if self.readonly:
             if not self.dir.is_dir():
                 raise NotFound(f"no ledger in {self.state_dir}")
@@ -105,10 +106,10 @@ class Recovery(Handle):
         self._open_files()
 
     def _open_files(self) -> None:
-        meta = read_meta(self.dir / "meta.json")
+        meta = read_meta(self.dir / layout.META)
         trusted = int(meta.get("size", 0))
         self.tree = Tree(self.dir, not self.readonly, trusted)
-        entries_path = self.dir / "entries.jsonl"
+        entries_path = self.dir / layout.ENTRIES
         if self.readonly:
             self._entries_fd = (
                 os.open(entries_path, os.O_RDONLY | os.O_CLOEXEC) if entries_path.exists() else -1
@@ -132,11 +133,11 @@ class Recovery(Handle):
             if not self.readonly:  # a reader appends nothing: it needs no `ts` (nor a parse)
                 self._last_ts = self._read_entry(self._size - 1).ts
         if self.readonly:
-            vkey_path = self.dir / "checkpoint.vkey"
+            vkey_path = self.dir / layout.CHECKPOINT_VKEY
             self._vkey = vkey_path.read_text().strip() if vkey_path.exists() else None
         else:
             self._signer = SignerOnDemand(self.dir)
-        self._latest = load_checkpoint(self.dir / "checkpoint")
+        self._latest = load_checkpoint(self.dir / layout.CHECKPOINT)
         self._anchor(self._latest)
         if not self.readonly:
             # Recovered: the files are the record now; the journal starts a new cycle on them.
@@ -155,8 +156,8 @@ class Recovery(Handle):
         to trust (none yet, or files shorter than its base), nothing is touched: the checks
         below judge the files as they are."""
         self._journal = Journal(self.dir, JOURNAL_SPACE)
-        os.close(open_append(self.dir / "bodies.pack", append=False))  # created if new
-        last = self._journal.replay(self.dir / "entries.jsonl", self.dir / "bodies.pack")
+        os.close(open_append(self.dir / layout.BODIES_PACK, append=False))  # created if new
+        last = self._journal.replay(self.dir / layout.ENTRIES, self.dir / layout.BODIES_PACK)
         if self._agreement is not None and self._agreement.state == "none":
             if self._agreement.reason:
                 log.warning("ledger: %s", self._agreement.reason)
@@ -180,7 +181,7 @@ class Recovery(Handle):
             if self._latest is not None and self._latest.size <= self.tree.size:
                 pinned = (self._latest.size, bytes.fromhex(self._latest.root))
             report = verify_files(
-                self.dir / "entries.jsonl", self.tree, self.bodies, self.tree.size, False, pinned
+                self.dir / layout.ENTRIES, self.tree, self.bodies, self.tree.size, False, pinned
             )
             walked = report.first_bad_seq if not report.ok else None
             if walked is not None and (seq is None or walked < seq):
@@ -197,7 +198,7 @@ class Recovery(Handle):
     def _owner_running(self) -> bool:
         """Whether a process holds the ledger's lock (a probe: no lock is kept)."""
         try:
-            fd = os.open(self.dir / "lock", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(self.dir / layout.LOCK, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return False  # never opened writable, or unreadable
         try:
@@ -250,7 +251,7 @@ class Recovery(Handle):
     def _take_lock(self) -> None:
         """Take the ledger's lock and write our pid into its file; a holder is refused at once
         (readers never take it: they write nothing)."""
-        path = self.dir / "lock"
+        path = self.dir / layout.LOCK
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -348,7 +349,7 @@ class Recovery(Handle):
                 # Neither the index nor the next line's link holds this line's hash: it changed.
                 raise LedgerCorrupt(k - 1, "entry bytes do not match the recorded leaf hash")
             raise LedgerCorrupt(k, chain.reason)
-        latest = load_checkpoint(self.dir / "checkpoint")
+        latest = load_checkpoint(self.dir / layout.CHECKPOINT)
         signed = latest.size if latest is not None and latest.size <= n else 0
         if latest is not None and signed:
             frontier = Frontier()

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from daemon import layout
 from daemon.errors import InvalidInput, NotFound, Unavailable
 from daemon.ledger.audit import VerifyReport
 from daemon.ledger.canonical import NotCanonical, canonicalize, check_text
@@ -139,7 +140,7 @@ class SharedLedger(Ledger):
         self.dsn = dsn
         self.shared = True
         self.state_dir = state_dir if state_dir is not None else Path("/nonexistent/tally")
-        self.dir = self.state_dir / "ledger"
+        self.dir = self.state_dir / layout.LEDGER
         self.readonly = readonly
         self._size = 0
         self._levels = Levels()

@@ -55,6 +55,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from daemon import layout
 from daemon.errors import InvalidInput, NotFound
 from daemon.ledger.canonical import NotCanonical, canonicalize, check_text
 from daemon.ledger.entry import (
@@ -531,9 +532,9 @@ class Writer(Handle):
         """Writer thread (the probe): rewrite the record files from the journal on fresh
         descriptions. A failed fsync of them may have left the page cache showing bytes the
         disk never got; only a new write makes them dirty again (see `Journal.replay`)."""
-        reopen(self._entries_fd, self.dir / "entries.jsonl", os.O_RDWR | os.O_APPEND)
+        reopen(self._entries_fd, self.dir / layout.ENTRIES, os.O_RDWR | os.O_APPEND)
         reopen(self.bodies.pack, self.bodies.pack_path, os.O_RDWR)
-        self._journal.replay(self.dir / "entries.jsonl", self.bodies.pack_path)
+        self._journal.replay(self.dir / layout.ENTRIES, self.bodies.pack_path)
 
     def _entries_end_offset(self) -> int:
         if self._entries_end == 0 and self.tree.size:
@@ -560,7 +561,7 @@ class Writer(Handle):
         descriptions, synced."""
         self._journal.cut(mark.journal_end)
         os.ftruncate(self._entries_fd, mark.entries_end)
-        reopen(self._entries_fd, self.dir / "entries.jsonl", os.O_RDWR | os.O_APPEND)
+        reopen(self._entries_fd, self.dir / layout.ENTRIES, os.O_RDWR | os.O_APPEND)
         os.fsync(self._entries_fd)
         self.bodies.cut(mark.pack_size)
 
@@ -661,7 +662,7 @@ class Writer(Handle):
             "bodies": self.bodies.count,
             "redact_from": min(self._unapplied, default=self.tree.size),
         }
-        write_atomic(self.dir / "meta.json", json.dumps(meta).encode())
+        write_atomic(self.dir / layout.META, json.dumps(meta).encode())
         self._synced = self.tree.size
         add_mark(self.dir / MARKS, self.tree.size, self.bodies.mark)
 

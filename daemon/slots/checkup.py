@@ -22,6 +22,7 @@ from typing import Literal
 import aiohttp
 from pydantic import BaseModel
 
+from daemon import layout
 from daemon.errors import TallyError
 from daemon.slots.discovery import ServerFound, probe_server
 from daemon.slots.errors import ModelError
@@ -285,7 +286,7 @@ def _start_fix(member: Member) -> str:
 
 
 def _last_log_line(member: Member, state_dir: Path) -> str:
-    tail = log_tail(state_dir / "logs" / f"{member.name}-0.log", 2000).strip()
+    tail = log_tail(state_dir / layout.LOGS / layout.server_log(member.name, 0), 2000).strip()
     if not tail or member.url is not None:
         return ""
     return f" (its log ends: {tail.splitlines()[-1][:200]!r})"

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from daemon import layout
 from daemon.slots import states
 from daemon.slots.context import PoolContext
 from daemon.slots.digest import DigestMismatch
@@ -273,7 +274,9 @@ class Instance:
         values["port"] = self.port
         self.root_url = f"http://{self.ctx.options.host}:{self.port}"
         argv = render_argv(spec.command, values)
-        log_path = self.ctx.state_dir / "logs" / f"{self.member.name}-{self.index}.log"
+        log_path = (
+            self.ctx.state_dir / layout.LOGS / layout.server_log(self.member.name, self.index)
+        )
         self.process = ServerProcess(argv, log_path)
         try:
             await self.process.spawn()

@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, KeysView
 from pathlib import Path
 from types import TracebackType
 
+from daemon import layout
 from daemon.slots.chat import ChatClient
 from daemon.slots.context import PoolContext
 from daemon.slots.digest import DigestCache
@@ -144,7 +145,7 @@ class Pool:
 
     async def start(self) -> None:
         """Prepare the state dir; servers start lazily, on their member's first lease."""
-        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (self.state_dir / layout.LOGS).mkdir(parents=True, exist_ok=True)
         self._stopping = False
 
     def lease(

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
+from daemon import layout
 from daemon.errors import TallyError
 
 if TYPE_CHECKING:
@@ -202,7 +203,7 @@ def _runner(
             return _shared_runner(command, args)
         if command is _export:
             return _fail(args, "usage", "export reads a shared record: give --ledger URL", 2)
-        if not (state / "ledger").is_dir():
+        if not (state / layout.LEDGER).is_dir():
             return _fail(args, "no_ledger", f"no ledger in {state}", 2)
         try:
             if getattr(args, "since", None):
@@ -289,7 +290,7 @@ def _unforeseen(args: argparse.Namespace, state: Path, err: Exception, reports: 
     from daemon.ledger.audit import scan_entries
 
     try:
-        scan = scan_entries(state / "ledger" / "entries.jsonl")
+        scan = scan_entries(state / layout.LEDGER / layout.ENTRIES)
         seq, reason = scan.first_bad_seq, scan.reason
         if seq is None:
             seq, reason = scan.intact, "the entries up to it chain; the error is elsewhere"
@@ -328,7 +329,7 @@ def _corrupt_report(state: Path, err: LedgerCorrupt) -> VerifyReport:
 
     seq, reason = err.seq, err.reason
     try:
-        scan = scan_entries(state / "ledger" / "entries.jsonl")
+        scan = scan_entries(state / layout.LEDGER / layout.ENTRIES)
     except OSError:
         scan = None
     if scan is not None and scan.first_bad_seq is not None and scan.first_bad_seq <= seq:

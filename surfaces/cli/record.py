@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from daemon import layout
+
 OFFLINE_NOTE = (
     "tally: the daemon is not running ({where}); read {what} from the record in {state} "
     "(read-only, no model call)"
@@ -27,7 +29,7 @@ async def _views(state: Path, run_id: str | None) -> dict[str, Any]:
     from daemon.runs import snapshot as snapshots
     from daemon.runs.replay import RedactedAfterSnapshot, replay
 
-    if not (state / "ledger").is_dir():
+    if not (state / layout.LEDGER).is_dir():
         raise NoRecord(f"no ledger in {state}")
     ledger = await Ledger.open(state, readonly=True)
     try:

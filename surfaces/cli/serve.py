@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from daemon import layout
 from daemon.errors import TallyError
 
 
@@ -263,11 +264,11 @@ def log_to_file(state_dir: Path) -> None:
     import logging
     from logging.handlers import RotatingFileHandler
 
-    logs = state_dir / "logs"
+    logs = state_dir / layout.LOGS
     try:
         logs.mkdir(parents=True, exist_ok=True, mode=0o700)
         handler = RotatingFileHandler(
-            logs / "daemon.log", maxBytes=LOG_MAX_BYTES, backupCount=LOG_KEEP, encoding="utf-8"
+            logs / layout.DAEMON_LOG, maxBytes=LOG_MAX_BYTES, backupCount=LOG_KEEP, encoding="utf-8"
         )
     except OSError as exc:  # a read-only state dir fails later, with its own message
         print(f"tally serve: no daemon.log in {logs}: {exc}", file=sys.stderr)

@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-DAEMON_LOG = "daemon.log"
+from daemon import layout
+
+DAEMON_LOG = layout.DAEMON_LOG
 MEMBER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """A member name as `--member` may give it (the roster's names are of this shape)."""
 
@@ -211,7 +213,7 @@ def _alive(pid: int | None) -> bool:
 
 def log_files(state: Path, member: str | None, daemon_only: bool) -> list[Path]:
     """The logs to show: the daemon's, then each model server's (MEMBER-N.log), by name."""
-    logs = state / "logs"
+    logs = state / layout.LOGS
     found: list[Path] = []
     if member is None and (logs / DAEMON_LOG).is_file():
         found.append(logs / DAEMON_LOG)
@@ -259,7 +261,7 @@ def run_logs(args: argparse.Namespace) -> int:
     if not files:
         what = f"member {args.member!r}" if args.member else "the daemon or its model servers"
         print(
-            f"tally logs: no log of {what} in {state / 'logs'} (a member's log appears once "
+            f"tally logs: no log of {what} in {state / layout.LOGS} (a member's log appears once "
             "tally has started its server; an external member (`url`) logs where it runs; "
             "`tally serve` writes daemon.log)",
             file=sys.stderr,

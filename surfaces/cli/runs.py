@@ -411,12 +411,16 @@ async def follow(
 
 def _step(data: dict[str, Any], live: bool, tokens: Any) -> None:
     """An agent task's step as it happens, one line on stderr (the status line redraws after)."""
+    from daemon.record import AgentStep
     from surfaces.cli.stream import step_line
 
     if tokens is not None:
         tokens.pause()
-    task = data.get("task") if isinstance(data.get("task"), str) else "agent"
-    line = f"tally: {task} {step_line(data)}"
+    step = AgentStep.parsed(data)
+    if step is None:  # not a step this tally can read (another version's): said as such
+        line = "tally: agent step (not readable by this tally: `tally run ID` lists it)"
+    else:
+        line = f"tally: {step.task or 'agent'} {step_line(step)}"
     sys.stderr.write(("\r\x1b[K" if live else "") + line + "\n")
     sys.stderr.flush()
 

@@ -12,6 +12,10 @@ attempt and one per thing that happened to it: where it ran, what failed and why
 of its checks, the call lost and sent again, the climb to the next rung, the task reused from
 the run a retry came from. An entry kind this module does not know, naming a task, is shown
 by its kind and fields, so new kinds are visible before they get their own words.
+
+Bodies are read as their kinds' models (`daemon.record`): they come from a daemon that may be
+older or newer than this CLI, so a later field is read past, and a body that does not fit its
+kind (or a kind this tally does not know) is shown as that generic line rather than misread.
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from typing import Any, TextIO
+
+from pydantic import ValidationError
+
+from daemon import record as rec
 
 RULE = "──"
 SHOWN = 400
@@ -50,21 +58,21 @@ class Tokens:
 
     def entry(self, kind: str, data: Any) -> None:
         """An entry of the run: a new attempt, a lost call or a climb starts a task's text over."""
-        if not isinstance(data, dict):
-            return
-        task = data.get("task") if isinstance(data.get("task"), str) else None
+        body = typed(kind, data)
         note: str | None = None
-        if kind == "task.start" and int(data.get("attempt") or 1) > 1 and task is not None:
-            note = f"{task}: attempt {data.get('attempt')} on {data.get('tier') or '-'}"
-        elif kind == "model.retry":
-            where = data.get("member") or data.get("target")
+        task: str | None = None
+        if isinstance(body, rec.TaskStart) and body.attempt > 1:
+            task = body.task
+            note = f"{task}: attempt {body.attempt} on {body.tier or '-'}"
+        elif isinstance(body, rec.ModelRetry):
+            task = body.task
             note = (
-                f"{task or 'synthesis'}: the call to {where} was lost ({_cut(data.get('error'))}); "
-                f"sending it again in {int(data.get('wait_ms') or 0) / 1000:g} s"
+                f"{task or 'synthesis'}: the call to {body.member or body.target} was lost "
+                f"({_cut(body.error)}); sending it again in {body.wait_ms / 1000:g} s"
             )
-        elif kind == "task.escalate" and task is not None:
-            climb = f"{data.get('from_tier')} → {data.get('to_tier')}"
-            note = f"{task}: {climb}: {_cut(data.get('reason'))}"
+        elif isinstance(body, rec.TaskEscalate):
+            task = body.task
+            note = f"{task}: {body.from_tier} → {body.to_tier}: {_cut(body.reason)}"
         if note is None:
             return
         name = task or "synthesis"
@@ -101,6 +109,15 @@ class Tokens:
         self.out.flush()
 
 
+def typed(kind: str, data: Any) -> rec.Body | None:
+    """`data` as its kind's model; None for a kind this tally does not know or a body that
+    does not fit it (shown by its fields, not read as its kind: see the module doc)."""
+    try:
+        return rec.read(kind, data)
+    except ValidationError:
+        return None
+
+
 _RULE = re.compile(r"([=\-_*~#])\1{4,}")
 
 
@@ -120,25 +137,20 @@ def _plain(value: Any, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def step_line(b: dict[str, Any]) -> str:
+def step_line(step: rec.AgentStep) -> str:
     """One `agent.step` (its body, whole or as the live feed cuts it) on one line: step, tool,
     arguments, outcome and observation, tokens (cached of prompt) and time."""
-    got = b.get("arguments")
-    arguments: dict[str, Any] = got if isinstance(got, dict) else {}
     args = ", ".join(
-        f"{_plain(k, 40)}={_plain(v, 60)}" for k, v in arguments.items() if v is not None
+        f"{_plain(k, 40)}={_plain(v, 60)}" for k, v in step.arguments.items() if v is not None
     )
-    call = f"{_plain(b.get('tool'), 40)}({_plain(args, 160)})" if b.get("tool") else "(no call)"
-    tokens: dict[str, Any] = b["tokens"] if isinstance(b.get("tokens"), dict) else {}
-    timings: dict[str, Any] = b["timings"] if isinstance(b.get("timings"), dict) else {}
+    call = f"{_plain(step.tool, 40)}({_plain(args, 160)})" if step.tool else "(no call)"
+    tokens, timings = step.tokens, step.timings
     cost = (
-        f"{tokens.get('prompt', 0)}+{tokens.get('completion', 0)} tok"
-        f" ({tokens.get('cached', 0)} cached), {int(timings.get('step_us') or 0) // 1000} ms"
+        f"{tokens.prompt}+{tokens.completion} tok"
+        f" ({tokens.cached} cached), {timings.step_us // 1000} ms"
     )
-    seen = _plain(b.get("observation"), 160)
-    return (
-        f"step {_plain(b.get('step'), 6)} {call} → {_plain(b.get('outcome'), 20)}: {seen} · {cost}"
-    )
+    seen = _plain(step.observation, 160)
+    return f"step {_plain(step.step, 6)} {call} → {_plain(step.outcome, 20)}: {seen} · {cost}"
 
 
 def attempt_lines(entries: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
@@ -146,94 +158,97 @@ def attempt_lines(entries: Iterable[dict[str, Any]]) -> dict[str, list[str]]:
     (each `{"kind", "seq", "content"}` as `ledger_entries` returns them with bodies)."""
     out: dict[str, list[str]] = {}
     for entry in entries:
-        kind = str(entry.get("kind"))
-        body = entry.get("content")
-        if kind == "workspace.carry" and isinstance(body, dict):
-            _carry_lines(out, body, entry.get("seq"))
+        kind, seq = str(entry.get("kind")), entry.get("seq")
+        content = entry.get("content")
+        body = typed(kind, content)
+        if isinstance(body, rec.WorkspaceCarry):
+            _carry_lines(out, body, seq)
             continue
-        if not isinstance(body, dict) or not isinstance(body.get("task"), str):
+        task = getattr(body, "task", None) if body is not None else None
+        line: str | None
+        if body is None and isinstance(content, dict):  # not read as a kind: its fields
+            task, line = content.get("task"), _fields(kind, content)
+        else:
+            line = None if body is None else _describe(body)
+        if not isinstance(task, str):
             continue
-        lines = out.setdefault(body["task"], [])
-        line = _describe(kind, body)
+        lines = out.setdefault(task, [])
         if line:
-            lines.append(f"{line}  [seq {entry.get('seq')}]")
+            lines.append(f"{line}  [seq {seq}]")
     return out
 
 
-def _carry_lines(out: dict[str, list[str]], b: dict[str, Any], seq: Any) -> None:
+def _carry_lines(out: dict[str, list[str]], b: rec.WorkspaceCarry, seq: Any) -> None:
     """A retry's `workspace.carry` names no one task: a line for each task it decided about."""
-    origin = b.get("from_run")
-    redo, changed = b.get("redo"), b.get("changed")
-    for task, why in (redo if isinstance(redo, dict) else {}).items():
-        line = f"not reused from run {origin}, runs again: {_cut(why)}"
-        out.setdefault(str(task), []).append(f"{line}  [seq {seq}]")
-    for task, paths in (changed if isinstance(changed, dict) else {}).items():
-        named = ", ".join(str(p) for p in paths) if isinstance(paths, list) else ""
-        line = f"its changes carried onto the workspace as it is now; {named} changed since"
-        out.setdefault(str(task), []).append(f"{_cut(line)}  [seq {seq}]")
-
-
-def _describe(kind: str, b: dict[str, Any]) -> str | None:
-    if kind == "task.start":
-        feedback = b.get("feedback") or []
-        told = f", told: {_cut('; '.join(map(str, feedback)), 200)}" if feedback else ""
-        return f"attempt {b.get('attempt')} on {b.get('tier') or b.get('executor')}{told}"
-    if kind == "model.call":
-        return f"  call to {b.get('member')} (slot {b.get('slot')}) for {b.get('purpose')}"
-    if kind == "model.reply":
-        usage = b.get("usage") or {}
-        if b.get("error"):
-            return f"  reply from {b.get('member')} failed: {_cut(b.get('error'))}"
-        tokens = int(usage.get("completion_tokens") or 0) if isinstance(usage, dict) else 0
-        return f"  reply from {b.get('member')}: {tokens} tokens, {b.get('finish_reason')}"
-    if kind == "model.retry":
-        return (
-            f"  call lost on {b.get('member') or b.get('target')} "
-            f"({b.get('lost')}/{b.get('retries')}): {_cut(b.get('error'))}; sent again"
+    for task, why in b.redo.items():
+        line = f"not reused from run {b.from_run}, runs again: {_cut(why)}"
+        out.setdefault(task, []).append(f"{line}  [seq {seq}]")
+    for task, paths in b.changed.items():
+        line = (
+            f"its changes carried onto the workspace as it is now; {', '.join(paths)} changed since"
         )
-    if kind == "command.run":
-        tail = _cut(b.get("stderr") or b.get("stdout") or "", 200)
-        return f"  command exit {b.get('exit_code')}" + (f": {tail}" if tail else "")
-    if kind == "agent.cli":  # one call of an agent-cli member (daemon.runs.agentcli)
-        failed = b.get("timed_out") or b.get("exit_code") != 0
-        how = "timed out" if b.get("timed_out") else f"exit {b.get('exit_code')}"
-        files = [str(f) for f in b.get("files") or []]
-        changed = f", changed {_cut(', '.join(files), 120)}" if files else ""
-        tail = _cut(b.get("stderr_tail") or "", 200) if failed else ""
-        said = f"  agent CLI {b.get('member')}: {how} in {b.get('duration_ms')} ms{changed}"
+        out.setdefault(task, []).append(f"{_cut(line)}  [seq {seq}]")
+
+
+def _describe(b: rec.Body) -> str | None:
+    if isinstance(b, rec.TaskStart):
+        told = f", told: {_cut('; '.join(b.feedback), 200)}" if b.feedback else ""
+        return f"attempt {b.attempt} on {b.tier or b.executor}{told}"
+    if isinstance(b, rec.ModelCall):
+        return f"  call to {b.member} (slot {b.slot}) for {b.purpose}"
+    if isinstance(b, rec.ModelReply):
+        if b.error:
+            return f"  reply from {b.member} failed: {_cut(b.error)}"
+        tokens = (b.usage.completion_tokens or 0) if b.usage is not None else 0
+        return f"  reply from {b.member}: {tokens} tokens, {b.finish_reason}"
+    if isinstance(b, rec.ModelRetry):
+        return (
+            f"  call lost on {b.member or b.target} "
+            f"({b.lost}/{b.retries}): {_cut(b.error)}; sent again"
+        )
+    if isinstance(b, rec.CommandRun):
+        tail = _cut(b.stderr or b.stdout or "", 200)
+        return f"  command exit {b.exit_code}" + (f": {tail}" if tail else "")
+    if isinstance(b, rec.AgentCli):  # one call of an agent-cli member (daemon.runs.agentcli)
+        failed = b.timed_out or b.exit_code != 0
+        how = "timed out" if b.timed_out else f"exit {b.exit_code}"
+        changed = f", changed {_cut(', '.join(b.files), 120)}" if b.files else ""
+        tail = _cut(b.stderr_tail or "", 200) if failed else ""
+        said = f"  agent CLI {b.member}: {how} in {b.duration_ms} ms{changed}"
         return said + (f": {tail}" if tail else "")
-    if kind == "task.result":
-        return f"  executor failed: {_cut(b.get('error'))}" if b.get("error") else None
-    if kind == "task.verdict":
-        failures = [str(f) for f in b.get("failures") or []]
-        judge = b.get("judge")
-        said = f" (judge: {_cut(judge.get('reason'), 200)})" if isinstance(judge, dict) else ""
-        if b.get("ok"):
-            return f"  passed{said} → {b.get('next')}"
-        lines = [f"  failed → {b.get('next')}{said}"]
-        lines += [f"    - {_cut(f)}" for f in failures]
+    if isinstance(b, rec.TaskResult):
+        return f"  executor failed: {_cut(b.error)}" if b.error else None
+    if isinstance(b, rec.TaskVerdict):
+        said = f" (judge: {_cut(b.judge.reason, 200)})" if b.judge is not None else ""
+        if b.ok:
+            return f"  passed{said} → {b.next}"
+        lines = [f"  failed → {b.next}{said}"]
+        lines += [f"    - {_cut(f)}" for f in b.failures]
         return "\n".join(lines)
-    if kind == "task.diff":  # the generic form showed a 40-hex index line, or nothing at all
-        if b.get("error"):
-            return f"  changes not captured: {_cut(b.get('error'))}"
-        files = [str(f) for f in b.get("files") or []]
-        more = f" and {len(files) - 10} more" if len(files) > 10 else ""
-        return f"  changed {', '.join(files[:10])}{more}" if files else "  changed no file"
-    if kind == "check.run":
-        argv = " ".join(str(a) for a in b.get("argv") or [])
-        how = "timed out" if b.get("timed_out") else f"exit {b.get('exit_code')}"
-        output = " ".join(str(b.get(k) or "") for k in ("stdout_tail", "stderr_tail")).strip()
+    if isinstance(b, rec.TaskDiff):  # the generic form showed a 40-hex index line, or nothing
+        if b.error:
+            return f"  changes not captured: {_cut(b.error)}"
+        more = f" and {len(b.files) - 10} more" if len(b.files) > 10 else ""
+        return f"  changed {', '.join(b.files[:10])}{more}" if b.files else "  changed no file"
+    if isinstance(b, rec.CheckRun):
+        how = "timed out" if b.timed_out else f"exit {b.exit_code}"
+        output = f"{b.stdout_tail} {b.stderr_tail}".strip()
         output = _RULE.sub(r"\1\1\1", output)  # a test runner's ===/--- rules ate the line
         shown = f": {_cut(output, 300)}" if output else ""
-        return f"  check `{_cut(argv, 120)}` ({b.get('source')}): {how}{shown}"
-    if kind == "task.escalate":
-        return f"  climbs {b.get('from_tier')} → {b.get('to_tier')}: {_cut(b.get('reason'))}"
-    if kind == "agent.step":
+        return f"  check `{_cut(' '.join(b.argv), 120)}` ({b.source}): {how}{shown}"
+    if isinstance(b, rec.TaskEscalate):
+        return f"  climbs {b.from_tier} → {b.to_tier}: {_cut(b.reason)}"
+    if isinstance(b, rec.AgentStep):
         return "  " + step_line(b)
-    if kind == "task.skip":
-        return f"skipped: {_cut(b.get('reason'))}"
-    if kind == "task.reuse":
-        return f"reused, done in run {b.get('from_run')} (seq {b.get('from_seq')})"
+    if isinstance(b, rec.TaskSkip):
+        return f"skipped: {_cut(b.reason)}"
+    if isinstance(b, rec.TaskReuse):
+        return f"reused, done in run {b.from_run} (seq {b.from_seq})"
+    return _fields(b.KIND, b.model_dump())
+
+
+def _fields(kind: str, b: dict[str, Any]) -> str:
+    """Any other entry naming a task, by its kind and fields."""
     fields = ", ".join(
         f"{key}={_cut(value, 120)}"
         for key, value in b.items()

@@ -20,6 +20,7 @@ from aiohttp import web
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
+from daemon import record as rec
 from daemon.clients import Client
 from daemon.plans import PlanInvalid
 from daemon.runs import entries as k
@@ -319,7 +320,9 @@ def test_progress_and_step_lines_are_bounded_and_tame() -> None:
         "tokens": {"prompt": 10, "completion": 2, "cached": 8},
         "timings": {"step_us": 12_000},
     }
-    line = step_line(body)
+    whole = {"mode": "json", "parse": "parsed", "reply": "", "observation_sha256": "0" * 64,
+             "member": "m", "instance": 0, "slot": 0}  # fmt: skip
+    line = step_line(rec.AgentStep.read(body | whole))
     assert len(line) < 500
     assert "\x1b" not in line
     assert "\u202e" not in line

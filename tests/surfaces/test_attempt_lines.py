@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from surfaces.cli.stream import attempt_lines
+import io
+
+from surfaces.cli.stream import Tokens, attempt_lines
 
 
 def entry(seq: int, kind: str, **body: object) -> dict[str, object]:
@@ -60,3 +62,30 @@ def test_a_retrys_carry_is_said_for_each_task_it_decided_about() -> None:
             "its changes carried onto the workspace as it is now; calc.py changed since  [seq 7]"
         ],
     }
+
+
+def test_a_body_that_does_not_fit_its_kind_is_shown_by_its_fields_not_misread() -> None:
+    """An older or newer daemon's body: a later field is read past, a misfit is not read as
+    its kind (its `attempt` is not an attempt number) but listed as it is."""
+    start = {"lane": "docs", "executor": "chat", "tier": "cheap", "needs": [], "feedback": []}
+    lines = attempt_lines(
+        [
+            entry(1, "task.start", attempt=2, added_later=True, **start),
+            entry(2, "task.start", attempt="two", **start),
+            entry(3, "no.such.kind", detail="kept"),
+        ]
+    )["fix"]
+    assert lines[0] == "attempt 2 on cheap  [seq 1]"
+    assert lines[1].startswith("  task.start: ")
+    assert "attempt=two" in lines[1]
+    assert lines[2] == "  no.such.kind: detail=kept  [seq 3]"
+
+
+def test_following_a_run_notes_a_new_attempt_only_from_a_body_that_fits() -> None:
+    out = io.StringIO()
+    tokens = Tokens(out)
+    start = {"task": "fix", "lane": "docs", "executor": "chat", "tier": "capable",
+             "needs": [], "feedback": []}  # fmt: skip
+    tokens.entry("task.start", start | {"attempt": 2})
+    tokens.entry("task.start", start | {"attempt": "3"})  # not an attempt number: no note
+    assert out.getvalue() == "── fix: attempt 2 on capable ──\n"

@@ -32,7 +32,7 @@ from daemon.ledger.canonical import NotCanonical, canonicalize
 from daemon.ledger.checkpoint import CheckpointError, verify_note
 from daemon.ledger.entry import Entry
 from daemon.ledger.merkle import leaf_hash, verify_inclusion
-from daemon.record import ModelReply, Remote
+from daemon.record import GatewayReply, ModelReply, Remote
 from daemon.slots.discovery import split_url
 from daemon.tls import client_ssl
 from roster import Member
@@ -197,7 +197,12 @@ def _content_matches(
         return _failed(result, f"the body it served is not storable in a ledger: {err}")
     if hashlib.sha256(served).hexdigest() != fields["body"]:
         return _failed(result, "the body it served does not hash to the entry's body")
-    if content.get("text_sha256") != hashlib.sha256(text.encode()).hexdigest():
+    # Read as the kind it claims: a body that does not fit a gateway.reply (its record's own
+    # schema) proves nothing about the answer, so the call is not taken as verified.
+    reply = GatewayReply.parsed(content)
+    if reply is None:
+        return _failed(result, "the body it served is not a gateway.reply's (`ledger schema`)")
+    if reply.text_sha256 != hashlib.sha256(text.encode()).hexdigest():
         return _failed(result, "the answer it recorded is not the answer we received")
     return result
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from daemon import record as rec
 from daemon.errors import Conflict, InvalidInput, InvalidRoster, NotFound
@@ -124,16 +124,16 @@ async def suggest(daemon: Daemon, last: int, limit: int) -> tuple[list[Suggestio
             break
         bodies = await ledger.read_bodies([e.body for e in batch])
         for entry, body in zip(batch, bodies, strict=True):
-            value: Any = body.value
-            if not _override(value) or entry.parent is None:
+            route = rec.RunRoute.parsed(body.value)
+            if route is None or not _override(route) or entry.parent is None:
                 continue
             overrides += 1
             request = await ledger.get(entry.parent)
-            asked: Any = (await ledger.body(request.body)).value if request.body else None
-            text = asked.get("request") if isinstance(asked, dict) else None
-            if not isinstance(text, str):
-                continue  # redacted: nothing to teach from
-            lane = str(value["lane"])
+            stored = (await ledger.body(request.body)).value if request.body else None
+            asked = rec.RunRequest.parsed(stored)
+            if asked is None or route.lane is None:
+                continue  # redacted (or not a request's): nothing to teach from
+            text, lane = asked.request, route.lane
             key = (lane, text)
             if key in found:
                 found[key].runs.append(str(entry.run))
@@ -141,16 +141,15 @@ async def suggest(daemon: Daemon, last: int, limit: int) -> tuple[list[Suggestio
             now = (await daemon.router.aroute(text)).decision.lane
             if now == lane:
                 continue  # already learnt
-            router = value["router"].get("lane")
+            router = route.router.lane if route.router is not None else None
             found[key] = Suggestion(lane, text, router, now, [str(entry.run)])
         start = batch[-1].seq + 1
     ranked = sorted(found.values(), key=lambda s: (-len(s.runs), s.lane, s.text))
     return ranked[:limit], overrides
 
 
-def _override(value: Any) -> bool:
+def _override(route: rec.RunRoute) -> bool:
     """A client-named lane the router would not have chosen (with the router's choice kept)."""
-    if not isinstance(value, dict) or value.get("source") != "client":
+    if route.source != "client" or route.router is None:
         return False
-    router = value.get("router")
-    return isinstance(router, dict) and router.get("lane") != value.get("lane")
+    return route.router.lane != route.lane

@@ -64,9 +64,10 @@ async def requested_plan(ledger: LedgerReader, view: RunView) -> Plan | None:
     (a run resumed before its plan was witnessed has nothing else to go by)."""
     entry = await ledger.entries(start=view.request_seq, limit=1, run=view.id)
     body = (await ledger.body(entry[0].body)).value if entry else None
-    if not isinstance(body, dict) or body.get("plan") is None:
+    asked = rec.RunRequest.parsed(body)  # redacted, or not a request's: no plan to go by
+    if asked is None or asked.plan is None:
         return None
-    return Plan.model_validate(k.unsafe(body["plan"]))
+    return Plan.model_validate(k.unsafe(asked.plan))
 
 
 async def _coordinate(s: Setting, run: Run, lane: str, parent: int) -> tuple[Plan, int]:

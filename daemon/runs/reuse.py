@@ -96,13 +96,9 @@ async def reuse(s: Setting, run: Run, find: Find, witness_all: WitnessAll) -> No
     assert view.retry_of is not None
     request = await s.ledger.entries(start=view.request_seq, limit=1, run=run.id)
     named = (await s.ledger.read_bodies([request[0].body]))[0][1] if request else None
-    retry_of = named.get("retry_of") if isinstance(named, dict) else None
-    listed = retry_of.get("reuse") if isinstance(retry_of, dict) else None
-    pending = [
-        task_id
-        for task_id in (listed if isinstance(listed, list) else [])
-        if isinstance(task_id, str) and (t := view.task(task_id)) and t.state != "done"
-    ]
+    asked = rec.RunRequest.parsed(named)  # redacted or not a request's: nothing to reuse
+    listed = asked.retry_of.reuse if asked is not None and asked.retry_of is not None else []
+    pending = [task_id for task_id in listed if (t := view.task(task_id)) and t.state != "done"]
     if not pending:
         return
     original = await find(view.retry_of)
@@ -157,7 +153,7 @@ async def fresh(s: Setting, run_id: str, original: RunView) -> tuple[RunDirs, ws
             + again,
             details=details,
         )
-    seen = await spaces.witnessed(s, original.id, original.request_seq, ws.SNAPSHOT)
+    seen = await spaces.witnessed(s, original.id, original.request_seq, rec.WorkspaceSnapshot)
     try:
         space, body = await spaces.snapshot(s, run_id, path)
     except (GitFailed, OSError, subprocess.SubprocessError) as exc:
@@ -166,9 +162,9 @@ async def fresh(s: Setting, run_id: str, original: RunView) -> tuple[RunDirs, ws
             + again,
             details=details,
         ) from None
-    if seen and seen[0].get("kind") == "git" and body.kind != "git":
+    if seen and seen[0].kind == "git" and body.kind != "git":
         await asyncio.to_thread(space.remove)
-        head = str(seen[0].get("head") or "")[:12]
+        head = (seen[0].head or "")[:12]
         raise Conflict(
             f"run {original.id} worked on {path} as a git repository (HEAD {head or 'unborn'}), "
             f"and it is not the top of one now (its .git is gone or broken); a retry carries "
@@ -186,11 +182,10 @@ async def _carry(
     witness `workspace.carry`; returns the tasks carried (to reuse) and what was carried.
     A resumed retry carried once already: the tasks that carry sent to run again stay so."""
     view = s.views[run.id]
-    before = await spaces.witnessed(s, run.id, view.request_seq, ws.CARRY)
+    before = await spaces.witnessed(s, run.id, view.request_seq, rec.WorkspaceCarry)
     decided: set[str] = set()
     for earlier in before:
-        redo = earlier.get("redo")
-        decided |= set(redo) if isinstance(redo, dict) else set()
+        decided |= set(earlier.redo)
     order = [t.id for t in view.tasks if t.id in pending and t.id not in decided]
     recorded = await spaces.last_diffs(s, original.id, original.request_seq, order)
     known = {t.id: await spaces.diff_of(s, run, t.id) for t in view.tasks if t.state == "done"}

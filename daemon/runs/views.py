@@ -24,7 +24,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from daemon import record as rec
 from daemon.errors import InvalidInput
@@ -39,6 +39,8 @@ from daemon.workspace.paths import PathRefused, check_relative, join
 from daemon.workspace.snapshot import allowed, take
 from daemon.workspace.view import RunDirs, View, ViewFailed
 from roster.models import CommandPolicy, Lane
+
+B = TypeVar("B", bound=rec.Body)
 
 TAIL = 4000
 """A check's stdout and stderr are witnessed as their last this-many characters…"""
@@ -326,13 +328,14 @@ async def diff_of(s: Setting, run: Run, task_id: str) -> str:
     return run.diffs[task_id]
 
 
-async def witnessed(s: Setting, run_id: str, start: int, kind: str) -> list[dict[str, Any]]:
-    """The bodies of a run's entries of one kind from `start` on, in order (dicts only)."""
-    found: list[dict[str, Any]] = []
+async def witnessed(s: Setting, run_id: str, start: int, model: type[B]) -> list[B]:
+    """The bodies of a run's entries of one kind from `start` on, in order, as its model: a
+    redacted body or one that does not fit is left out (it says nothing to build on)."""
+    found: list[B] = []
     while True:
-        batch = await s.ledger.entries(start=start, limit=500, kind=kind, run=run_id)
+        batch = await s.ledger.entries(start=start, limit=500, kind=model.KIND, run=run_id)
         bodies = await s.ledger.read_bodies([entry.body for entry in batch])
-        found += [value for _, value in bodies if isinstance(value, dict)]
+        found += [read for _, value in bodies if (read := model.parsed(value)) is not None]
         if len(batch) < 500:
             return found
         start = batch[-1].seq + 1
@@ -342,9 +345,9 @@ async def last_diffs(s: Setting, run_id: str, start: int, tasks: list[str]) -> d
     """Each of `tasks`' last witnessed `task.diff` in the run (the done attempt's, or the one
     a retry carried); a task with none is absent."""
     found: dict[str, str] = {}
-    for value in await witnessed(s, run_id, start, ws.TASK_DIFF):
-        if value.get("task") in tasks:
-            found[str(value["task"])] = str(value.get("diff") or "")
+    for value in await witnessed(s, run_id, start, rec.TaskDiff):
+        if value.task in tasks:
+            found[value.task] = value.diff
     return found
 
 

@@ -159,12 +159,16 @@ class Cosigner:
                 batch = await self.ledger.entries(start=start, limit=1000, kind=COSIGN)
                 bodies = await self.ledger.read_bodies([e.body for e in batch])
                 for entry, (_, body) in zip(batch, bodies, strict=True):
-                    if isinstance(body, dict) and body.get("cosigner") == name:
-                        try:
-                            seen = Witnessed.model_validate({**body, "seq": entry.seq})
-                        except ValueError:
-                            continue
-                        state[seen.origin] = seen
+                    # A body redacted or not of its kind's shape vouches for nothing: skipped.
+                    cosigned = rec.CheckpointCosign.parsed(body)
+                    if cosigned is not None and cosigned.cosigner == name:
+                        state[cosigned.origin] = Witnessed(
+                            origin=cosigned.origin,
+                            size=cosigned.size,
+                            root=cosigned.root,
+                            note=cosigned.note,
+                            seq=entry.seq,
+                        )
                 if len(batch) < 1000:
                     break
                 start = batch[-1].seq + 1

@@ -7,8 +7,9 @@ cycle is the cycle this test exists to catch. Relative imports are resolved, and
 import name` is an edge to `pkg.name` when that is a module, else to `pkg` itself.
 
 The direction the founders set: surfaces -> daemon.tools (the registry) -> engine ->
-pool/ledger. Nothing under `daemon/` or `roster/` reads `surfaces/`, and the ledger and the
-slot pool read neither the runs engine nor the tool registry.
+pool/ledger. Nothing under `daemon/` or `roster/` reads `surfaces/`; the ledger and the slot
+pool read neither the runs engine nor the tool registry; the gateway (beside the engine) and
+the record's vocabulary (below every writer) read neither either.
 """
 
 from __future__ import annotations
@@ -151,6 +152,11 @@ FORBIDDEN = [
     ("daemon.ledger", "daemon.tools", "the ledger is below the tool registry"),
     ("daemon.slots", "daemon.runs", "the slot pool is below the engine"),
     ("daemon.slots", "daemon.tools", "the slot pool is below the tool registry"),
+    ("daemon.gateway", "daemon.runs", "the gateway sits beside the engine, not above it"),
+    ("daemon.gateway", "daemon.tools", "the gateway sits below the tool registry"),
+    ("daemon.record", "daemon.runs", "the record's vocabulary is below everything that writes it"),
+    ("daemon.record", "daemon.tools", "the record's vocabulary is below the tool registry"),
+    ("daemon.record", "daemon.service", "the record's vocabulary is below the daemon"),
 ]
 
 

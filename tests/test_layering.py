@@ -78,13 +78,14 @@ def graph() -> dict[str, dict[str, int]]:
     return edges
 
 
-def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
-    """One shortest cycle through each strongly connected group of modules (Tarjan)."""
+def groups(edges: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected groups of modules (Tarjan): each module of a group imports,
+    through the others, every other one, itself included."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on_stack: set[str] = set()
-    groups: list[list[str]] = []
+    found: list[list[str]] = []
 
     def visit(v: str) -> None:
         # Recursive Tarjan: the product's import depth is far below the recursion limit.
@@ -106,12 +107,17 @@ def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
                 if w == v:
                     break
             if len(group) > 1:
-                groups.append(sorted(group))
+                found.append(sorted(group))
 
     for v in sorted(edges):
         if v not in index:
             visit(v)
-    return [_shortest_cycle(edges, group) for group in groups]
+    return found
+
+
+def cycles(edges: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One shortest cycle through each group."""
+    return [_shortest_cycle(edges, group) for group in groups(edges)]
 
 
 def _shortest_cycle(edges: dict[str, dict[str, int]], group: list[str]) -> list[str]:
@@ -140,8 +146,13 @@ def _show(edges: dict[str, dict[str, int]], cycle: list[str]) -> str:
 
 def test_no_module_imports_a_module_that_imports_it_back() -> None:
     edges = graph()
-    found = cycles(edges)
-    assert not found, "import cycles:\n  " + "\n  ".join(_show(edges, c) for c in found)
+    shown = []
+    for group in groups(edges):
+        cycle = _shortest_cycle(edges, group)
+        shown.append(_show(edges, cycle))
+        if len(group) >= len(cycle):  # more modules are tied in than this one cycle shows
+            shown.append(f"  ({len(group)} modules tied together: {', '.join(group)})")
+    assert not shown, "import cycles:\n  " + "\n  ".join(shown)
 
 
 # (importer prefix, imported prefix, why it must not)

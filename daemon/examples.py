@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from daemon.stems import stem
 from roster.models import Lane
 
 NGRAM = 4
@@ -251,8 +252,6 @@ def grams(word: str) -> tuple[str, ...]:
 def features(word: str) -> tuple[str, tuple[str, ...], float]:
     """A word's stem, its n-grams and each n-gram's share: worked out once per distinct word
     (examples and requests reuse a small vocabulary)."""
-    from daemon.router import stem  # routing imports this module; stem lives there
-
     pieces = grams(word)
     return stem(word), pieces, (NGRAM_SHARE / len(pieces) if pieces else 0.0)
 

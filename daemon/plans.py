@@ -6,6 +6,9 @@ named as a concrete path (`T2 -> T3 -> T2`). `waves` groups tasks into longest-p
 (a task's level is one more than the deepest of its needs), each split into chunks of at
 most `max_parallel`. Everything is O(tasks + needs): a Kahn pass orders the graph, and only
 the tasks it cannot order (cycles and what hangs below them) go through Tarjan's algorithm.
+
+One module past 600 lines: the plan's models and every check on them change together (a field
+is a model field, its problems and its message), and `problems` reads the whole plan at once.
 """
 
 from __future__ import annotations

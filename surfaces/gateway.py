@@ -26,6 +26,7 @@ from daemon.clients import OWNER, Client
 from daemon.errors import Busy, DeadlineExceeded, Forbidden, InvalidInput, NotFound, TallyError
 from daemon.quotas import RateLimited
 from daemon.slots.errors import ModelError, NoHealthyMember
+from surfaces.app import DAEMON, OPTIONS, client_of
 
 if TYPE_CHECKING:
     from daemon.gateway import Answer
@@ -116,14 +117,10 @@ def upstream_message(body: Any) -> str | None:
 
 
 def _daemon(request: web.Request) -> Daemon:
-    from surfaces.http import DAEMON
-
     return request.app[DAEMON]
 
 
 def _client(request: web.Request) -> Client:
-    from surfaces.http import client_of
-
     return client_of(request) or OWNER
 
 
@@ -146,8 +143,6 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def _read(request: web.Request) -> bytes | web.Response:
-    from surfaces.http import OPTIONS
-
     try:
         async with asyncio.timeout(request.app[OPTIONS].body_timeout_s):
             return await request.read()

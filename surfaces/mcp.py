@@ -79,7 +79,7 @@ class Adapter:
     @property
     def tools(self) -> list[types.Tool]:
         if self._tools is None:
-            from surfaces.http import tool_listing
+            from surfaces.routes import tool_listing
 
             self._tools = [
                 types.Tool(

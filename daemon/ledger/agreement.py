@@ -31,10 +31,9 @@ from pathlib import Path
 from typing import Literal
 
 from daemon.ledger.entry import GENESIS_PREV
-from daemon.ledger.journal import HEADER, JOURNAL, Record, read_records
+from daemon.ledger.journal import HEADER, JOURNAL, MAX_BATCH, Record, read_records
 from daemon.ledger.merkle import leaf_hash
 from daemon.ledger.store import PACK_HEADER, body_digest
-from daemon.ledger.writer import MAX_BATCH
 
 PAGE = 4096
 TAIL_MAX = 256 << 20  # more than this past the journal's end is no one batch

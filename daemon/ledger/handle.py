@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from daemon.ledger.agreement import Agreement
 from daemon.ledger.checkpoint import Checkpoint, SignerOnDemand
 from daemon.ledger.entry import Entry
 from daemon.ledger.errors import LedgerCorrupt, LedgerFailed
@@ -28,9 +28,6 @@ from daemon.ledger.store import (
     BodyStore,
     Tree,
 )
-
-if TYPE_CHECKING:  # agreement imports the writer's limits, and the writer this module
-    from daemon.ledger.agreement import Agreement
 
 
 class Handle:

@@ -40,6 +40,7 @@ HEADER = struct.Struct("<4sIQQQIII")
 _BODY = struct.Struct("<QQQIII")  # the header after the magic and the CRC, as hashed
 JOURNAL = layout.JOURNAL
 FILL_STEP = 1 << 20  # zeros written ahead of a new file's records at a time
+MAX_BATCH = 1024  # entries in one record (one group commit) at most; open refuses more
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ from daemon.ledger.entry import (
 )
 from daemon.ledger.errors import LedgerCorrupt, LedgerLocked
 from daemon.ledger.handle import Handle
-from daemon.ledger.journal import FILL_STEP, Journal
+from daemon.ledger.journal import FILL_STEP, MAX_BATCH, Journal
 from daemon.ledger.merkle import Frontier, leaf_hash
 from daemon.ledger.store import (
     INDEX_END,
@@ -66,7 +66,7 @@ from daemon.ledger.store import (
     open_append,
     read_meta,
 )
-from daemon.ledger.writer import JOURNAL_SPACE, MAX_BATCH
+from daemon.ledger.writer import JOURNAL_SPACE
 
 log = logging.getLogger(__name__)
 

@@ -60,6 +60,7 @@ from daemon.ledger.canonical import NotCanonical, canonicalize, check_text
 from daemon.ledger.checkpoint import Checkpoint, SignerOnDemand, parse_note
 from daemon.ledger.entry import NO_BODY, VERSION, Body, Entry, line_template
 from daemon.ledger.errors import LedgerCorrupt, LedgerFailed, LedgerUnwritable
+from daemon.ledger.journal import MAX_BATCH
 from daemon.ledger.log import Ledger
 from daemon.ledger.merkle import (
     EMPTY_ROOT,
@@ -86,7 +87,7 @@ from daemon.ledger.postgres import (
     with_cosignatures,
 )
 from daemon.ledger.reader import ConsistencyProof, InclusionProof
-from daemon.ledger.writer import MAX_BATCH, MAX_BATCH_BYTES, _Pending, _Stats
+from daemon.ledger.writer import MAX_BATCH_BYTES, _Pending, _Stats
 from daemon.record.ledger import LedgerJoin
 
 log = logging.getLogger(__name__)

@@ -65,6 +65,7 @@ from daemon.ledger.entry import (
 )
 from daemon.ledger.errors import LedgerFailed, LedgerUnwritable
 from daemon.ledger.handle import Handle
+from daemon.ledger.journal import MAX_BATCH
 from daemon.ledger.merkle import Frontier
 from daemon.ledger.outage import LedgerHealth, Mark, Outage, probe
 from daemon.ledger.store import (
@@ -78,7 +79,6 @@ from daemon.ledger.store import (
 log = logging.getLogger(__name__)
 
 
-MAX_BATCH = 1024
 MAX_BATCH_BYTES = 1 << 20
 SYNC_EVERY = 16384  # fsync the derived files at least this often (bounds recovery rescans)
 JOURNAL_MAX = 8 << 20  # catch the record files up (and rotate the journal) past this

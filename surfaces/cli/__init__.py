@@ -8,13 +8,8 @@ imports at its top only what `register` needs (the standard library, `daemon.err
 `run` functions import the rest. `tally --help` then loads no pydantic, aiohttp or MCP SDK, and
 each command loads only what it uses (tests/surfaces/test_start_imports.py holds this).
 
-Start-up allocates tens of thousands of objects that live as long as the process (modules,
-classes, pydantic validators): at the default thresholds the cyclic GC scans them again and
-again, about a tenth of a daemon's start. So `main` raises the threshold while a command
-starts; a command that goes on running (the daemon, the MCP adapter) calls `long_start()` first
-and `settled()` once it is up, and a short command ends first. At exit the interpreter's last
-collections would walk every object once more: frozen first, they skip them (another tenth of a
-short command).
+Memory while a command starts (the cyclic GC's thresholds, the freeze once started, malloc's
+arenas) is `surfaces.cli.memory`'s.
 """
 
 from __future__ import annotations
@@ -46,51 +41,12 @@ from surfaces.cli import (
     slots,
     version,
 )
+from surfaces.cli.memory import GC_DEFAULT, GC_STARTING
 
 GROUPS: list[ModuleType] = [
     version, serve, mcp, runs, ledger, roster, route, plan, slots, models, doctor, clients,
     console, reading, service,
 ]  # fmt: skip
-
-_GC_DEFAULT = gc.get_threshold()
-_GC_STARTING = (10_000, 50, 100)  # a young-generation pass per 10k objects instead of per 700
-# A daemon's start keeps ~100k new objects and makes ~2k of cyclic garbage: even a pass per 10k
-# scanned the survivors ten times (~20 ms, a sixteenth of its start). Up to settled() it makes
-# none; a start that allocates far more (a bug in a replay) still gets its passes.
-_GC_LONG_START = (1_000_000, 50, 100)
-
-
-M_ARENA_MAX = -8  # glibc's mallopt parameters
-M_MMAP_THRESHOLD = -3
-MMAP_FROM = 64 * 1024
-
-
-def long_start() -> None:
-    """A command that goes on running is starting: no collection until `settled()` (or until
-    `main` returns), whose freeze then keeps the start's few cyclic leftovers for good."""
-    gc.set_threshold(*_GC_LONG_START)
-
-
-def settled() -> None:
-    """Start-up is over: keep its objects out of every later collection, normal GC again, at
-    most two malloc arenas, and blocks of MMAP_FROM bytes or more mapped on their own.
-
-    glibc gives a thread that allocates under contention an arena of its own (up to 8 per
-    core), and memory freed there stays there: worker threads that read 64 KiB bodies made the
-    soak's RSS grow twice as fast as the memory Python holds. Big transient buffers (command
-    outputs, bodies read for SSE backlogs and summaries) left holes in the heap that later
-    small objects pinned: a burst of readers added ~25 MiB of RSS for good (soak RSS
-    5,000/500 runs 1.45 -> 1.2). Mapped on their own, they go back to the system when freed.
-    A no-op off glibc.
-    """
-    gc.freeze()
-    gc.set_threshold(*_GC_DEFAULT)
-    import ctypes  # here: 2 ms of import that only long-running commands need
-
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None)
-        libc.mallopt(M_ARENA_MAX, 2)
-        libc.mallopt(M_MMAP_THRESHOLD, MMAP_FROM)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,7 +103,7 @@ def _quiet_stdout() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     atexit.unregister(gc.freeze)  # once, however often main runs in one process (tests)
     atexit.register(gc.freeze)  # runs before the exit-time collections, not when main returns
-    gc.set_threshold(*_GC_STARTING)
+    gc.set_threshold(*GC_STARTING)
     stdout = sys.stdout
     sys.stdout = _Stdout(stdout)
     try:
@@ -156,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _quiet_stdout()
     finally:
         sys.stdout = stdout
-        gc.set_threshold(*_GC_DEFAULT)
+        gc.set_threshold(*GC_DEFAULT)
 
 
 def _dispatch(argv: Sequence[str] | None) -> int:

@@ -21,7 +21,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from surfaces.cli import long_start, settled
+    from surfaces.cli.memory import long_start, settled
 
     long_start()  # before the SDK's imports
     import anyio

@@ -182,7 +182,7 @@ def settings_from(args: argparse.Namespace) -> Any:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from surfaces.cli import long_start, settled
+    from surfaces.cli.memory import long_start, settled
 
     long_start()  # before the imports: they are most of the start's objects
     import asyncio

@@ -13,7 +13,7 @@ and sends it in the `X-Tally-Session` header on every API call and SSE stream (r
 cookies by host and not by port, so any other web server on loopback would receive one and
 could set or overwrite it; a header secret is read and sent only by this origin's script, and
 another origin can neither read it nor send the custom header without a CORS grant this daemon
-never gives. The guard in `surfaces.http` accepts the secret where it would accept a bearer
+never gives. The guard in `surfaces.access` accepts the secret where it would accept a bearer
 token, with the same scopes; a request that carries it with an Origin must carry its own.
 
 The pages are static files (plain HTML, CSS, ES modules; nothing built or fetched at run time;
@@ -40,6 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from daemon.clients import CLIENT_NAME, Client
 from daemon.errors import Forbidden, InvalidInput, NotFound
 from daemon.runs.state import TASK_ENDED
+from surfaces.answers import error_response, sse_frame, validation_details
+from surfaces.app import DAEMON, OPTIONS, STREAMS, client_of
 from surfaces.connections import counted_stream
 
 if TYPE_CHECKING:
@@ -192,8 +194,6 @@ class CodeIn(BaseModel):
 
 async def mint_code(request: web.Request) -> web.Response:
     """POST /v1/console/code (admin: the socket's owner): a one-time console login URL."""
-    from surfaces.http import DAEMON, client_of, error_response, validation_details
-
     caller = client_of(request)
     if caller is None or not caller.allows("admin"):
         return error_response(403, "forbidden", "a console login code needs scope 'admin'")
@@ -256,8 +256,6 @@ async def login_page(request: web.Request) -> web.StreamResponse:
 
 async def login(request: web.Request) -> web.Response:
     """POST /console/login `{"code"}` from the login page: the session secret, once."""
-    from surfaces.http import error_response
-
     if cross_site(request) or not same_origin(request):
         return error_response(
             403, "forbidden_origin", "a console login must come from the console's own page"
@@ -287,8 +285,6 @@ def _whoami(client: Client, expires: float) -> dict[str, Any]:
 
 async def whoami(request: web.Request) -> web.Response:
     """GET /v1/console/session: who this session is, so the page offers only what it may do."""
-    from surfaces.http import client_of
-
     client = client_of(request)
     secret = session_secret(request)
     grant = request.app[SESSIONS].lookup(secret) if secret is not None else None
@@ -386,8 +382,6 @@ class RunFeed:
             self._timer = asyncio.get_running_loop().call_later(FLUSH_S, self._flush)
 
     def _flush(self) -> None:
-        from surfaces.http import sse_frame
-
         self._timer = None
         runs, self.dirty = list(self.dirty), {}
         frames = []
@@ -408,8 +402,6 @@ class RunFeed:
 
 async def run_feed(request: web.Request) -> web.StreamResponse:
     """GET /v1/events: a `run` event (the run's summary) whenever a run changes."""
-    from surfaces.http import DAEMON, OPTIONS, STREAMS
-
     app = request.app
     state = app[SESSIONS]
     if state.feed is None:

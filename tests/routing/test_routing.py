@@ -23,9 +23,9 @@ from daemon.router import (
     Route,
     Router,
     normalize,
-    stem,
     term_of,
 )
+from daemon.stems import stem
 from roster.models import Lane, Roster
 from surfaces.cli.route import read_roster
 

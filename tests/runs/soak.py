@@ -25,7 +25,7 @@ from aiohttp import web
 
 from daemon.runs import snapshot as snapshots
 from daemon.service import Daemon
-from surfaces.cli import settled
+from surfaces.cli.memory import settled
 from surfaces.http import HttpOptions, create_app
 from tests.runs.model_server import ScriptedServer, roster_toml, settings_for
 

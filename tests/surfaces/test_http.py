@@ -22,7 +22,8 @@ from daemon.runs import entries as k
 from daemon.service import Daemon
 from daemon.slots.errors import PoolBusy, PoolTimeout
 from daemon.tools import TOOLS
-from surfaces.http import HttpOptions, Listen, create_app, openapi_document, serve
+from surfaces.http import HttpOptions, Listen, create_app, serve
+from surfaces.openapi import openapi_document
 from tests.slots.fake_server import FakeServer
 from tests.surfaces.conftest import TOKEN, daemon_settings, two_tasks
 

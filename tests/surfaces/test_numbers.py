@@ -144,7 +144,7 @@ async def test_ledger_unsafe_json_schema_is_a_plan_problem(client: Client, daemo
 
 def test_every_input_number_has_bounds() -> None:
     """The whole class, not the examples: every number in every input schema has both bounds."""
-    from surfaces.http import openapi_document
+    from surfaces.openapi import openapi_document
 
     loose: list[str] = []
 

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient
 
 from daemon.service import Daemon
 from daemon.tools import ERRORS, TOOLS
-from surfaces.http import openapi_document
+from surfaces.openapi import openapi_document
 
 Client = TestClient[Any, Any]
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from daemon.errors import TallyError
-from daemon.tools import checkpoints, clients, ledger, pool, roster, runs
+from daemon.tools import checkpoints, clients, console, ledger, pool, roster, runs
 from daemon.tools.pool import slots_out
 from daemon.tools.progress import ProgressSteps
 from daemon.tools.runs import SubmitIn
 from daemon.tools.tool import RunOut, Tool, ToolContext, run_out
 
+# What surfaces import from here (each loads the registry at its first use), besides the list.
 __all__ = [
     "ERRORS",
     "TOOLS",
@@ -75,6 +76,7 @@ TOOLS: dict[str, Tool[Any, Any]] = _registry(
         clients.CLIENT_REVOKE,
         pool.STATUS,
         pool.DAEMON_STOP,
+        console.RUN_FEED,
     )
 )
 

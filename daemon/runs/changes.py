@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from collections.abc import Callable
 from typing import Any
 
 from daemon.runs.feed import Feed
@@ -42,7 +41,8 @@ class RunChanges:
         self._flushed = 0
         self._woken = asyncio.Event()
         self._timer: asyncio.TimerHandle | None = None
-        self._stop: list[Callable[[], Any]] = [feed.watch(self._entry), feed.nudge(self.change)]
+        feed.watch(self._entry)  # for the engine's life: the log is its own
+        feed.nudge(self.change)
 
     def _entry(self, entry: EntryLike, body: dict[str, Any]) -> None:
         if entry.run is not None:
@@ -103,10 +103,3 @@ class RunChanges:
         except TimeoutError:
             return False
         return True
-
-    def close(self) -> None:
-        for stop in self._stop:
-            stop()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None

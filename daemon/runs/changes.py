@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from typing import Any
 
 from daemon.runs.feed import Feed
 from daemon.runs.ports import EntryLike
@@ -44,7 +43,7 @@ class RunChanges:
         feed.watch(self._entry)  # for the engine's life: the log is its own
         feed.nudge(self.change)
 
-    def _entry(self, entry: EntryLike, body: dict[str, Any]) -> None:
+    def _entry(self, entry: EntryLike, body: object) -> None:  # any entry of a run: a change
         if entry.run is not None:
             self.change(str(entry.run))
 

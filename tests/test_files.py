@@ -268,11 +268,7 @@ _FILE_NAMES = frozenset(
 _ALL_NAMES = frozenset(
     value for name, value in vars(layout).items() if name.isupper() and isinstance(value, str)
 )
-_STILL_SPELLED = {
-    # daemon/tools.py is being split into a package (issue 32); its one literal moves with it.
-    ("daemon/tools.py", "ledger"),
-    ("daemon/tools.py", "entries.jsonl"),
-}
+_STILL_SPELLED: set[tuple[str, str]] = set()
 
 
 def layout_literals(source: str) -> list[tuple[int, str]]:

@@ -49,6 +49,7 @@ from daemon.runs import checks, lifecycle, planning, reuse, routing, synthesis, 
 from daemon.runs import entries as k
 from daemon.runs import views as spaces
 from daemon.runs.budget import Meter, limits
+from daemon.runs.changes import RunChanges
 from daemon.runs.context import EngineOptions, Run, Setting, TaskFailed, describe
 from daemon.runs.dispatch import Capacity
 from daemon.runs.executors import Stub
@@ -85,6 +86,7 @@ class Engine:
         self.options = options or EngineOptions()
         self.table = RunTable()
         self.feed = Feed()
+        self.changes = RunChanges(self.feed)  # which runs changed: the run feed reads it
         self.waits = Waits(self.feed.waiting)
         self.setting = Setting(
             ledger=ledger,

@@ -129,7 +129,7 @@ def suggest_text(answer: dict[str, Any]) -> str:
 
 
 def as_json(route: Route) -> str:
-    """The route tool's answer (`daemon.tools.RouteOut`: the same fields, `decision` with its
+    """The route tool's answer (`daemon.tools.roster.RouteOut`: the same fields, `decision` with its
     `summary`), scores as [lane, score] pairs; built here so `tally route` loads no HTTP stack."""
     data = route.model_dump(mode="json")
     data["decision"]["summary"] = str(route.decision)

@@ -18,8 +18,8 @@ token, with the same scopes; a request that carries it with an Origin must carry
 
 The pages are static files (plain HTML, CSS, ES modules; nothing built or fetched at run time;
 served without a session: they hold no data) that read only through `POST /v1/tools/{name}`,
-the run SSE stream, and the run feed below (`GET /v1/events`: a coalesced `run` event per
-changed run), so they show nothing the API does not.
+the run SSE stream, and the run feed below (`GET /v1/events`: the `run_feed` tool's answers
+pushed, a coalesced `run` event per changed run), so they show nothing the API does not.
 """
 
 from __future__ import annotations
@@ -32,22 +32,16 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from daemon.clients import CLIENT_NAME, Client
+from daemon.clients import CLIENT_NAME, OWNER, Client
 from daemon.errors import Forbidden, InvalidInput, NotFound
-from daemon.runs.state import TASK_ENDED
 from surfaces.answers import error_response, sse_frame, validation_details
 from surfaces.app import DAEMON, OPTIONS, STREAMS, client_of
 from surfaces.connections import counted_stream
-
-if TYPE_CHECKING:
-    from daemon.runs.engine import Engine
-    from daemon.runs.ports import EntryLike
-    from daemon.runs.state import RunView
 
 STATIC = Path(__file__).parent / "static"
 HEADER = "X-Tally-Session"
@@ -103,8 +97,6 @@ class Sessions:
     sessions: dict[str, _Grant] = field(default_factory=dict)
     base: str | None = None
     """The TCP listener's URL (`http://127.0.0.1:PORT`), once it listens."""
-    feed: RunFeed | None = None
-    """The run feed, made on first use (the engine exists only once the daemon started)."""
 
     def mint(self, client: Client, named: bool) -> str:
         now = time.monotonic()
@@ -325,121 +317,52 @@ async def asset(request: web.Request) -> web.FileResponse:
 # ---------------------------------------------------------------- the run feed
 
 
-def run_summary(view: RunView) -> dict[str, Any]:
-    """What the runs page lists (every field is also in `run_get`)."""
-    return {
-        "id": view.id,
-        "state": view.state,
-        "lane": view.lane,
-        "lanes": list(dict.fromkeys(t.lane for t in view.tasks)),  # a plan's: what to show
-        "client": view.client,
-        "request": view.request[:200],
-        "tasks_total": len(view.tasks),
-        "tasks_done": sum(t.state in TASK_ENDED for t in view.tasks),
-        "created_at_us": view.created_at_us,
-        "updated_at_us": view.updated_at_us,
-        "spent": view.spent.model_dump(),
-    }
-
-
-FLUSH_S = 0.2
-"""Run changes are coalesced this long: a busy run costs a feed one frame per tick."""
-BACKLOG = 256
-"""Frames a slow reader may fall behind before its stream is closed (it reconnects)."""
-
-
-class RunFeed:
-    """Changed runs, one frame each per tick, built once and handed to every open stream."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.streams: set[asyncio.Queue[bytes | None]] = set()  # unbounded: see _flush
-        self.dirty: dict[str, None] = {}
-        self._unwatch: Any = None
-        self._timer: asyncio.TimerHandle | None = None
-
-    def open(self) -> asyncio.Queue[bytes | None]:
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self.streams.add(queue)
-        if self._unwatch is None:
-            unwatch = self.engine.watch(self._changed)
-            unnudge = self.engine.feed.nudge(self._nudged)  # a wait for a slot: no entry
-            self._unwatch = lambda: (unwatch(), unnudge())
-        return queue
-
-    def close(self, queue: asyncio.Queue[bytes | None]) -> None:
-        self.streams.discard(queue)
-        if not self.streams and self._unwatch is not None:
-            self._unwatch()
-            self._unwatch = None
-
-    def _changed(self, entry: EntryLike, body: object) -> None:
-        self._nudged(str(entry.run))
-
-    def _nudged(self, run_id: str) -> None:
-        self.dirty[run_id] = None
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(FLUSH_S, self._flush)
-
-    def _flush(self) -> None:
-        self._timer = None
-        runs, self.dirty = list(self.dirty), {}
-        frames = []
-        for run in runs:
-            with contextlib.suppress(NotFound):
-                shown = self.engine.shown(self.engine.get(run))  # queued/waiting for a slot
-                frames.append(sse_frame("run", run_summary(shown)))
-        for queue in list(self.streams):
-            if queue.qsize() + len(frames) > BACKLOG:  # too far behind: end it; it reconnects
-                self.streams.discard(queue)
-                while not queue.empty():
-                    queue.get_nowait()
-                queue.put_nowait(None)
-                continue
-            for frame in frames:
-                queue.put_nowait(frame)
-
-
 async def run_feed(request: web.Request) -> web.StreamResponse:
-    """GET /v1/events: a `run` event (the run's summary) whenever a run changes."""
+    """GET /v1/events: the `run_feed` tool's answers, pushed. A `run` event (its RunSummaryOut)
+    whenever a run changes; `ready` when the stream starts and again when the feed cannot go on
+    from where it was (the page lists the runs afresh on it)."""
+    from daemon.tools import TOOLS, ToolContext
+    from daemon.tools.console import RunFeedIn, changed
+
     app = request.app
-    state = app[SESSIONS]
-    if state.feed is None:
-        state.feed = RunFeed(app[DAEMON].engine)
-    feed = state.feed
+    daemon = app[DAEMON]
+    feed = TOOLS["run_feed"]
+    ctx = ToolContext(client=client_of(request) or OWNER)
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await resp.prepare(request)
     stop = asyncio.Event()
     app[STREAMS].stops.add(stop)
-    queue = feed.open()
     stopped = asyncio.ensure_future(stop.wait())
+    waiting: asyncio.Future[bool] | None = None
     try:
+        cursor = (await feed.handler(daemon, RunFeedIn(), ctx)).cursor
         await resp.write(b"retry: 1000\n\nevent: ready\ndata: {}\n\n")
         while True:
-            getting = asyncio.ensure_future(queue.get())
-            done, _ = await asyncio.wait(
-                {getting, stopped},
-                timeout=app[OPTIONS].keepalive_s,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            if getting not in done:
-                getting.cancel()
-                if stopped in done:
-                    break
+            waiting = asyncio.ensure_future(changed(daemon, cursor, app[OPTIONS].keepalive_s))
+            await asyncio.wait({waiting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if stopped.done():
+                break
+            if not waiting.result():
                 await resp.write(b": keep-alive\n\n")
                 continue
-            frame = getting.result()
-            if frame is None:
-                break
-            await resp.write(frame)
+            more = True
+            while more:
+                out = await feed.handler(daemon, RunFeedIn(after=cursor), ctx)
+                cursor, more = out.cursor, out.more
+                if out.reset:  # the page lists the runs afresh, then follows from here
+                    await resp.write(b"event: ready\ndata: {}\n\n")
+                if out.runs:  # one write per batch: a slow reader holds back only its stream
+                    frames = (sse_frame("run", run.model_dump(mode="json")) for run in out.runs)
+                    await resp.write(b"".join(frames))
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
-        feed.close(queue)
         app[STREAMS].stops.discard(stop)
         stopped.cancel()
+        if waiting is not None:
+            waiting.cancel()
     with contextlib.suppress(ConnectionResetError):
         await resp.write_eof()
     return resp

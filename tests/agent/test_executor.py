@@ -26,7 +26,9 @@ from daemon.plans import PlanInvalid
 from daemon.runs import entries as k
 from daemon.runs.agent.record import EVENT_CHARS
 from daemon.service import Daemon
-from daemon.tools import TOOLS, ProgressSteps, ToolContext
+from daemon.tools import TOOLS
+from daemon.tools.progress import ProgressSteps
+from daemon.tools.tool import ToolContext
 from daemon.workspace import record as ws
 from surfaces.cli.stream import attempt_lines, step_line
 from surfaces.http import HttpOptions, create_app

@@ -83,7 +83,8 @@ async def _started(daemon: Daemon, run_id: str, attempts: int) -> None:
 
 @pytest.fixture
 async def history(tmp_path: Path) -> dict[str, str]:
-    from daemon.tools import RouteIn, ToolContext, route
+    from daemon.tools.roster import RouteIn, route
+    from daemon.tools.tool import ToolContext
 
     first = Daemon(_settings(tmp_path))
     await first.start()

@@ -103,7 +103,7 @@ def server_accepts(tool: str, arguments: Any) -> bool:
     except ValidationError:
         return False
     # A plan that fails its schema is kept for the handler, which refuses it (422) with every
-    # problem of it at once (see daemon.tools._keep_a_bad_plan).
+    # problem of it at once (see daemon.tools.roster._keep_a_bad_plan).
     return getattr(data, "_unchecked", None) is None
 
 

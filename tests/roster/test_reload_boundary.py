@@ -11,7 +11,8 @@ import pytest
 
 from daemon.errors import Forbidden, InvalidRoster, NotFound
 from daemon.service import Daemon
-from daemon.tools import ReloadIn, ToolContext, roster_reload
+from daemon.tools.roster import ReloadIn, roster_reload
+from daemon.tools.tool import ToolContext
 from roster.loading import MAX_ROSTER_BYTES
 from tests.runs.model_server import ScriptedServer, roster_toml, settings_for
 

@@ -133,7 +133,7 @@ def test_route_defaults_to_tally_roster(
 def test_route_json_is_the_route_tool_answer(capsys: pytest.CaptureFixture[str]) -> None:
     """`tally route --json` and the `route` tool give the same fields and decision."""
     from daemon.router import Router
-    from daemon.tools import route_out
+    from daemon.tools.roster import route_out
     from surfaces.cli.route import read_roster
 
     text = "write a changelog entry for the new export button"

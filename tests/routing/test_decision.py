@@ -13,7 +13,9 @@ import pytest
 
 from daemon.runs import entries as k
 from daemon.service import Daemon
-from daemon.tools import TOOLS, RouteIn, RouteOut, ToolContext
+from daemon.tools import TOOLS
+from daemon.tools.roster import RouteIn, RouteOut
+from daemon.tools.tool import ToolContext
 from roster.edits import regenerated
 from roster.loading import default_roster_path, load_roster
 from roster.models import Roster

@@ -18,7 +18,9 @@ from daemon.runs import entries as k
 from daemon.service import Daemon
 from daemon.slots import Pool
 from daemon.slots.process import free_port
-from daemon.tools import TOOLS, Empty, RouteIn, RouteOut, ToolContext
+from daemon.tools import TOOLS
+from daemon.tools.roster import RouteIn, RouteOut
+from daemon.tools.tool import Empty, ToolContext
 from roster.models import Roster
 from surfaces.cli.service import routing_line
 from tests.runs.model_server import ScriptedServer, settings_for

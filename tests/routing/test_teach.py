@@ -16,7 +16,9 @@ from daemon.errors import Conflict, NotFound
 from daemon.runs import entries as k
 from daemon.service import Daemon
 from daemon.teaching import TEACH
-from daemon.tools import TOOLS, RouteIn, RouteOut, SuggestIn, TeachIn, ToolContext
+from daemon.tools import TOOLS
+from daemon.tools.roster import RouteIn, RouteOut, SuggestIn, TeachIn
+from daemon.tools.tool import ToolContext
 from roster.edits import add_example
 from roster.loading import default_roster_path, load_roster_text
 from tests.runs.model_server import ScriptedServer, settings_for

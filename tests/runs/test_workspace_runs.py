@@ -21,7 +21,8 @@ from daemon.clients import Client
 from daemon.errors import Conflict, Forbidden
 from daemon.runs import entries as k
 from daemon.service import Daemon
-from daemon.tools import TOOLS, ToolContext
+from daemon.tools import TOOLS
+from daemon.tools.tool import ToolContext
 from daemon.workspace import record as ws
 from tests.runs.model_server import Reply, ScriptedServer, roster_toml, settings_for
 from tests.workspace.repo import BUGGY, FIXED, project

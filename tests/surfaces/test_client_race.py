@@ -12,7 +12,9 @@ from pathlib import Path
 
 from daemon.clients import OWNER, ClientFile
 from daemon.service import Daemon
-from daemon.tools import TOOLS, ClientAddIn, ToolContext
+from daemon.tools import TOOLS
+from daemon.tools.clients import ClientAddIn
+from daemon.tools.tool import ToolContext
 
 ROOT = Path(__file__).resolve().parents[2]
 DAEMON_ADDS = 24

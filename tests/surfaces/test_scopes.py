@@ -59,6 +59,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "client_list": {},
     "client_revoke": {"name": "no-such-client"},
     "status": {},
+    "run_feed": {},
     "daemon_stop": {},  # last: the admin client's call stops the daemon (scopes go in order)
 }
 

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from daemon.plans import Plan, Task
 from daemon.runs.state import RunView, TaskView
-from daemon.tools import RunOut, TaskOut, run_out
+from daemon.tools.tool import RunOut, TaskOut, run_out
 
 
 def test_task_out_publishes_every_field_of_a_task_and_nothing_else() -> None:

@@ -299,7 +299,8 @@ async def test_insecure_http_is_witnessed_and_shown_in_health(
     tmp_path: Path, model: FakeServer
 ) -> None:
     from daemon.clients import OWNER
-    from daemon.tools import TOOLS, Empty, ToolContext
+    from daemon.tools import TOOLS
+    from daemon.tools.tool import Empty, ToolContext
 
     one = await start_served(tmp_path / "a", roster_toml(model.url), tls=False, insecure_http=True)
     try:

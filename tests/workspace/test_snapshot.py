@@ -171,3 +171,31 @@ def test_a_patch_through_a_symlink_out_is_refused(tmp_path: Path) -> None:
     with pytest.raises(workspace_patch.ApplyRefused, match="symlink"):
         workspace_patch.apply(ws, body, check=False)
     assert hashes(ws, ["l"]) == {"l": None}
+
+
+@pytest.mark.parametrize("merge_driver", [False, True])
+def test_a_repository_s_own_filters_and_merge_driver_never_run(
+    tmp_path: Path, merge_driver: bool
+) -> None:
+    # `git apply` reads and writes the working files through the repository's content
+    # filters (`.git/config` names the command, attributes pick it): a hostile workspace once
+    # ran its clean and smudge commands as the daemon when a run's patch was applied.
+    ws = project(tmp_path)
+    body = _patch_for(tmp_path, ws)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    drivers = ["evil", "we.ird=x"]
+    (ws / ".git" / "info" / "attributes").write_text(
+        "".join(f"* filter={d} merge={d}\n" for d in drivers)
+    )
+    for number, driver in enumerate(drivers):
+        for key in ("clean", "smudge", "process"):
+            git(ws, "config", f"filter.{driver}.{key}", f"touch {marks}/{key}{number}; cat")
+        git(ws, "config", f"filter.{driver}.required", "true")
+        if merge_driver:
+            git(ws, "config", f"merge.{driver}.driver", f"touch {marks}/merge{number}; false")
+    assert workspace_patch.apply(ws, body, check=True).files == ["calc.py"]
+    applied = workspace_patch.apply(ws, body, check=False)
+    assert applied.method == ("git-apply" if merge_driver else "git-3way")
+    assert (ws / "calc.py").read_text() == FIXED
+    assert sorted(os.listdir(marks)) == []

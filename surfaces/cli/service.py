@@ -38,6 +38,12 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--socket", type=Path, help="daemon socket (default: $TALLY_SOCKET or runtime)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it to be gone")
+    p.add_argument(
+        "--state",
+        type=Path,
+        help="state directory, for when the socket does not answer: the daemon holding its "
+        "ledger lock is sent SIGTERM (default: as `tally serve`)",
+    )
     p.set_defaults(run=run_stop)
 
 
@@ -144,6 +150,8 @@ def run_stop(args: argparse.Namespace) -> int:
                 pid = await _local_pid(client, endpoint)
                 body = await client.call("daemon_stop")
             except DaemonDown:
+                if endpoint.socket_path is not None:
+                    return await _stop_by_lock(args, endpoint.where)
                 print(f"tally: no daemon running at {endpoint.where}", file=sys.stderr)
                 return 0
         if not args.json:
@@ -177,6 +185,87 @@ def run_stop(args: argparse.Namespace) -> int:
         return 0
 
     return run_client(main())
+
+
+def lock_holder(state: Path) -> int | None:
+    """The pid of the process holding the state dir's ledger lock (the running daemon), if
+    this user can see it: the lock is held, the pid written in it is alive, and that process
+    has the very lock file open (a stale or forged pid names some other process)."""
+    import fcntl
+
+    lock = state / "ledger" / "lock"
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None  # nobody holds it: no daemon on this state dir
+        except BlockingIOError:
+            pass
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        held = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not text.isdigit() or int(text) <= 1:
+        return None
+    pid = int(text)
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for name in fds:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):
+            return pid
+    return None
+
+
+async def _stop_by_lock(args: argparse.Namespace, where: str) -> int:
+    """The socket does not answer (removed, or another path): SIGTERM the daemon that holds
+    the state dir's ledger lock (it drains as on Ctrl-C) and wait for it to be gone."""
+    import asyncio
+    import signal
+
+    from daemon.config import default_state_dir
+
+    state = args.state or default_state_dir()
+    pid = lock_holder(state)
+    if pid is None:
+        print(f"tally: no daemon running at {where} (nor one holding {state})", file=sys.stderr)
+        return 0
+    print(
+        f"tally: the daemon does not answer at {where}; sending SIGTERM to pid {pid}, which "
+        f"holds {state / 'ledger' / 'lock'} (it drains its runs as on Ctrl-C)",
+        file=sys.stderr,
+    )
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        print(f"tally: not allowed to signal pid {pid} (another user's daemon)", file=sys.stderr)
+        return 1
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + args.timeout
+    while _alive(pid):
+        if loop.time() >= deadline:
+            print(
+                f"tally: pid {pid} still running after {args.timeout:g} s (`kill -KILL {pid}` "
+                "stops it without a drain; the next start recovers the ledger)",
+                file=sys.stderr,
+            )
+            return 1
+        await asyncio.sleep(0.2)
+    if args.json:
+        print(json.dumps({"stopped": True, "pid": pid, "signal": "SIGTERM"}))
+    else:
+        print("tally: stopped", file=sys.stderr)
+    return 0
 
 
 async def _local_pid(client: Any, endpoint: Any) -> int | None:

@@ -155,7 +155,10 @@ def status_line(run: dict[str, Any]) -> str:
     elif lanes or run.get("lane"):
         parts.append(f"lane {lanes[0] if lanes else run['lane']}")
     if tasks:
-        shown = " ".join(f"{t['id']}:{t.get('state', '?')}" for t in tasks[:6])
+        shown = " ".join(
+            f"{t['id']}:{t.get('state', '?')}{'(capacity)' if t.get('held') else ''}"
+            for t in tasks[:6]
+        )
         more = " …" if len(tasks) > 6 else ""
         parts.append(f"tasks {done}/{len(tasks)} [{shown}{more}]")
     spent = run.get("spent") or {}
@@ -621,6 +624,8 @@ def run_lines(
 
 def _task_head(task: dict[str, Any]) -> str:
     parts = [f"task {task['id']}", task.get("state", "?"), f"lane {task.get('lane') or '-'}"]
+    if task.get("held"):  # pending, ready, held back by a cap on tasks at once: say which
+        parts[1] = f"{parts[1]} ({task['held']})"
     if task.get("member"):
         parts.append(f"member {task['member']}")
     attempts = task.get("attempts") or 0

@@ -386,6 +386,24 @@ def test_a_shown_url_never_carries_its_password() -> None:
     assert "s3cret" not in shown_dsn("postgresql://tally:s3cret@/x?host=/tmp/sock")
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://tally:s3cr%zzet@127.0.0.1/x",  # a bad %-escape: libpq quotes the token
+        "postgresql://tally:s3cret@[::1:5432/x",  # an unclosed [: libpq quotes the whole URI
+        "postgresql://tally:s3cr%41et@[::1/x",  # the same, %-encoded
+        "postgresql://tally@[::1/x?password=s3cret",
+    ],
+)
+async def test_an_unparsable_ledger_url_never_shows_its_password(url: str) -> None:
+    code, out, err = await cli("ledger", "verify", "--ledger", url)
+    assert code != 0
+    said = out + err
+    assert "cannot open the shared record" in said, said
+    for secret in ("s3cr", "%41"):
+        assert secret not in said, said
+
+
 async def test_reading_a_database_without_a_record_refuses_and_creates_nothing(
     pg_dsn: str,
 ) -> None:

@@ -199,3 +199,54 @@ def test_a_repository_s_own_filters_and_merge_driver_never_run(
     assert applied.method == ("git-apply" if merge_driver else "git-3way")
     assert (ws / "calc.py").read_text() == FIXED
     assert sorted(os.listdir(marks)) == []
+
+
+@pytest.mark.parametrize("swap", ["dir", "file", "fifo"])
+def test_a_path_swapped_for_a_link_between_listing_and_copy_is_refused(
+    tmp_path: Path, swap: str
+) -> None:
+    # The race: a process swaps a listed directory (or file) for a symlink out of the
+    # workspace after the listing; `cp a/b/file` once followed it and copied what it names.
+    from daemon.workspace import snapshot
+
+    secret = tmp_path / "secret"
+    (secret / "sub").mkdir(parents=True)
+    (secret / "sub" / "key.txt").write_text("the daemon's secret\n")
+    ws = project(tmp_path, repo=False)
+    (ws / "sub").mkdir()
+    (ws / "sub" / "key.txt").write_text("harmless\n")
+    listing = snapshot._Listing()
+    for name in snapshot._walk(ws):
+        snapshot._classify(ws, name, POLICY, listing)
+    assert "sub/key.txt" in listing.files
+    if swap == "dir":
+        os.rename(ws / "sub", tmp_path / "moved")
+        (ws / "sub").symlink_to(secret / "sub")
+    elif swap == "file":
+        (ws / "sub" / "key.txt").unlink()
+        (ws / "sub" / "key.txt").symlink_to(secret / "sub" / "key.txt")
+    else:
+        (ws / "sub" / "key.txt").unlink()
+        os.mkfifo(ws / "sub" / "key.txt")
+    base = tmp_path / "base"
+    base.mkdir()
+    with pytest.raises(InvalidInput, match=r"'sub/key\.txt' changed while it was copied"):
+        snapshot._copy(ws, base, listing.files, listing.identity)
+    copied = [p.read_text() for p in base.rglob("*") if p.is_file()]
+    assert "the daemon's secret\n" not in copied
+
+
+def test_the_copy_keeps_modes_times_and_bytes(tmp_path: Path) -> None:
+    ws = project(tmp_path, repo=False)
+    tool = ws / "bin" / "run.sh"
+    tool.parent.mkdir()
+    tool.write_bytes(b"#!/bin/sh\necho \x00binary\n")
+    tool.chmod(0o755)
+    os.utime(tool, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+    space = RunDirs(tmp_path / "tasks", "rcopy")
+    space.prepare(POLICY.hide)
+    take(ws, POLICY, space.base)
+    copied = space.base / "bin" / "run.sh"
+    assert copied.read_bytes() == tool.read_bytes()
+    assert copied.stat().st_mode & 0o777 == 0o755
+    assert copied.stat().st_mtime_ns == 1_600_000_000_000_000_000

@@ -272,13 +272,18 @@ async def test_held_tasks_say_which_cap_holds_them_and_the_view_shows_it() -> No
         return True
 
     waits = Waits()
+
+    def hold(held: dict[str, str]) -> None:
+        told.append(held)
+        waits.hold("r1", held)
+
     run = asyncio.ensure_future(
         dispatch(
             [Node("a", "x"), Node("b", "x")],
             execute,
             max_parallel=4,
             capacity=capacity,
-            on_hold=lambda held: (told.append(held), waits.hold("r1", held)),
+            on_hold=hold,
         )
     )
     while not started:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -153,6 +154,15 @@ def test_rescue_stops_at_its_limits_with_the_exact_error(reply: str, error: str)
 def test_rescue_survives_a_hostile_reply(reply: str) -> None:
     with pytest.raises(Malformed):
         rescue(reply)
+
+
+def test_arguments_given_as_a_deeply_nested_string_are_malformed_not_a_crash() -> None:
+    # The reply itself parses; its "arguments" string nests past json's recursion limit: the
+    # RecursionError once escaped the loop's `except Malformed` and ended the attempt.
+    deep = "[" * 30_000 + "]" * 30_000
+    reply = json.dumps({"tool": "read_file", "arguments": deep})
+    with pytest.raises(Malformed, match="not a JSON object"):
+        from_text(reply)
 
 
 async def test_run_refuses_an_argv_the_kernel_cannot_take(tmp_path: Path) -> None:

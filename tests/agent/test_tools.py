@@ -258,3 +258,11 @@ async def test_optional_arguments_sent_empty_are_absent(tmp_path: Path) -> None:
     assert "to create a file, call write_file" in said
     assert tb.overview(2) == ["a.py (6 bytes)", "docs/b.md (4 bytes)"]
     assert tb.overview(1) is None  # a larger view is not listed up front
+
+
+def test_compacting_a_deeply_nested_old_reply_cuts_it_instead_of_crashing() -> None:
+    from daemon.runs.agent.conversation import _shorten_arguments, _shorten_text_call
+
+    deep = "[" * 30_000 + "]" * 30_000
+    assert json.loads(_shorten_arguments(deep)) == {"cut": "60000 characters of arguments"}
+    assert _shorten_text_call(deep).startswith("[cut: 60,000 characters")

@@ -314,3 +314,18 @@ def test_random_large_dag_waves_quickly_enough_to_not_matter() -> None:
     p = plan(*specs)
     check_plan(p, ["backend"])
     assert waves(p, 8).total_tasks == 2000
+
+
+def test_a_plan_file_nested_past_jsons_limit_is_a_problem_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `tally plan deep.json` once ended in a RecursionError (json.loads re-read the text to
+    # name the problem's place after pydantic had refused it).
+    from surfaces.cli import main
+
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"tasks": ' + "[" * 30_000 + "]" * 30_000 + "}")
+    assert main(["plan", str(deep)]) != 0
+    said = capsys.readouterr()
+    assert "recursion limit exceeded" in said.out + said.err
+    assert "RecursionError" not in said.out + said.err

@@ -186,7 +186,7 @@ async def submit(args: argparse.Namespace) -> int:
     if args.plan:
         try:
             body["plan"] = json.loads(args.plan.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             print(f"tally: cannot read the plan {args.plan}: {exc}", file=sys.stderr)
             return 2
     if args.max_parallel:

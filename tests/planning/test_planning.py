@@ -329,3 +329,19 @@ def test_a_plan_file_nested_past_jsons_limit_is_a_problem_not_a_crash(
     said = capsys.readouterr()
     assert "recursion limit exceeded" in said.out + said.err
     assert "RecursionError" not in said.out + said.err
+
+
+def test_a_plan_file_that_is_not_text_or_too_deep_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from surfaces.cli import main
+
+    binary = tmp_path / "plan.json"
+    binary.write_bytes(b"\xa7\x00\xff garbage")
+    assert main(["plan", str(binary)]) == 2
+    assert f"{binary} is not UTF-8 text" in capsys.readouterr().err
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 30_000 + "]" * 30_000)
+    nowhere = str(tmp_path / "no.sock")
+    assert main(["submit", "--socket", nowhere, "--plan", str(deep), "--detach", "x"]) == 2
+    assert f"cannot read the plan {deep}" in capsys.readouterr().err

@@ -416,3 +416,18 @@ def test_verify_reports_a_deleted_or_older_checkpoint_and_changes_nothing(
     assert code == 1
     assert "checkpoint" in out
     assert _tree_of_files(state_dir) == before  # read-only: nothing changed
+
+
+def test_a_since_file_nested_past_jsons_limit_is_the_files_fault_not_the_ledgers(
+    state_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # It once made verify say "FAILED at seq N … (verify stopped: RecursionError …)": a bad
+    # argument reported as a broken record.
+    build(state_dir, 3)
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a": ' + "[" * 30_000 + "]" * 30_000 + "}")
+    code = main(["ledger", "verify", "--state", str(state_dir), "--since", str(deep)])
+    said = capsys.readouterr()
+    assert code == 2
+    assert f"cannot read checkpoint {deep}: not JSON" in said.err
+    assert "FAILED" not in said.out + said.err

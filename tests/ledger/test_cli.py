@@ -431,3 +431,15 @@ def test_a_since_file_nested_past_jsons_limit_is_the_files_fault_not_the_ledgers
     assert code == 2
     assert f"cannot read checkpoint {deep}: not JSON" in said.err
     assert "FAILED" not in said.out + said.err
+
+
+def test_a_meta_file_nested_past_jsons_limit_reads_as_none(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # meta.json is derived (checked, not trusted): a damaged one once stopped every open
+    # with a RecursionError.
+    build(state_dir, 3)
+    (state_dir / "ledger" / "meta.json").write_text('{"a": ' + "[" * 30_000 + "]" * 30_000 + "}")
+    assert main(["ledger", "verify", "--state", str(state_dir)]) == 0, capsys.readouterr()
+    build(state_dir, 1)  # the owner opens, and writes a good one back
+    assert main(["ledger", "verify", "--state", str(state_dir)]) == 0

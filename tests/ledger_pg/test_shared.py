@@ -416,3 +416,18 @@ async def test_reading_a_database_without_a_record_refuses_and_creates_nothing(
             "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'tally_%'"
         ).fetchone()
     assert found == (0,)
+
+
+async def test_serve_with_a_wrong_ledger_url_names_its_scheme_not_its_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pydantic's error once printed the whole URL (`input_value='mysql://u:s3cret@…'`).
+    where = ["--state", str(tmp_path / "state"), "--socket", str(tmp_path / "s.sock")]
+    code, out, err = await cli("serve", *where, "--ledger", "mysql://u:s3cret@h/db")
+    assert code == 2, out + err
+    assert "names 'mysql', not a PostgreSQL URL" in err, err
+    assert "s3cret" not in out + err
+    monkeypatch.setenv("TALLY_LEDGER", "mysql://u:s3cret@h/db")
+    code, out, err = await cli("serve", *where)
+    assert code == 2, out + err
+    assert "s3cret" not in out + err

@@ -496,5 +496,6 @@ def _checkpoint_gone(meta: dict[str, object], latest: Checkpoint | None) -> str 
     return (
         f"the checkpoint file {found}, but meta.json records a signed checkpoint at size "
         f"{signed}: it was deleted or replaced. Restore ledger/checkpoint from a copy you "
-        "trust, or compare with a checkpoint you saved (`tally ledger verify --since FILE`)"
+        "trust, or compare with a checkpoint you saved (`tally ledger verify --since FILE`); "
+        "the daemon's next checkpoint signs the record as it is then"
     )

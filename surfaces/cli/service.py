@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 DAEMON_LOG = "daemon.log"
+ASK_S = 15.0
+"""How long `tally stop` waits for the daemon to answer before it signals the lock's holder."""
 MEMBER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """A member name as `--member` may give it (the roster's names are of this shape)."""
 
@@ -145,13 +147,17 @@ def run_stop(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         endpoint = Endpoint.from_env(args.socket)
-        async with DaemonClient(endpoint) as client:
+        # daemon_stop answers at once (the drain follows): one that does not answer is hung
+        async with DaemonClient(endpoint, timeout=min(ASK_S, args.timeout)) as client:
             try:
                 pid = await _local_pid(client, endpoint)
                 body = await client.call("daemon_stop")
-            except DaemonDown:
+            except (DaemonDown, TimeoutError) as exc:
                 if endpoint.socket_path is not None:
                     return await _stop_by_lock(args, endpoint.where)
+                if isinstance(exc, TimeoutError):
+                    print(f"tally: the daemon at {endpoint.where} does not answer", file=sys.stderr)
+                    return 1
                 print(f"tally: no daemon running at {endpoint.where}", file=sys.stderr)
                 return 0
         if not args.json:
@@ -272,8 +278,12 @@ async def _local_pid(client: Any, endpoint: Any) -> int | None:
     """The daemon's pid when it is on this machine (its unix socket), else None."""
     if endpoint.socket_path is None:
         return None
+    from surfaces.client import DaemonDown
+
     try:
         pid = (await client.call("status"))["daemon"]["pid"]
+    except (DaemonDown, TimeoutError):
+        raise  # no daemon, or a hung one: the caller's to handle
     except Exception:  # an older daemon or a client without `read`: wait for the listener only
         return None
     return pid if isinstance(pid, int) and pid > 0 else None

@@ -110,3 +110,41 @@ def test_a_lock_naming_another_process_is_not_signalled(tmp_path: Path) -> None:
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_hung_daemon_is_signalled_and_stop_says_what_is_left(tmp_path: Path) -> None:
+    # A daemon that accepts but never answers (here: SIGSTOP) once left `tally stop` waiting
+    # for ever. It is asked for a while, then sent SIGTERM through its lock; still there after
+    # --timeout, stop says so (exit 1, `kill -KILL`). Once it runs again it stops cleanly.
+    import signal
+
+    roster = tmp_path / "roster.toml"
+    roster.write_text(ROSTER)
+    sock = tmp_path / "run" / "tally.sock"
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "surfaces", "serve", "--roster", str(roster)],
+        env=_env(tmp_path),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists() or lock_holder(tmp_path / "state") is None:
+            assert daemon.poll() is None, "the daemon exited"
+            assert time.monotonic() < deadline, "the daemon did not start"
+            time.sleep(0.1)
+        os.kill(daemon.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        stop = _tally(tmp_path, "stop", "--timeout", "2")
+        assert time.monotonic() - started < 30
+        assert stop.returncode == 1, stop.stderr
+        assert f"sending SIGTERM to pid {daemon.pid}" in stop.stderr, stop.stderr
+        assert f"kill -KILL {daemon.pid}" in stop.stderr, stop.stderr
+        os.kill(daemon.pid, signal.SIGCONT)
+        assert daemon.wait(30) == 0  # the SIGTERM it was sent: a clean stop
+    finally:
+        if daemon.poll() is None:
+            os.kill(daemon.pid, signal.SIGCONT)
+            daemon.kill()
+            daemon.wait()

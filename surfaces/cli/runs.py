@@ -208,23 +208,29 @@ async def submit(args: argparse.Namespace) -> int:
 
 
 ATTACH_MAX = 90_000
+REQUEST_MAX = 100_000
+"""The submit tool's bound on a request (`SubmitIn.request`)."""
 """Characters of attached files a request may carry (the request's own cap is 100,000)."""
 
 
 def request_text(request: str, files: list[Path]) -> str:
     """The request as typed ('-': stdin), with each `--file` attached under its path."""
-    text = sys.stdin.read() if request == "-" else request
+    # read with a bound: `--file /dev/zero` or a 10 GB log must not fill memory first
+    text = sys.stdin.read(REQUEST_MAX + 1) if request == "-" else request
+    if len(text) > REQUEST_MAX:
+        raise ValueError(f"the request is over {REQUEST_MAX} characters")
     parts = [text.strip()]
     room = ATTACH_MAX
     for path in files:
         try:
-            content = path.read_text(errors="replace")
+            with open(path, encoding="utf-8", errors="replace") as f:
+                content = f.read(room + 1)
         except OSError as exc:
             raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
         if len(content) > room:
             raise ValueError(
-                f"{path} has {len(content)} characters; attached files may hold {ATTACH_MAX} "
-                "in all (use --workspace for a project)"
+                f"{path} has more characters than the {room} left; attached files may hold "
+                f"{ATTACH_MAX} in all (use --workspace for a project)"
             )
         room -= len(content)
         fence = "````" if "```" in content else "```"

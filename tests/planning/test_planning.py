@@ -345,3 +345,35 @@ def test_a_plan_file_that_is_not_text_or_too_deep_is_named(
     nowhere = str(tmp_path / "no.sock")
     assert main(["submit", "--socket", nowhere, "--plan", str(deep), "--detach", "x"]) == 2
     assert f"cannot read the plan {deep}" in capsys.readouterr().err
+
+
+def test_an_endless_or_huge_attachment_is_refused_without_reading_it_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--file /dev/zero` once read until memory ran out before the size was checked.
+    import subprocess
+    import sys
+
+    from surfaces.cli import main
+
+    nowhere = str(tmp_path / "no.sock")
+    assert main(["submit", "--socket", nowhere, "--file", "/dev/zero", "x"]) == 2
+    assert "attached files may hold 90000 in all" in capsys.readouterr().err
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from surfaces.cli import main\n"
+        f"sys.exit(main(['submit', '--socket', {nowhere!r}, '-']))\n"
+    )
+    with open("/dev/zero", "rb") as zeros:  # stdin that never ends; the child's memory is bound
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            stdin=zeros,
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 2, done.stderr
+    assert "the request is over 100000 characters" in done.stderr

@@ -77,6 +77,7 @@ class _Listing:
 
 def take(workspace: Path, policy: WorkspacePolicy, base: Path) -> SnapshotBody:
     """Copy the workspace's visible files into `base` (created) and return their identity."""
+    _unmoved(workspace)  # as `allowed` resolved it: no link on its way now either
     top = toplevel(workspace)
     names = _git_names(workspace) if top is not None else _walk(workspace)
     listing = _Listing()
@@ -180,8 +181,9 @@ def _classify(workspace: Path, name: str, policy: WorkspacePolicy, listing: _Lis
 def _copy(
     workspace: Path, base: Path, names: list[str], identity: dict[str, tuple[int, int]]
 ) -> None:
-    root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
+        _unmoved(workspace)  # the dir just opened is the one allowed: files are read from it
         for name in names:
             try:
                 _copy_one(root, base, name, identity[name])
@@ -194,6 +196,17 @@ def _copy(
                 ) from None
     finally:
         os.close(root)
+
+
+def _unmoved(workspace: Path) -> None:
+    """InvalidInput if a directory on the workspace's (resolved) path was swapped for a link
+    since it was allowed: its files would be read from wherever the link points."""
+    if os.path.realpath(workspace) != str(workspace):
+        raise InvalidInput(
+            f"workspace {workspace}: its path now goes through a symlink (it changed after it "
+            "was allowed); submit again",
+            details={"workspace": str(workspace)},
+        )
 
 
 def _copy_one(root: int, base: Path, name: str, listed: tuple[int, int]) -> None:

@@ -250,3 +250,16 @@ def test_the_copy_keeps_modes_times_and_bytes(tmp_path: Path) -> None:
     assert copied.read_bytes() == tool.read_bytes()
     assert copied.stat().st_mode & 0o777 == 0o755
     assert copied.stat().st_mtime_ns == 1_600_000_000_000_000_000
+
+
+def test_a_workspace_swapped_for_a_link_after_it_was_allowed_is_refused(tmp_path: Path) -> None:
+    ws = project(tmp_path, repo=False)
+    real = allowed(str(ws), [tmp_path])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "secret.txt").write_text("not the workspace's\n")
+    os.rename(ws, tmp_path / "moved")
+    ws.symlink_to(elsewhere)  # the path `allowed` resolved now leads elsewhere
+    with pytest.raises(InvalidInput, match="now goes through a symlink"):
+        take(real, POLICY, tmp_path / "base")
+    assert not (tmp_path / "base").exists()

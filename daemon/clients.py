@@ -23,6 +23,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import secrets
 import time
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from daemon import layout
 from daemon.errors import Busy, Conflict, InvalidInput, NotFound
@@ -46,6 +47,14 @@ RESERVED = ("owner", "default")
 MAX_TOKENS = 2**53 - 1
 LOCK_WAIT_S = 10.0
 """How long a change waits for another writer of the client file before it gives up."""
+
+log = logging.getLogger(__name__)
+
+
+class ClientFileBroken(InvalidInput):
+    """The client file is not one tally wrote (a hand edit gone wrong, damage): nothing reads
+    a client from it and nothing writes over it until it is fixed (its clients would be lost).
+    A bearer token is then refused (fail closed); the socket owner is unaffected."""
 
 
 class Limits(BaseModel):
@@ -120,26 +129,67 @@ class ClientStore:
         self._mtime: tuple[int, ...] | None = None  # the file's identity when last read
         self._by_digest: dict[str, ClientRecord] = {}
         self._records: list[ClientRecord] = []
+        self.broken: ClientFileBroken | None = None
+        """Why the file as it is now cannot be read (None: it can)."""
+        self._told: ClientFileBroken | None = None
 
     def _fresh(self) -> list[ClientRecord]:
-        """The records, re-read if the file changed (one stat per call)."""
+        """The records, re-read if the file changed (one stat per call); ClientFileBroken
+        (naming the file, the place and what to do) if it is not a client file."""
         try:
             st = self.path.stat()
             mtime: tuple[int, ...] | None = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
         except FileNotFoundError:
             mtime = None
         if mtime != self._mtime:
-            records = (
-                ClientFile.model_validate_json(self.path.read_bytes()).clients if mtime else []
-            )
-            self._records = records
-            self._by_digest = {r.token_sha256: r for r in records}
+            self._records, self._by_digest, self.broken = [], {}, None
             self._mtime = mtime
+            if mtime is not None:
+                try:
+                    records = self._read()
+                except ClientFileBroken as err:
+                    self.broken = err
+                    raise
+                self._records = records
+                self._by_digest = {r.token_sha256: r for r in records}
+        if self.broken is not None:
+            raise self.broken
         return self._records
 
+    def _read(self) -> list[ClientRecord]:
+        fix = (
+            "fix it by hand, or move it away and add the clients again (`tally client add`; "
+            "each gets a new token); until then no client token is accepted"
+        )
+        try:
+            return ClientFile.model_validate_json(self.path.read_bytes()).clients
+        except OSError as err:
+            raise ClientFileBroken(
+                f"client file {self.path}: unreadable ({err.strerror}); {fix}"
+            ) from None
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ClientFileBroken(
+                f"client file {self.path}: {where + ': ' if where else ''}{first['msg']}; {fix}",
+                details={"file": str(self.path), "field": where or None},
+            ) from None
+
+    def known(self) -> list[ClientRecord]:
+        """The records, or none while the file is broken (logged once per change of it): for
+        the request guard and the metrics, which must answer whatever the file holds."""
+        try:
+            return self._fresh()
+        except ClientFileBroken as err:
+            if self._told is not err:  # once per change of the file, not per request
+                self._told = err
+                log.error("%s", err.message)
+            return []
+
     def lookup(self, token: str) -> Client | None:
-        """The client this bearer token belongs to (None: unknown or revoked)."""
-        self._fresh()
+        """The client this bearer token belongs to (None: unknown or revoked, or the file is
+        broken: fail closed)."""
+        self.known()
         record = self._by_digest.get(digest(token))  # a 256-bit secret's digest: no timing oracle
         if record is None:
             return None

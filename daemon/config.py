@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 def default_state_dir() -> Path:
@@ -48,7 +48,8 @@ def default_socket_path() -> Path:
 
 
 class Settings(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    # an error never echoes a value: `ledger_url` (and `otlp_headers`) may hold a secret
+    model_config = ConfigDict(frozen=True, hide_input_in_errors=True)
 
     state_dir: Path
     runtime_dir: Path
@@ -89,9 +90,20 @@ class Settings(BaseModel):
     otlp_headers: tuple[tuple[str, str], ...] = ()
     otel_capture_content: bool = False
     """Put prompts and replies in the chat spans (off by default)."""
-    ledger_url: str | None = Field(default=None, pattern=r"^postgres(ql)?://")
+    ledger_url: str | None = None
     """The shared record on PostgreSQL (`--ledger postgresql://…`, `TALLY_LEDGER`); None = the
     file ledger in the state dir. See `daemon.ledger.shared`."""
+
+    @field_validator("ledger_url")
+    @classmethod
+    def _postgresql(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgresql://", "postgres://")):
+            scheme = value.partition("://")[0][:20] if "://" in value else "a text"
+            raise ValueError(
+                f"--ledger (or $TALLY_LEDGER) names {scheme!r}, not a PostgreSQL URL: use "
+                "postgresql://… (the file ledger in the state dir is the default)"
+            )
+        return value
 
     @classmethod
     def from_env(cls, **overrides: Any) -> Settings:

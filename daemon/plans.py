@@ -283,7 +283,7 @@ def parse_plan(data: str | bytes | dict[str, Any]) -> Plan:
         if not isinstance(data, dict):
             try:
                 raw = json.loads(data)
-            except ValueError:
+            except (ValueError, RecursionError):  # nested past json's limit
                 raw = None
         raise PlanInvalid([_schema_problem(err, raw) for err in exc.errors()]) from None
 
@@ -304,7 +304,7 @@ def report(
         if isinstance(data, str | bytes):
             try:
                 raw = json.loads(data)
-            except ValueError:
+            except (ValueError, RecursionError):  # nested past json's limit
                 raw = None
         found = [_schema_problem(err, raw) for err in exc.errors()]
         return None, found + _readable_problems(raw, lanes)

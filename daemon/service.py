@@ -216,7 +216,7 @@ class Daemon:
         """The last 24 hours of replies, counted against their clients (`daemon.quotas`), so a
         restart does not reset a day's budget. Only when some client has a limit: a daemon
         without limits reads nothing here."""
-        if not any(r.limits is not None for r in self.clients.records()):
+        if not any(r.limits is not None for r in self.clients.known()):
             return
         ledger = self.ledger
         end = ledger.size

@@ -102,7 +102,24 @@ def fingerprint(cert_pem: bytes) -> str:
     if not found or begin < 0:
         raise ValueError("no PEM certificate")
     der = ssl.PEM_cert_to_DER_cert(first[begin:].strip() + "\n" + end + "\n")
+    if not _one_sequence(der):  # base64 of anything is a PEM block: its pin would be garbage
+        raise ValueError("the PEM block is not a DER certificate (one ASN.1 SEQUENCE)")
     return "sha256:" + hashlib.sha256(der).hexdigest()
+
+
+def _one_sequence(der: bytes) -> bool:
+    """Whether `der` is exactly one DER SEQUENCE that opens with another (an X.509
+    certificate's outer shape), read without the X.509 library (it is not loaded before the
+    daemon listens)."""
+    if len(der) < 2 or der[0] != 0x30:
+        return False
+    size, at = der[1], 2
+    if size & 0x80:
+        count = size & 0x7F
+        if not 1 <= count <= 4 or len(der) < 2 + count:
+            return False
+        size, at = int.from_bytes(der[2 : 2 + count], "big"), 2 + count
+    return at + size == len(der) and size > 0 and der[at] == 0x30  # tbsCertificate first
 
 
 def tls_dir(state_dir: Path) -> Path:

@@ -117,6 +117,15 @@ def load_roster_text(text: str, name: str = "roster.toml") -> Roster:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise RosterError([_syntax_problem(name, text, exc)]) from None
+    except RecursionError:  # tomllib recurses per nested array or inline table
+        problem = RosterProblem(
+            file=name,
+            line=0,
+            column=0,
+            field="",
+            message="arrays or inline tables nest too deep to read: a roster nests a few levels",
+        )
+        raise RosterError([problem]) from None
     found: list[tuple[FieldPath, str, bool]] = []
     roster: Roster | None = None
     try:

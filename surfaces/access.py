@@ -154,7 +154,7 @@ def _refuse(request: web.Request, options: HttpOptions) -> web.Response | None:
             return refused
         key = f"client:{client.name}" if client is not None else ""
         if client is None and console.HEADER in request.headers:
-            known = {r.name for r in request.app[DAEMON].clients.records()}
+            known = {r.name for r in request.app[DAEMON].clients.known()}
             found = console.session_client(request, known)
             if found is not None:
                 client, key = found

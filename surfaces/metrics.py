@@ -207,7 +207,7 @@ def _gateway(out: _Text, daemon: Daemon) -> None:
 def _clients(out: _Text, daemon: Daemon) -> None:
     """Named clients' limits (`tally client add --rpm/--tpm/--tokens-per-day`), what they used
     over the same windows, and the requests the limits refused since the daemon started."""
-    records = daemon.clients.records()
+    records = daemon.clients.known()
     out.family("tally_client_limit", "gauge", "A client's limit (rpm, tpm, tokens_per_day).")
     for r in records:
         for limit, value in (r.limits.model_dump(exclude_none=True) if r.limits else {}).items():

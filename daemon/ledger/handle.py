@@ -57,6 +57,7 @@ class Handle:
     _entries_limit: int | None  # a reader's: the entries file is read up to here, not past
     _index_note: str | None  # the index did not match the entries and was rebuilt from them
     _unanchored: LedgerCorrupt | None  # a reader's: the tree does not add up to the checkpoint
+    _checkpoint_gone: str | None  # the checkpoint file is missing or older than meta.json says
 
     @property
     def size(self) -> int:

@@ -98,6 +98,7 @@ class Ledger(Recovery, Writer, Reader):
         self._agreement: Agreement | None = None
         self._entries_limit: int | None = None
         self._unanchored: LedgerCorrupt | None = None
+        self._checkpoint_gone: str | None = None
         self._index_note: str | None = None
         self._ticker: asyncio.Task[None] | None = None
         self.tree: Tree
@@ -206,6 +207,10 @@ class Ledger(Recovery, Writer, Reader):
             self.tree.size, self.tree.root(), max(time.time_ns() // 1000, self._last_ts)
         )
         save_checkpoint(self.dir / layout.CHECKPOINT, checkpoint)
+        # meta.json names the checkpoint just saved, so a deleted or older checkpoint file is
+        # seen by a reader (recovery: `_checkpoint_gone`); nothing new to sync but the meta
+        self._latest = checkpoint
+        self._sync_derived()
         return checkpoint
 
     async def _tick(self, interval: float) -> None:

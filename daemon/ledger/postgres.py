@@ -22,9 +22,12 @@ together do not race):
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
+import re
+import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -104,10 +107,35 @@ def is_dsn(text: str | None) -> bool:
 
 def check_dsn(text: str) -> str:
     if not is_dsn(text):
+        scheme = text.partition("://")[0] if "://" in text else "a text"
         raise InvalidInput(
-            f"--ledger {shown_dsn(text)!r} is not a PostgreSQL URL: use postgresql://… "
+            f"--ledger names {scheme[:20]!r}, not a PostgreSQL URL: use postgresql://… "
             "(the file ledger in the state dir is the default)"
         )
+    return text
+
+
+_SECRETS = (
+    re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://[^/@?#]*?:([^@/?#]*)@"),  # user:PASSWORD@
+    re.compile(r"[?&]password=([^&#]*)"),  # ?password=
+    re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)"),  # keyword form
+)
+
+
+def scrub(text: str, dsn: str) -> str:
+    """`text` (a driver's message) without the DSN's password in any form it may echo: libpq
+    quotes the token or the whole URI it could not parse (a bad %-escape, an unclosed `[`)."""
+    found = {dsn}
+    for pattern in _SECRETS:
+        for match in pattern.finditer(dsn):
+            raw = match.group(1).strip("'")
+            found |= {raw, urllib.parse.unquote(raw)}
+    with contextlib.suppress(Exception):
+        from psycopg.conninfo import conninfo_to_dict
+
+        found.add(str(conninfo_to_dict(dsn).get("password") or ""))
+    for secret in sorted((s for s in found if s), key=len, reverse=True):
+        text = text.replace(secret, "…")
     return text
 
 

@@ -229,6 +229,8 @@ class Reader(Handle):
         broken = report.first_bad_seq is not None and report.reason != TAMPERED_BODIES
         if self._unanchored is not None and broken:  # else the walk added them up to it itself
             faults.append((self._unanchored.seq, self._unanchored.reason))
+        if self._checkpoint_gone is not None:
+            faults.append((None, self._checkpoint_gone))
         for seq, reason in faults:
             at = report.size if seq is None else seq
             if report.first_bad_seq is not None and report.first_bad_seq <= at:

@@ -138,6 +138,9 @@ class Recovery(Handle):
         else:
             self._signer = SignerOnDemand(self.dir)
         self._latest = load_checkpoint(self.dir / layout.CHECKPOINT)
+        self._checkpoint_gone = _checkpoint_gone(meta, self._latest)
+        if self._checkpoint_gone is not None and not self.readonly:
+            log.warning("ledger: %s", self._checkpoint_gone)
         self._anchor(self._latest)
         if not self.readonly:
             # Recovered: the files are the record now; the journal starts a new cycle on them.
@@ -479,3 +482,21 @@ def _only_junk(fd: int, offset: int, end: int) -> bool:
     """True if nothing in [offset, end) is a complete line (zero fill or a partial write)."""
     rest = os.pread(fd, min(1 << 20, max(end - offset, 0)), offset)
     return b"\n" not in rest.rstrip(b"\x00")
+
+
+def _checkpoint_gone(meta: dict[str, object], latest: Checkpoint | None) -> str | None:
+    """What is wrong when meta.json names a checkpoint larger than the checkpoint file holds
+    (the file deleted, or replaced by an older one: either hides what it vouched for)."""
+    signed = meta.get("signed", 0)
+    if not isinstance(signed, int) or isinstance(signed, bool) or signed <= 0:
+        return None
+    have = 0 if latest is None else latest.size
+    if have >= signed:
+        return None
+    found = "is missing" if latest is None else f"holds an older one (size {have})"
+    return (
+        f"the checkpoint file {found}, but meta.json records a signed checkpoint at size "
+        f"{signed}: it was deleted or replaced. Restore ledger/checkpoint from a copy you "
+        "trust, or compare with a checkpoint you saved (`tally ledger verify --since FILE`); "
+        "the daemon's next checkpoint signs the record as it is then"
+    )

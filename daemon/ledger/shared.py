@@ -80,6 +80,7 @@ from daemon.ledger.postgres import (
     joined_keys,
     latest_cosigned,
     latest_note,
+    scrub,
     shown_dsn,
     store_cosignature,
     uncosigned,
@@ -197,10 +198,10 @@ class SharedLedger(Ledger):
             await ensure_schema(self._conn, self.readonly)  # a reader never runs DDL
         except psycopg.Error as err:
             raise Unavailable(
-                f"cannot open the shared record at {shown_dsn(self.dsn)}: {_said(err)}"
+                f"cannot open the shared record at {shown_dsn(self.dsn)}: {_said(err, self.dsn)}"
             ) from err
         except LookupError as err:
-            raise Unavailable(f"{shown_dsn(self.dsn)}: {err}") from err
+            raise Unavailable(f"{shown_dsn(self.dsn)}: {scrub(str(err), self.dsn)}") from err
         self._pool = AsyncConnectionPool(
             self.dsn,
             min_size=1,
@@ -519,7 +520,7 @@ class SharedLedger(Ledger):
             self._outage = None
 
     def _unreachable(self, err: BaseException) -> str:
-        return f"the shared record at {shown_dsn(self.dsn)} is unreachable: {_said(err)}"
+        return f"the shared record at {shown_dsn(self.dsn)} is unreachable: {_said(err, self.dsn)}"
 
     def _begin_outage(self, outage: Outage) -> None:
         if self._outage is not None:
@@ -567,7 +568,7 @@ class SharedLedger(Ledger):
                 yield conn
         except (psycopg.OperationalError, PoolTimeout) as err:
             raise LedgerUnwritable(
-                UNREACHABLE, _said(err), 1.0, what="the shared record cannot be read now"
+                UNREACHABLE, _said(err, self.dsn), 1.0, what="the shared record cannot be read now"
             ) from err
 
     async def get(self, seq: int) -> Entry:
@@ -793,7 +794,7 @@ class SharedLedger(Ledger):
                 )
         except psycopg.Error as err:
             raise LedgerUnwritable(
-                UNREACHABLE, _said(err), 1.0, what="no checkpoint was written"
+                UNREACHABLE, _said(err, self.dsn), 1.0, what="no checkpoint was written"
             ) from err
         self._latest = checkpoint
         return checkpoint
@@ -879,7 +880,8 @@ async def _durable(conn: Any) -> None:
     await conn.execute("SET synchronous_commit = on")
 
 
-def _said(err: BaseException) -> str:
-    """A driver error as one line (no DSN, no password: psycopg does not echo them)."""
-    text = str(err).strip().splitlines()
+def _said(err: BaseException, dsn: str) -> str:
+    """A driver error as one line, without the DSN's password (libpq echoes a URI or a token
+    it cannot parse, password and all)."""
+    text = scrub(str(err), dsn).strip().splitlines()
     return (text[0] if text else type(err).__name__)[:300]

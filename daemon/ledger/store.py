@@ -834,7 +834,8 @@ def marks_before(path: Path, pack: int, entries: int) -> int:
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    with contextlib.suppress(FileNotFoundError, ValueError):
+    # derived, checked not trusted: a damaged one (nested past json's limit too) reads as none
+    with contextlib.suppress(FileNotFoundError, ValueError, RecursionError):
         data = json.loads(path.read_bytes())
         if isinstance(data, dict):
             return data

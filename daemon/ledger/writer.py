@@ -661,6 +661,8 @@ class Writer(Handle):
             "pack": self.bodies.mark,
             "bodies": self.bodies.count,
             "redact_from": min(self._unapplied, default=self.tree.size),
+            # a reader that finds no checkpoint file, or an older one, says so (recovery)
+            "signed": 0 if self._latest is None else self._latest.size,
         }
         write_atomic(self.dir / layout.META, json.dumps(meta).encode())
         self._synced = self.tree.size

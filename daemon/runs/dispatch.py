@@ -46,6 +46,19 @@ class Capacity:
         cap = self.lanes.get(lane)
         return self.busy < self.total and (cap is None or self.lane_busy[lane] < cap)
 
+    def why_full(self, lane: str) -> str:
+        """Why a task of `lane` finds no slot now (the setting named, for a person)."""
+        cap = self.lanes.get(lane)
+        if self.busy >= self.total:
+            return (
+                f"waits for capacity: the daemon runs its most tasks at once ({self.total}, "
+                "across all runs)"
+            )
+        return (
+            f"waits for capacity: lane {lane!r} runs its most tasks at once ({cap}, the lane's "
+            "max_concurrency)"
+        )
+
     def try_acquire(self, lane: str) -> bool:
         if not self._fits(lane):
             return False
@@ -158,12 +171,15 @@ async def dispatch(
     done: Collection[str] = (),
     stop_on_failure: bool = True,
     on_skip: Callable[[str, str], Awaitable[None]] | None = None,
+    on_hold: Callable[[dict[str, str]], None] | None = None,
 ) -> Outcome:
     """Run every node once its needs are done. `execute(id)` returns True when the task is done.
 
     An exception from `execute` (a budget stop, a cancellation) cancels the in-flight tasks
     and propagates. With `stop_on_failure`, a failed task stops new starts and cancels the
     rest; otherwise its dependants are skipped (`on_skip(id, reason)`) and the others go on.
+    `on_hold({id: why})` is told, on every change, which ready tasks are held back and why
+    (the daemon-wide cap, a lane's cap, the run's `max_parallel`); `{}` when none is.
     """
     capacity = capacity or Capacity(total=max_parallel)
     outcome = Outcome(done=set(done) & {n.id for n in nodes})
@@ -187,6 +203,7 @@ async def dispatch(
     running: dict[asyncio.Task[bool], str] = {}
     wake = asyncio.Event()
     stopping = False
+    held: dict[str, str] = {}
     try:
         while True:
             if barrier:
@@ -196,14 +213,20 @@ async def dispatch(
                     current_wave += 1
             wake.clear()  # before trying: a slot freed from here on sets it again
             blocked: set[str] = set()  # lanes of ready tasks that found no free slot
+            holding: dict[str, str] = {}
             if not stopping:
                 for node_id in sorted(ready, key=priority.__getitem__):
-                    if len(running) >= max_parallel:
-                        break
                     if barrier and wave_of[node_id] != current_wave:
+                        continue
+                    if len(running) >= max_parallel:
+                        holding[node_id] = (
+                            f"waits for capacity: the run runs its most tasks at once "
+                            f"({max_parallel}, max_parallel)"
+                        )
                         continue
                     if not capacity.try_acquire(by_id[node_id].lane):
                         blocked.add(by_id[node_id].lane)
+                        holding[node_id] = capacity.why_full(by_id[node_id].lane)
                         continue
                     ready.discard(node_id)
                     task = asyncio.ensure_future(execute(node_id))
@@ -213,6 +236,9 @@ async def dispatch(
                 capacity.wait_for(wake, blocked)
             else:
                 capacity.stop_waiting(wake)
+            if holding != held and on_hold is not None:
+                on_hold(dict(holding))
+            held = holding
             if not running and (stopping or not ready):
                 break
             if not any(t.done() for t in running):
@@ -246,6 +272,8 @@ async def dispatch(
                             await on_skip(skipped, f"needs {node_id}, which failed")
     finally:
         capacity.stop_waiting(wake)
+        if held and on_hold is not None:
+            on_hold({})
         for task in running:
             task.cancel()
         for task, node_id in running.items():

@@ -76,6 +76,9 @@ class TaskView(BaseModel):
     """When its last verdict (done or failed) or skip was witnessed."""
     reused_from: str | None = None
     """The run whose done task this one took (a retried run's `task.reuse`)."""
+    held: str | None = None
+    """Live only: why a pending task whose needs are done has not started (a cap on tasks
+    running at once; see `daemon.runs.waits`). Never in the record."""
 
 
 class RunView(BaseModel):

@@ -41,6 +41,7 @@ async def run_plan(s: Setting, run: Run, plan: Plan) -> None:
         done=set(run.outputs),
         stop_on_failure=policy.on_task_failure == "fail",
         on_skip=skip,
+        on_hold=lambda held: s.waits.hold(run.id, held),
     )
     if outcome.failed and (policy.on_task_failure == "fail" or not outcome.done):
         failed = sorted(outcome.failed)

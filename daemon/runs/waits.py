@@ -8,7 +8,9 @@ outputs overlay it (`shown`):
 - a task that started and waits for its lease shows `waiting`;
 - a run with something waiting and nothing executing shows `queued` (at the gate, a run-level
   call such as the classifier or the synthesis waiting for its lease, or every started task
-  waiting for its lease).
+  waiting for its lease);
+- a task ready to start but held back by a cap on tasks at once (the daemon's, its lane's, the
+  run's `max_parallel`) stays `pending` with `held` saying which (`hold`, from the dispatcher).
 Replay (the record alone) never shows either: it rebuilds what was witnessed.
 """
 
@@ -35,7 +37,15 @@ Changed = Callable[[str, "str | None", bool], None]
 class Waits:
     def __init__(self, changed: Changed | None = None) -> None:
         self._by_run: dict[str, Counter[str | None]] = {}
+        self._held: dict[str, dict[str, str]] = {}
         self._changed = changed
+
+    def hold(self, run_id: str, held: dict[str, str]) -> None:
+        """The run's ready tasks held back by a cap now, with why (`{}`: none)."""
+        if held:
+            self._held[run_id] = held
+        else:
+            self._held.pop(run_id, None)
 
     @contextmanager
     def waiting(self, run_id: str, task: str | None) -> Iterator[None]:
@@ -122,12 +132,15 @@ class Waits:
     def shown(self, view: RunView) -> RunView:
         """The view as a person should read it now: a copy with the live waits laid over it
         (the view itself, the record's reduction, is not changed)."""
-        held = self._by_run.get(view.id)
-        if not held or view.state in STOPPED:
+        held = self._by_run.get(view.id) or Counter()
+        capped = self._held.get(view.id) or {}
+        if not (held or capped) or view.state in STOPPED:
             return view
         tasks = [
             t.model_copy(update={"state": "waiting"})
             if t.state == "running" and t.id in held
+            else t.model_copy(update={"held": capped[t.id]})
+            if t.state == "pending" and t.id in capped
             else t
             for t in view.tasks
         ]

@@ -35,7 +35,7 @@ class DigestCache:
     def _load(self) -> dict[str, str]:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # a cache: a damaged one is no cache
             return {}
         return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 

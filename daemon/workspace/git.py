@@ -3,8 +3,11 @@
 A workspace is hostile: its `.git/config` could name an fsmonitor, hooks, filters or diff
 drivers that git would run as the daemon. Every call here clears the global and system
 config, turns fsmonitor and hooks off, and uses only plumbing that reads trees and the index
-(`ls-files`, `ls-tree`, `rev-parse`) on a user's repository. Views are diffed with a git dir
-kept outside the view (the task never sees it), so the task cannot configure git either.
+(`ls-files`, `ls-tree`, `rev-parse`) on a user's repository. The one command that reads and
+writes its working files (`git apply`) runs its content filters, whatever `-c` says by name;
+`disarmed` lists the repository's own filter and merge drivers and blanks each one. Views are
+diffed with a git dir kept outside the view (the task never sees it), so the task cannot
+configure git either.
 """
 
 from __future__ import annotations
@@ -73,6 +76,34 @@ def git(
     if check and done.returncode != 0:
         raise GitFailed(list(args), done.returncode, done.stderr.decode(errors="replace"))
     return done
+
+
+DRIVER_KEYS = ("clean", "smudge", "process")
+
+
+def disarmed(repository: Path) -> tuple[dict[str, str], bool]:
+    """(environment that blanks every content filter the repository's config defines, whether
+    it defines a merge driver). Read with `git config` (which runs nothing); the overrides go
+    through GIT_CONFIG_KEY_n so a driver name holding `=` or dots is passed as it is. A blank
+    `clean`/`smudge`/`process` is no filter (the file is taken byte for byte, as the snapshot
+    took it); a merge driver cannot be blanked, so a caller skips what would merge."""
+    done = git(["config", "--list", "-z", "--name-only"], repository, check=False)
+    overrides: dict[str, str] = {}
+    merge = False
+    for raw in done.stdout.split(b"\0"):
+        key = raw.decode("utf-8", "surrogateescape")
+        section, _, rest = key.partition(".")
+        name, _, leaf = rest.rpartition(".")
+        if section == "filter" and name and leaf in (*DRIVER_KEYS, "required"):
+            overrides |= {f"filter.{name}.{k}": "" for k in DRIVER_KEYS}
+            overrides[f"filter.{name}.required"] = "false"
+        elif section == "merge" and name and leaf == "driver":
+            merge = True
+    env = {"GIT_CONFIG_COUNT": str(len(overrides))}
+    for i, (key, value) in enumerate(overrides.items()):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    return env, merge
 
 
 def toplevel(path: Path) -> Path | None:

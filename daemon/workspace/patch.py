@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from daemon.workspace.git import GitFailed, git, toplevel
+from daemon.workspace.git import GitFailed, disarmed, git, toplevel
 from daemon.workspace.paths import PathRefused, check_relative, join
 from daemon.workspace.record import PatchBody
 from daemon.workspace.view import hashes, touched
@@ -76,13 +76,21 @@ def apply(workspace: Path, body: PatchBody, check: bool) -> Applied:
         )
     data = body.patch.encode("utf-8", "surrogateescape")
     extra = ["--check"] if check else []
-    if toplevel(workspace) is not None:
+    # the repository's own filters would run as the daemon: blanked; its merge drivers
+    # cannot be, so a repository that defines one gets the plain apply (which merges nothing)
+    env, merges = disarmed(workspace)
+    if toplevel(workspace) is not None and not merges:
         try:
-            git(["apply", "--3way", "--whitespace=nowarn", *extra, "-"], workspace, stdin=data)
+            git(
+                ["apply", "--3way", "--whitespace=nowarn", *extra, "-"],
+                workspace,
+                env=env,
+                stdin=data,
+            )
             return Applied(method="git-3way", files=paths)
         except GitFailed:
             pass  # e.g. a touched file's index entry differs from its working copy
-    env = {"GIT_CEILING_DIRECTORIES": str(workspace.parent)}
+    env["GIT_CEILING_DIRECTORIES"] = str(workspace.parent)
     try:
         git(["apply", "--whitespace=nowarn", *extra, "-"], workspace, env=env, stdin=data)
     except GitFailed as exc:

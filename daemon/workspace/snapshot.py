@@ -3,16 +3,22 @@
 Visible: in a git repository, the tracked and untracked-but-not-ignored files; elsewhere every
 file (no `.git` dirs). Never: a path matching `hide`, a special file, a symlink whose target
 leaves the workspace (kept only when it is relative and stays inside). The copy is made
-first (`cp --reflink=auto`, so a copy-on-write file system shares the blocks) and the
-identity is hashed from the copy, so what is witnessed is exactly what the tasks see.
+first (a reflink where the file system shares blocks, else a copy) and the identity is hashed
+from the copy, so what is witnessed is exactly what the tasks see.
+
+The copy opens each file one directory at a time without following a symlink, and takes it
+only if it is the very file (device, inode) that was listed: a directory swapped for a link
+to /etc between the listing and the copy (a process racing the snapshot) is refused, where
+`cp a/b/file` would have followed it and copied what the link names.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import os
 import stat
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +28,9 @@ from daemon.workspace.paths import inside, is_hidden
 from daemon.workspace.record import SnapshotBody
 from roster.models import WorkspacePolicy
 
-COPY_BATCH = 400
+FICLONE = 0x40049409
+"""ioctl: make the destination share the source's blocks (btrfs, XFS; else EOPNOTSUPP)."""
+CHUNK = 1 << 20
 
 
 def allowed(path: str, roots: list[Path], hidden: tuple[Path, ...] = ()) -> Path:
@@ -59,6 +67,8 @@ def allowed(path: str, roots: list[Path], hidden: tuple[Path, ...] = ()) -> Path
 @dataclass
 class _Listing:
     files: list[str] = field(default_factory=list)
+    identity: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """(device, inode) of each listed file, as the listing saw it."""
     links: list[tuple[str, str]] = field(default_factory=list)
     hidden: int = 0
     skipped: list[str] = field(default_factory=list)
@@ -67,6 +77,7 @@ class _Listing:
 
 def take(workspace: Path, policy: WorkspacePolicy, base: Path) -> SnapshotBody:
     """Copy the workspace's visible files into `base` (created) and return their identity."""
+    _unmoved(workspace)  # as `allowed` resolved it: no link on its way now either
     top = toplevel(workspace)
     names = _git_names(workspace) if top is not None else _walk(workspace)
     listing = _Listing()
@@ -85,7 +96,7 @@ def take(workspace: Path, policy: WorkspacePolicy, base: Path) -> SnapshotBody:
                 details={"workspace": str(workspace)},
             )
     base.mkdir(parents=True, exist_ok=False, mode=0o700)
-    _copy(workspace, base, listing.files)
+    _copy(workspace, base, listing.files, listing.identity)
     for name, target in listing.links:
         link = base / name
         link.parent.mkdir(parents=True, exist_ok=True)
@@ -163,33 +174,93 @@ def _classify(workspace: Path, name: str, policy: WorkspacePolicy, listing: _Lis
         listing.skipped.append(f"{name}: not a regular file")
         return
     listing.files.append(name)
+    listing.identity[name] = (info.st_dev, info.st_ino)
     listing.bytes += info.st_size
 
 
-def _copy(workspace: Path, base: Path, names: list[str]) -> None:
-    for i in range(0, len(names), COPY_BATCH):
-        batch = names[i : i + COPY_BATCH]
-        done = subprocess.run(
-            [
-                "cp",
-                "--reflink=auto",
-                "--no-dereference",
-                "--preserve=mode,timestamps",
-                "--parents",
-                "-t",
-                str(base),
-                "--",
-                *batch,
-            ],
-            cwd=workspace,
-            capture_output=True,
-            check=False,
+def _copy(
+    workspace: Path, base: Path, names: list[str], identity: dict[str, tuple[int, int]]
+) -> None:
+    root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _unmoved(workspace)  # the dir just opened is the one allowed: files are read from it
+        for name in names:
+            try:
+                _copy_one(root, base, name, identity[name])
+            except OSError as err:
+                why = "a symlink" if err.errno == errno.ELOOP else err.strerror
+                raise InvalidInput(
+                    f"workspace {workspace}: {name!r} changed while it was copied ({why}); "
+                    "submit again once nothing is changing it",
+                    details={"workspace": str(workspace), "file": name},
+                ) from None
+    finally:
+        os.close(root)
+
+
+def _unmoved(workspace: Path) -> None:
+    """InvalidInput if a directory on the workspace's (resolved) path was swapped for a link
+    since it was allowed: its files would be read from wherever the link points."""
+    if os.path.realpath(workspace) != str(workspace):
+        raise InvalidInput(
+            f"workspace {workspace}: its path now goes through a symlink (it changed after it "
+            "was allowed); submit again",
+            details={"workspace": str(workspace)},
         )
-        if done.returncode != 0:
-            raise InvalidInput(
-                f"workspace {workspace}: could not copy its files: "
-                f"{done.stderr.decode(errors='replace').strip()[:300]}"
+
+
+def _copy_one(root: int, base: Path, name: str, listed: tuple[int, int]) -> None:
+    """Copy one listed file, reached from the workspace's fd with no symlink followed."""
+    parts = name.split("/")
+    opened: list[int] = []
+    at = root
+    try:
+        for part in parts[:-1]:
+            at = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at
             )
+            opened.append(at)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        src = os.open(parts[-1], flags, dir_fd=at)
+    finally:
+        for fd in opened:
+            os.close(fd)
+    try:
+        st = os.fstat(src)
+        if (st.st_dev, st.st_ino) != listed or not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.ESTALE, "another file than the one listed")
+        target = base / name
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            _clone(src, dst, st.st_size)
+            os.fchmod(dst, st.st_mode & 0o777)
+            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
+def _clone(src: int, dst: int, size: int) -> None:
+    """The source's bytes into dst: shared blocks where the file system can, else a copy of
+    at most `size` bytes (a file that grows while it is copied is cut where it was listed)."""
+    try:
+        fcntl.ioctl(dst, FICLONE, src)
+        if os.fstat(dst).st_size > size:
+            os.ftruncate(dst, size)
+        return
+    except OSError:
+        pass  # not a copy-on-write file system (or another one): copy the bytes
+    left = size
+    while left > 0:
+        chunk = os.read(src, min(CHUNK, left))
+        if not chunk:
+            break
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst, view) :]
+        left -= len(chunk)
 
 
 def manifest_of(root: Path) -> tuple[str, dict[str, str]]:

@@ -19,6 +19,7 @@ import atexit
 import contextlib
 import gc
 import os
+import re
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -91,6 +92,44 @@ class _Stdout:
         return getattr(self._inner, name)
 
 
+_CONTROLS = re.compile(
+    "\x1b\\[K|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
+"""What a terminal would obey rather than show: C0 and C1 controls (ESC starts every escape
+sequence: colours, the title, OSC 52 writes the clipboard) and the bidi overrides that reorder
+what is shown. Newline, tab and carriage return pass; so does the CLI's own erase-line."""
+
+
+def _shown(match: re.Match[str]) -> str:
+    found = match.group()
+    if found == "\x1b[K":
+        return found
+    code = ord(found)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+class _Terminal:
+    """A terminal's stream, showing the control characters in what it prints (a model's answer,
+    a request a client sent, a model server's log, a file name) instead of obeying them."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        self._inner.write(_CONTROLS.sub(_shown, text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _terminal(stream: Any) -> Any:
+    try:
+        return _Terminal(stream) if stream.isatty() else stream
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return stream
+
+
 def _quiet_stdout() -> int:
     """Point fd 1 at /dev/null: the interpreter's last flush then has nowhere to fail."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -104,14 +143,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     atexit.unregister(gc.freeze)  # once, however often main runs in one process (tests)
     atexit.register(gc.freeze)  # runs before the exit-time collections, not when main returns
     gc.set_threshold(*GC_STARTING)
-    stdout = sys.stdout
-    sys.stdout = _Stdout(stdout)
+    stdout, stderr = sys.stdout, sys.stderr
+    sys.stdout = _Stdout(_terminal(stdout))
+    sys.stderr = _terminal(stderr)
     try:
         return _dispatch(argv)
     except PipeClosed:  # handled here once, for every command
         return _quiet_stdout()
     finally:
-        sys.stdout = stdout
+        sys.stdout, sys.stderr = stdout, stderr
         gc.set_threshold(*GC_DEFAULT)
 
 

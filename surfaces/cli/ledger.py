@@ -469,7 +469,7 @@ def _note_text(name: str, text: str) -> str:
         return text
     try:
         saved = json.loads(text)
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:  # nested past json's limit: not a checkpoint
         raise UsageError(f"cannot read checkpoint {name}: not JSON: {err}") from err
     note = saved.get("note") if isinstance(saved, dict) else None
     if not isinstance(note, str):

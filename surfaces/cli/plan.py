@@ -42,6 +42,12 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"tally plan: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    except UnicodeDecodeError as exc:
+        print(
+            f"tally plan: {args.file} is not UTF-8 text ({exc.reason} at byte {exc.start})",
+            file=sys.stderr,
+        )
+        return 2
     lanes: list[str] | None = None
     max_parallel: int | None = args.max_parallel
     if not args.any_lane:

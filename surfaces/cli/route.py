@@ -37,7 +37,10 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print JSON (one object per line)")
     parser.add_argument(
-        "--roster", metavar="FILE", default=None, help="default: $TALLY_ROSTER or packaged"
+        "--roster",
+        metavar="FILE",
+        default=None,
+        help="default: $TALLY_ROSTER, else the running daemon's, else the packaged one",
     )
     parser.add_argument(
         "--teach", metavar="LANE", help="add the request to LANE's examples (via the daemon)"
@@ -58,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
     if args.text is None:
         print("tally route: give the request text (or --suggest)", file=sys.stderr)
         return 2
+    served = _served_roster(args)
     try:
-        roster = read_roster(roster_path(args.roster))
+        roster = served or read_roster(roster_path(args.roster))
     except (OSError, RosterError) as error:
         print(f"tally route: cannot load the roster:\n{error}", file=sys.stderr)
         return 2
@@ -71,14 +75,44 @@ def run(args: argparse.Namespace) -> int:
         offline = Likeness(
             member=roster.policy.embeddings,
             used=False,
-            why="tally route --roster runs without the daemon and its pool: keyword scores "
-            "only (the daemon's route tool asks the embedding member)",
+            why="tally route reads the roster, not the daemon's pool: keyword scores only "
+            "(the daemon's route tool asks the embedding member)",
         )
     texts = (line.rstrip("\n") for line in sys.stdin) if args.text == "-" else iter([args.text])
     for text in texts:  # a blank line gets its (escalating) route too: output lines match input
         route = router.route(text, offline)
         print(as_json(route) if args.json else as_text(route), flush=args.text == "-")
     return 0
+
+
+def _served_roster(args: argparse.Namespace) -> Roster | None:
+    """With no --roster and no $TALLY_ROSTER: the running daemon's roster, read from it (the
+    packaged one is not what its submit uses when it serves `--roster FILE`); None when no
+    daemon answers. Routed here, with no model call and nothing witnessed."""
+    import asyncio
+    import os
+
+    if args.roster or os.environ.get("TALLY_ROSTER"):
+        return None
+    if not os.environ.get("TALLY_URL"):  # no socket, no daemon: the HTTP client stays unloaded
+        from daemon.config import default_socket_path
+
+        env = os.environ.get("TALLY_SOCKET")
+        if not (args.socket or (Path(env) if env else default_socket_path())).exists():
+            return None
+    from pydantic import ValidationError
+
+    from roster.models import Roster
+    from surfaces.client import DaemonClient, DaemonDown, DaemonError, Endpoint
+
+    async def fetch() -> Any:
+        async with DaemonClient(Endpoint.from_env(args.socket), timeout=5.0) as client:
+            return (await client.call("roster_get", {}))["roster"]
+
+    try:
+        return Roster.model_validate(asyncio.run(fetch()))
+    except (DaemonDown, DaemonError, OSError, TimeoutError, KeyError, TypeError, ValidationError):
+        return None  # no daemon (or one that cannot say): the packaged roster, as before
 
 
 def _on_daemon(args: argparse.Namespace) -> int:

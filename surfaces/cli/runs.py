@@ -155,7 +155,10 @@ def status_line(run: dict[str, Any]) -> str:
     elif lanes or run.get("lane"):
         parts.append(f"lane {lanes[0] if lanes else run['lane']}")
     if tasks:
-        shown = " ".join(f"{t['id']}:{t.get('state', '?')}" for t in tasks[:6])
+        shown = " ".join(
+            f"{t['id']}:{t.get('state', '?')}{'(capacity)' if t.get('held') else ''}"
+            for t in tasks[:6]
+        )
         more = " …" if len(tasks) > 6 else ""
         parts.append(f"tasks {done}/{len(tasks)} [{shown}{more}]")
     spent = run.get("spent") or {}
@@ -183,7 +186,7 @@ async def submit(args: argparse.Namespace) -> int:
     if args.plan:
         try:
             body["plan"] = json.loads(args.plan.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             print(f"tally: cannot read the plan {args.plan}: {exc}", file=sys.stderr)
             return 2
     if args.max_parallel:
@@ -205,23 +208,29 @@ async def submit(args: argparse.Namespace) -> int:
 
 
 ATTACH_MAX = 90_000
+REQUEST_MAX = 100_000
+"""The submit tool's bound on a request (`SubmitIn.request`)."""
 """Characters of attached files a request may carry (the request's own cap is 100,000)."""
 
 
 def request_text(request: str, files: list[Path]) -> str:
     """The request as typed ('-': stdin), with each `--file` attached under its path."""
-    text = sys.stdin.read() if request == "-" else request
+    # read with a bound: `--file /dev/zero` or a 10 GB log must not fill memory first
+    text = sys.stdin.read(REQUEST_MAX + 1) if request == "-" else request
+    if len(text) > REQUEST_MAX:
+        raise ValueError(f"the request is over {REQUEST_MAX} characters")
     parts = [text.strip()]
     room = ATTACH_MAX
     for path in files:
         try:
-            content = path.read_text(errors="replace")
+            with open(path, encoding="utf-8", errors="replace") as f:
+                content = f.read(room + 1)
         except OSError as exc:
             raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
         if len(content) > room:
             raise ValueError(
-                f"{path} has {len(content)} characters; attached files may hold {ATTACH_MAX} "
-                "in all (use --workspace for a project)"
+                f"{path} has more characters than the {room} left; attached files may hold "
+                f"{ATTACH_MAX} in all (use --workspace for a project)"
             )
         room -= len(content)
         fence = "````" if "```" in content else "```"
@@ -625,6 +634,8 @@ def run_lines(
 
 def _task_head(task: dict[str, Any]) -> str:
     parts = [f"task {task['id']}", task.get("state", "?"), f"lane {task.get('lane') or '-'}"]
+    if task.get("held"):  # pending, ready, held back by a cap on tasks at once: say which
+        parts[1] = f"{parts[1]} ({task['held']})"
     if task.get("member"):
         parts.append(f"member {task['member']}")
     attempts = task.get("attempts") or 0

@@ -204,7 +204,13 @@ def run_serve(args: argparse.Namespace) -> int:
             parse_tcp(settings.tcp, tls=settings.tls, insecure_http=settings.insecure_http)
         tls = tls_paths(settings)
     except (ValueError, TallyError) as exc:
-        print(f"tally serve: {exc}", file=sys.stderr)
+        errors = getattr(exc, "errors", None)  # a Settings ValidationError: the messages only
+        said = (
+            "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in errors())
+            if callable(errors)
+            else exc
+        )
+        print(f"tally serve: {said}", file=sys.stderr)
         return 2
     log_to_file(Path(settings.state_dir))
     token = load_or_create_token(Path(settings.state_dir)) if settings.tcp else None

@@ -18,6 +18,8 @@ from typing import Any
 from daemon import layout
 
 DAEMON_LOG = layout.DAEMON_LOG
+ASK_S = 15.0
+"""How long `tally stop` waits for the daemon to answer before it signals the lock's holder."""
 MEMBER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 """A member name as `--member` may give it (the roster's names are of this shape)."""
 
@@ -40,6 +42,12 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--socket", type=Path, help="daemon socket (default: $TALLY_SOCKET or runtime)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for it to be gone")
+    p.add_argument(
+        "--state",
+        type=Path,
+        help="state directory, for when the socket does not answer: the daemon holding its "
+        "ledger lock is sent SIGTERM (default: as `tally serve`)",
+    )
     p.set_defaults(run=run_stop)
 
 
@@ -141,11 +149,17 @@ def run_stop(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         endpoint = Endpoint.from_env(args.socket)
-        async with DaemonClient(endpoint) as client:
+        # daemon_stop answers at once (the drain follows): one that does not answer is hung
+        async with DaemonClient(endpoint, timeout=min(ASK_S, args.timeout)) as client:
             try:
                 pid = await _local_pid(client, endpoint)
                 body = await client.call("daemon_stop")
-            except DaemonDown:
+            except (DaemonDown, TimeoutError) as exc:
+                if endpoint.socket_path is not None:
+                    return await _stop_by_lock(args, endpoint.where)
+                if isinstance(exc, TimeoutError):
+                    print(f"tally: the daemon at {endpoint.where} does not answer", file=sys.stderr)
+                    return 1
                 print(f"tally: no daemon running at {endpoint.where}", file=sys.stderr)
                 return 0
         if not args.json:
@@ -181,12 +195,97 @@ def run_stop(args: argparse.Namespace) -> int:
     return run_client(main())
 
 
+def lock_holder(state: Path) -> int | None:
+    """The pid of the process holding the state dir's ledger lock (the running daemon), if
+    this user can see it: the lock is held, the pid written in it is alive, and that process
+    has the very lock file open (a stale or forged pid names some other process)."""
+    import fcntl
+
+    lock = state / "ledger" / "lock"
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None  # nobody holds it: no daemon on this state dir
+        except BlockingIOError:
+            pass
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        held = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not text.isdigit() or int(text) <= 1:
+        return None
+    pid = int(text)
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for name in fds:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino):
+            return pid
+    return None
+
+
+async def _stop_by_lock(args: argparse.Namespace, where: str) -> int:
+    """The socket does not answer (removed, or another path): SIGTERM the daemon that holds
+    the state dir's ledger lock (it drains as on Ctrl-C) and wait for it to be gone."""
+    import asyncio
+    import signal
+
+    from daemon.config import default_state_dir
+
+    state = args.state or default_state_dir()
+    pid = lock_holder(state)
+    if pid is None:
+        print(f"tally: no daemon running at {where} (nor one holding {state})", file=sys.stderr)
+        return 0
+    print(
+        f"tally: the daemon does not answer at {where}; sending SIGTERM to pid {pid}, which "
+        f"holds {state / 'ledger' / 'lock'} (it drains its runs as on Ctrl-C)",
+        file=sys.stderr,
+    )
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        print(f"tally: not allowed to signal pid {pid} (another user's daemon)", file=sys.stderr)
+        return 1
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + args.timeout
+    while _alive(pid):
+        if loop.time() >= deadline:
+            print(
+                f"tally: pid {pid} still running after {args.timeout:g} s (`kill -KILL {pid}` "
+                "stops it without a drain; the next start recovers the ledger)",
+                file=sys.stderr,
+            )
+            return 1
+        await asyncio.sleep(0.2)
+    if args.json:
+        print(json.dumps({"stopped": True, "pid": pid, "signal": "SIGTERM"}))
+    else:
+        print("tally: stopped", file=sys.stderr)
+    return 0
+
+
 async def _local_pid(client: Any, endpoint: Any) -> int | None:
     """The daemon's pid when it is on this machine (its unix socket), else None."""
     if endpoint.socket_path is None:
         return None
+    from surfaces.client import DaemonDown
+
     try:
         pid = (await client.call("status"))["daemon"]["pid"]
+    except (DaemonDown, TimeoutError):
+        raise  # no daemon, or a hung one: the caller's to handle
     except Exception:  # an older daemon or a client without `read`: wait for the listener only
         return None
     return pid if isinstance(pid, int) and pid > 0 else None

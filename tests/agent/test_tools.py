@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -155,6 +156,15 @@ def test_rescue_survives_a_hostile_reply(reply: str) -> None:
         rescue(reply)
 
 
+def test_arguments_given_as_a_deeply_nested_string_are_malformed_not_a_crash() -> None:
+    # The reply itself parses; its "arguments" string nests past json's recursion limit: the
+    # RecursionError once escaped the loop's `except Malformed` and ended the attempt.
+    deep = "[" * 30_000 + "]" * 30_000
+    reply = json.dumps({"tool": "read_file", "arguments": deep})
+    with pytest.raises(Malformed, match="not a JSON object"):
+        from_text(reply)
+
+
 async def test_run_refuses_an_argv_the_kernel_cannot_take(tmp_path: Path) -> None:
     async def never(argv: list[str]) -> Any:
         raise AssertionError("not run")
@@ -248,3 +258,11 @@ async def test_optional_arguments_sent_empty_are_absent(tmp_path: Path) -> None:
     assert "to create a file, call write_file" in said
     assert tb.overview(2) == ["a.py (6 bytes)", "docs/b.md (4 bytes)"]
     assert tb.overview(1) is None  # a larger view is not listed up front
+
+
+def test_compacting_a_deeply_nested_old_reply_cuts_it_instead_of_crashing() -> None:
+    from daemon.runs.agent.conversation import _shorten_arguments, _shorten_text_call
+
+    deep = "[" * 30_000 + "]" * 30_000
+    assert json.loads(_shorten_arguments(deep)) == {"cut": "60000 characters of arguments"}
+    assert _shorten_text_call(deep).startswith("[cut: 60,000 characters")

@@ -379,3 +379,67 @@ def test_deep_verify_lists_each_tampered_body_with_why(
         changed: "changed",
         removed: "missing (no redaction witnessed)",
     }
+
+
+def _tree_of_files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("how", ["deleted", "older"])
+def test_verify_reports_a_deleted_or_older_checkpoint_and_changes_nothing(
+    state_dir: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    # A checkpoint vouches for the record; deleting it (or putting an older one back) once
+    # left `ledger verify` saying ok: the file was simply "none yet".
+    build(state_dir, 5)
+    checkpoint = state_dir / "ledger" / "checkpoint"
+    older = checkpoint.read_bytes()
+    build(state_dir, 3)  # a second session: its close signs size 8
+    s = ["--state", str(state_dir)]
+    assert run(capsys, "ledger", "verify", *s)[0] == 0
+    if how == "deleted":
+        checkpoint.unlink()
+    else:
+        checkpoint.write_bytes(older)
+    before = _tree_of_files(state_dir)
+    for deep in ([], ["--deep"]):
+        code, out = run(capsys, "ledger", "verify", "--json", *deep, *s)
+        report = json.loads(out)
+        assert code == 1
+        assert not report["ok"]
+        said = json.dumps(report)
+        assert "meta.json records a signed checkpoint at size 8" in said
+        assert ("is missing" if how == "deleted" else "older one (size 5)") in said
+    code, out = run(capsys, "ledger", "verify", *s)
+    assert code == 1
+    assert "checkpoint" in out
+    assert _tree_of_files(state_dir) == before  # read-only: nothing changed
+
+
+def test_a_since_file_nested_past_jsons_limit_is_the_files_fault_not_the_ledgers(
+    state_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # It once made verify say "FAILED at seq N … (verify stopped: RecursionError …)": a bad
+    # argument reported as a broken record.
+    build(state_dir, 3)
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a": ' + "[" * 30_000 + "]" * 30_000 + "}")
+    code = main(["ledger", "verify", "--state", str(state_dir), "--since", str(deep)])
+    said = capsys.readouterr()
+    assert code == 2
+    assert f"cannot read checkpoint {deep}: not JSON" in said.err
+    assert "FAILED" not in said.out + said.err
+
+
+def test_a_meta_file_nested_past_jsons_limit_reads_as_none(
+    state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # meta.json is derived (checked, not trusted): a damaged one once stopped every open
+    # with a RecursionError.
+    build(state_dir, 3)
+    (state_dir / "ledger" / "meta.json").write_text('{"a": ' + "[" * 30_000 + "]" * 30_000 + "}")
+    assert main(["ledger", "verify", "--state", str(state_dir)]) == 0, capsys.readouterr()
+    build(state_dir, 1)  # the owner opens, and writes a good one back
+    assert main(["ledger", "verify", "--state", str(state_dir)]) == 0

@@ -386,6 +386,24 @@ def test_a_shown_url_never_carries_its_password() -> None:
     assert "s3cret" not in shown_dsn("postgresql://tally:s3cret@/x?host=/tmp/sock")
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://tally:s3cr%zzet@127.0.0.1/x",  # a bad %-escape: libpq quotes the token
+        "postgresql://tally:s3cret@[::1:5432/x",  # an unclosed [: libpq quotes the whole URI
+        "postgresql://tally:s3cr%41et@[::1/x",  # the same, %-encoded
+        "postgresql://tally@[::1/x?password=s3cret",
+    ],
+)
+async def test_an_unparsable_ledger_url_never_shows_its_password(url: str) -> None:
+    code, out, err = await cli("ledger", "verify", "--ledger", url)
+    assert code != 0
+    said = out + err
+    assert "cannot open the shared record" in said, said
+    for secret in ("s3cr", "%41"):
+        assert secret not in said, said
+
+
 async def test_reading_a_database_without_a_record_refuses_and_creates_nothing(
     pg_dsn: str,
 ) -> None:
@@ -398,3 +416,18 @@ async def test_reading_a_database_without_a_record_refuses_and_creates_nothing(
             "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'tally_%'"
         ).fetchone()
     assert found == (0,)
+
+
+async def test_serve_with_a_wrong_ledger_url_names_its_scheme_not_its_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pydantic's error once printed the whole URL (`input_value='mysql://u:s3cret@…'`).
+    where = ["--state", str(tmp_path / "state"), "--socket", str(tmp_path / "s.sock")]
+    code, out, err = await cli("serve", *where, "--ledger", "mysql://u:s3cret@h/db")
+    assert code == 2, out + err
+    assert "names 'mysql', not a PostgreSQL URL" in err, err
+    assert "s3cret" not in out + err
+    monkeypatch.setenv("TALLY_LEDGER", "mysql://u:s3cret@h/db")
+    code, out, err = await cli("serve", *where)
+    assert code == 2, out + err
+    assert "s3cret" not in out + err

@@ -314,3 +314,66 @@ def test_random_large_dag_waves_quickly_enough_to_not_matter() -> None:
     p = plan(*specs)
     check_plan(p, ["backend"])
     assert waves(p, 8).total_tasks == 2000
+
+
+def test_a_plan_file_nested_past_jsons_limit_is_a_problem_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `tally plan deep.json` once ended in a RecursionError (json.loads re-read the text to
+    # name the problem's place after pydantic had refused it).
+    from surfaces.cli import main
+
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"tasks": ' + "[" * 30_000 + "]" * 30_000 + "}")
+    assert main(["plan", str(deep)]) != 0
+    said = capsys.readouterr()
+    assert "recursion limit exceeded" in said.out + said.err
+    assert "RecursionError" not in said.out + said.err
+
+
+def test_a_plan_file_that_is_not_text_or_too_deep_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from surfaces.cli import main
+
+    binary = tmp_path / "plan.json"
+    binary.write_bytes(b"\xa7\x00\xff garbage")
+    assert main(["plan", str(binary)]) == 2
+    assert f"{binary} is not UTF-8 text" in capsys.readouterr().err
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 30_000 + "]" * 30_000)
+    nowhere = str(tmp_path / "no.sock")
+    assert main(["submit", "--socket", nowhere, "--plan", str(deep), "--detach", "x"]) == 2
+    assert f"cannot read the plan {deep}" in capsys.readouterr().err
+
+
+def test_an_endless_or_huge_attachment_is_refused_without_reading_it_all(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `--file /dev/zero` once read until memory ran out before the size was checked.
+    import subprocess
+    import sys
+
+    from surfaces.cli import main
+
+    nowhere = str(tmp_path / "no.sock")
+    assert main(["submit", "--socket", nowhere, "--file", "/dev/zero", "x"]) == 2
+    assert "attached files may hold 90000 in all" in capsys.readouterr().err
+    code = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from surfaces.cli import main\n"
+        f"sys.exit(main(['submit', '--socket', {nowhere!r}, '-']))\n"
+    )
+    with open("/dev/zero", "rb") as zeros:  # stdin that never ends; the child's memory is bound
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            stdin=zeros,
+            cwd=Path(__file__).resolve().parents[2],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.returncode == 2, done.stderr
+    assert "the request is over 100000 characters" in done.stderr

@@ -151,3 +151,16 @@ def test_toml_syntax_errors_are_located_like_the_others(
     lines = (captured.out + captured.err).splitlines()
     assert f"{path}:11:9 models[0].slots: TOML syntax: Invalid value" in lines
     assert "(at line" not in captured.out + captured.err
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a = " + "[" * 5000 + "]" * 5000, "x = {" + "a = {" * 3000 + "}" * 3000 + "}"],
+)
+def test_a_roster_nested_past_the_parsers_limit_is_named_not_a_crash(
+    tmp_path: Path, text: str
+) -> None:
+    from roster.loading import RosterError, load_roster_text
+
+    with pytest.raises(RosterError, match=r"deep\.toml: arrays or inline tables nest too deep"):
+        load_roster_text(text, "deep.toml")

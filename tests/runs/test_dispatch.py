@@ -253,3 +253,83 @@ async def test_command_env_is_allow_listed_and_output_capped(monkeypatch) -> Non
     assert "tally-task-" in outcome.stdout
     assert outcome.truncated
     assert len(outcome.stdout) == 4096
+
+
+async def test_held_tasks_say_which_cap_holds_them_and_the_view_shows_it() -> None:
+    # A ready task held back by a cap on tasks at once once showed "pending" with no reason.
+    from daemon.runs.state import RunView, TaskView
+    from daemon.runs.waits import Waits
+    from surfaces.cli.runs import _task_head, status_line
+
+    capacity = Capacity(total=1, lanes={"docs": 1})
+    told: list[dict[str, str]] = []
+    go = asyncio.Event()
+    started: list[str] = []
+
+    async def execute(task_id: str) -> bool:
+        started.append(task_id)
+        await go.wait()
+        return True
+
+    waits = Waits()
+
+    def hold(held: dict[str, str]) -> None:
+        told.append(held)
+        waits.hold("r1", held)
+
+    run = asyncio.ensure_future(
+        dispatch(
+            [Node("a", "x"), Node("b", "x")],
+            execute,
+            max_parallel=4,
+            capacity=capacity,
+            on_hold=hold,
+        )
+    )
+    while not started:
+        await asyncio.sleep(0.01)
+    held = told[-1]
+    assert list(held) == ["b"]
+    assert held["b"].startswith("waits for capacity: the daemon runs its most tasks at once (1")
+    view = RunView(
+        id="r1",
+        request="q",
+        request_seq=0,
+        created_at_us=1,
+        updated_at_us=1,
+        state="running",
+        tasks=[TaskView(id="a", lane="x", state="running"), TaskView(id="b", lane="x")],
+    )
+    shown = waits.shown(view)
+    assert [t.held for t in shown.tasks] == [None, held["b"]]
+    assert view.tasks[1].held is None  # the record's reduction is not changed
+    line = _task_head(shown.tasks[1].model_dump())
+    assert "pending (waits for capacity: the daemon runs its most tasks at once" in line
+    assert "b:pending(capacity)" in status_line(shown.model_dump())
+    go.set()
+    assert (await asyncio.wait_for(run, 5)).done == {"a", "b"}
+    assert told[-1] == {}
+    assert waits.shown(view) is view  # nothing held: nothing laid over
+
+    # a lane's cap and the run's max_parallel are named too
+    told.clear()
+    go.clear()
+    started.clear()
+    capacity = Capacity(total=8, lanes={"docs": 1})
+    run = asyncio.ensure_future(
+        dispatch(
+            [Node("d1", "docs"), Node("d2", "docs"), Node("x1", "x"), Node("x2", "x")],
+            execute,
+            max_parallel=2,
+            capacity=capacity,
+            on_hold=told.append,
+        )
+    )
+    while len(started) < 2:
+        await asyncio.sleep(0.01)
+    reasons = " | ".join(told[-1].values())
+    assert "lane 'docs' runs its most tasks at once (1, the lane's max_concurrency)" in reasons
+    assert "the run runs its most tasks at once (2, max_parallel)" in reasons
+    go.set()
+    await asyncio.wait_for(run, 5)
+    assert told[-1] == {}

@@ -274,6 +274,9 @@ def test_model_digest_is_checked_and_cached(tmp_path: Path) -> None:
     # a cached digest is trusted while path, size and mtime stay the same
     assert cache.path.exists()
     assert actual in cache.path.read_text()
+    # a damaged cache (nested past json's limit too) is no cache: the file is hashed again
+    cache.path.write_text('{"a": ' + "[" * 30_000 + "]" * 30_000 + "}")
+    assert cache.sha256(model) == actual
 
 
 async def test_a_running_servers_log_is_copy_truncated_past_its_cap(tmp_path: Path) -> None:

@@ -56,3 +56,21 @@ def test_an_unreachable_url_is_said_not_read_from_this_machines_record(
         assert f"cannot reach the tally daemon at {url}: " in err, err
         assert "tally serve" not in err, err
         assert "record" not in err, err
+
+
+@pytest.mark.parametrize("broken", [b'{"version": 1, "clients": [', b"\xff\xfe", b"[1, 2]"])
+def test_a_broken_client_file_is_named_and_never_written_over(
+    tmp_path: Path, broken: bytes
+) -> None:
+    state, nowhere = tmp_path / "state", tmp_path / "no-daemon.sock"
+    where = ["--state", str(state), "--socket", str(nowhere)]
+    assert _tally("client", "add", "ide", "--scope", "submit", *where)[0] == 0
+    path = state / "clients.json"
+    path.write_bytes(broken)
+    for argv in (["list"], ["add", "two", "--scope", "read"], ["revoke", "ide"]):
+        code, out, err = _tally("client", *argv, *where)
+        assert code == 1, (argv, out, err)
+        assert f"client file {path}" in err, err
+        assert "fix it by hand" in err, err
+        assert "ValidationError" not in err, err
+        assert path.read_bytes() == broken

@@ -224,3 +224,42 @@ async def test_openapi_security_is_what_the_server_enforces(tcp: Scoped) -> None
         assert "403" in op["responses"]
     assert doc["paths"]["/healthz"]["get"]["security"] == []
     assert doc["paths"]["/metrics"]["get"]["security"] == [{"bearer": ["read"]}]
+
+
+async def test_a_broken_client_file_refuses_tokens_and_is_never_written_over(
+    tcp: Scoped,
+) -> None:
+    """A client file broken by hand (or damage) once made every TCP request a bare 500 with a
+    traceback in the log, and the CLI print pydantic's dump. Now: tokens are refused (fail
+    closed, a JSON 401), the file is named with what to do, and nothing writes over it."""
+    path = tcp.state / "clients.json"
+    good = path.read_bytes()
+    read = {"Authorization": f"Bearer {tcp.tokens['read']}"}
+    admin = {"Authorization": f"Bearer {tcp.tokens['admin']}"}
+    broken = good[: len(good) // 2]
+    path.write_bytes(broken)
+    async with aiohttp.ClientSession() as http:
+        for url in ("/metrics", "/v1/tools/status"):
+            async with http.post(f"{tcp.url}{url}", json={}, headers=read) as resp:
+                assert resp.status in (401, 405), url
+                assert "error" in await resp.json()
+        async with http.post(f"{tcp.url}/v1/tools/status", json={}, headers=admin) as resp:
+            assert resp.status == 401
+    owner = ["--socket", str(tcp.socket)]  # the socket owner is no client: it is still served
+    code, out, err = await tcp.tally("client", "add", "late", "--scope", "read", *owner)
+    assert code == 1, out + err
+    assert f"client file {path}" in err, err
+    assert "fix it by hand" in err, err
+    code, out, err = await tcp.tally("client", "list", *owner)
+    assert code == 1, out + err
+    assert f"client file {path}" in err, err
+    assert path.read_bytes() == broken  # nothing written over it: its clients are not lost
+    path.write_bytes(good)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{tcp.url}/v1/tools/status", json={}, headers=read) as resp,
+    ):
+        assert resp.status == 200  # fixed: read again at once
+    log = (tcp.state / "logs" / "daemon.log").read_text()
+    assert "Traceback" not in log
+    assert log.count(f"client file {path}") == 1  # told once, not per request

@@ -432,3 +432,23 @@ async def test_the_console_logs_in_from_its_https_origin(served: Served) -> None
         assert await login(await mint(), f"http://{host}") == 403  # not the page's scheme
         assert await login(await mint(), f"https://evil.example:{served.port}") == 403
         assert await login(await mint(), f"https://{host}") == 200
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["AAAA", "MAA=", "MIIBAAAA", "SGVsbG8gd29ybGQ="],  # not DER, an empty SEQUENCE, cut, text
+)
+def test_a_pem_block_that_is_no_certificate_gets_no_fingerprint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str
+) -> None:
+    # Any base64 between the PEM lines once got a "fingerprint" a client would then pin.
+    from daemon.tls import fingerprint
+    from surfaces.cli import main
+
+    pem = f"-----BEGIN CERTIFICATE-----\n{body}\n-----END CERTIFICATE-----\n"
+    with pytest.raises(ValueError, match="not a DER certificate"):
+        fingerprint(pem.encode())
+    path = tmp_path / "cert.pem"
+    path.write_text(pem)
+    assert main(["cert", "--tls-cert", str(path), "--fingerprint"]) == 1
+    assert "not a DER certificate" in capsys.readouterr().err

@@ -171,3 +171,95 @@ def test_a_patch_through_a_symlink_out_is_refused(tmp_path: Path) -> None:
     with pytest.raises(workspace_patch.ApplyRefused, match="symlink"):
         workspace_patch.apply(ws, body, check=False)
     assert hashes(ws, ["l"]) == {"l": None}
+
+
+@pytest.mark.parametrize("merge_driver", [False, True])
+def test_a_repository_s_own_filters_and_merge_driver_never_run(
+    tmp_path: Path, merge_driver: bool
+) -> None:
+    # `git apply` reads and writes the working files through the repository's content
+    # filters (`.git/config` names the command, attributes pick it): a hostile workspace once
+    # ran its clean and smudge commands as the daemon when a run's patch was applied.
+    ws = project(tmp_path)
+    body = _patch_for(tmp_path, ws)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    drivers = ["evil", "we.ird=x"]
+    (ws / ".git" / "info" / "attributes").write_text(
+        "".join(f"* filter={d} merge={d}\n" for d in drivers)
+    )
+    for number, driver in enumerate(drivers):
+        for key in ("clean", "smudge", "process"):
+            git(ws, "config", f"filter.{driver}.{key}", f"touch {marks}/{key}{number}; cat")
+        git(ws, "config", f"filter.{driver}.required", "true")
+        if merge_driver:
+            git(ws, "config", f"merge.{driver}.driver", f"touch {marks}/merge{number}; false")
+    assert workspace_patch.apply(ws, body, check=True).files == ["calc.py"]
+    applied = workspace_patch.apply(ws, body, check=False)
+    assert applied.method == ("git-apply" if merge_driver else "git-3way")
+    assert (ws / "calc.py").read_text() == FIXED
+    assert sorted(os.listdir(marks)) == []
+
+
+@pytest.mark.parametrize("swap", ["dir", "file", "fifo"])
+def test_a_path_swapped_for_a_link_between_listing_and_copy_is_refused(
+    tmp_path: Path, swap: str
+) -> None:
+    # The race: a process swaps a listed directory (or file) for a symlink out of the
+    # workspace after the listing; `cp a/b/file` once followed it and copied what it names.
+    from daemon.workspace import snapshot
+
+    secret = tmp_path / "secret"
+    (secret / "sub").mkdir(parents=True)
+    (secret / "sub" / "key.txt").write_text("the daemon's secret\n")
+    ws = project(tmp_path, repo=False)
+    (ws / "sub").mkdir()
+    (ws / "sub" / "key.txt").write_text("harmless\n")
+    listing = snapshot._Listing()
+    for name in snapshot._walk(ws):
+        snapshot._classify(ws, name, POLICY, listing)
+    assert "sub/key.txt" in listing.files
+    if swap == "dir":
+        os.rename(ws / "sub", tmp_path / "moved")
+        (ws / "sub").symlink_to(secret / "sub")
+    elif swap == "file":
+        (ws / "sub" / "key.txt").unlink()
+        (ws / "sub" / "key.txt").symlink_to(secret / "sub" / "key.txt")
+    else:
+        (ws / "sub" / "key.txt").unlink()
+        os.mkfifo(ws / "sub" / "key.txt")
+    base = tmp_path / "base"
+    base.mkdir()
+    with pytest.raises(InvalidInput, match=r"'sub/key\.txt' changed while it was copied"):
+        snapshot._copy(ws, base, listing.files, listing.identity)
+    copied = [p.read_text() for p in base.rglob("*") if p.is_file()]
+    assert "the daemon's secret\n" not in copied
+
+
+def test_the_copy_keeps_modes_times_and_bytes(tmp_path: Path) -> None:
+    ws = project(tmp_path, repo=False)
+    tool = ws / "bin" / "run.sh"
+    tool.parent.mkdir()
+    tool.write_bytes(b"#!/bin/sh\necho \x00binary\n")
+    tool.chmod(0o755)
+    os.utime(tool, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+    space = RunDirs(tmp_path / "tasks", "rcopy")
+    space.prepare(POLICY.hide)
+    take(ws, POLICY, space.base)
+    copied = space.base / "bin" / "run.sh"
+    assert copied.read_bytes() == tool.read_bytes()
+    assert copied.stat().st_mode & 0o777 == 0o755
+    assert copied.stat().st_mtime_ns == 1_600_000_000_000_000_000
+
+
+def test_a_workspace_swapped_for_a_link_after_it_was_allowed_is_refused(tmp_path: Path) -> None:
+    ws = project(tmp_path, repo=False)
+    real = allowed(str(ws), [tmp_path])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "secret.txt").write_text("not the workspace's\n")
+    os.rename(ws, tmp_path / "moved")
+    ws.symlink_to(elsewhere)  # the path `allowed` resolved now leads elsewhere
+    with pytest.raises(InvalidInput, match="now goes through a symlink"):
+        take(real, POLICY, tmp_path / "base")
+    assert not (tmp_path / "base").exists()

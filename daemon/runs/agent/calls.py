@@ -275,7 +275,7 @@ def _as_call(value: Any, parse: Parse) -> Call:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting past json's limit
             raise Malformed('"arguments" is a string that is not a JSON object') from None
     if not isinstance(name, str):
         raise Malformed('the call names no tool: give "tool" as one of ' + ", ".join(TOOLS))

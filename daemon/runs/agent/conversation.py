@@ -166,18 +166,16 @@ def _stub(message: Message) -> bool:
 
 def _shorten_arguments(raw: str) -> str:
     try:
-        value = json.loads(raw)
-    except ValueError:
+        return json.dumps(_shorten(json.loads(raw)), ensure_ascii=False)
+    except (ValueError, RecursionError):  # a model's arguments may nest past json's limit
         return json.dumps({"cut": f"{len(raw)} characters of arguments"})
-    return json.dumps(_shorten(value), ensure_ascii=False)
 
 
 def _shorten_text_call(text: str) -> str:
     try:
-        value = json.loads(text)
-    except ValueError:
+        return json.dumps(_shorten(json.loads(text)), ensure_ascii=False)
+    except (ValueError, RecursionError):  # a model's reply may nest past json's limit
         return f"[cut: {len(text):,} characters of an old reply]"
-    return json.dumps(_shorten(value), ensure_ascii=False)
 
 
 def _shorten(value: Any) -> Any:

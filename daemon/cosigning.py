@@ -399,7 +399,7 @@ class Cosigner:
                 f"the record here holds {ledger.size} entries, fewer than the checkpoint's "
                 f"{checkpoint.size}: the next period asks again"
             )
-        ours = ledger.root(checkpoint.size)
+        ours = await asyncio.to_thread(ledger.root, checkpoint.size)  # reads stored nodes
         if ours != checkpoint.root:
             here = Witnessed(origin=checkpoint.origin, size=checkpoint.size, root=ours, note="")
             why = (

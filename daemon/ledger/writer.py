@@ -460,7 +460,8 @@ class Writer(Handle):
                 if not pending.future.done():
                     pending.future.set_exception(outcome)
             return
-        self._size += len(outcome)
+        if outcome:  # a shared record's batch may land past entries other daemons appended
+            self._size = max(self._size, outcome[-1].seq + 1)
         for pending, entry in zip(batch, outcome, strict=True):
             if pending.on_commit is not None:
                 _call(pending.on_commit, entry)

@@ -37,6 +37,7 @@ from pydantic.config import JsonDict
 
 from daemon import record as rec
 from daemon.clients import CLIENT_NAME, OWNER, Client, Limits, Scope
+from daemon.cosigning import CosignHealth
 from daemon.errors import (
     Busy,
     Conflict,
@@ -330,6 +331,12 @@ class HealthOut(_Out):
         "fingerprint clients pin), and whether plain HTTP beyond loopback was asked for "
         "(`--insecure-http`). Null: unix socket only.",
     )
+    cosigning: CosignHealth | None = Field(
+        default=None,
+        description="Cosigned checkpoints: per cosigner (a `cosign` member, or a daemon "
+        "sharing the record) the last checkpoint of ours it cosigned, how long ago, the failed "
+        "asks since; whether the latest checkpoint has them all. Null: no cosigners.",
+    )
 
 
 def command_sandbox(daemon: Daemon) -> Literal["bwrap", "none", "off"]:
@@ -353,6 +360,7 @@ async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
         command_sandbox=command_sandbox(daemon),
         loop_lag_worst_s=round(daemon.lag.worst(), 6),
         listener=_listener_for(daemon, ctx),
+        cosigning=await daemon.collector.health(daemon.ledger, daemon.roster),
     )
 
 

@@ -182,10 +182,12 @@ def _add_nodes(conn: Any) -> None:
     if conn.execute("SELECT 1 FROM tally_nodes LIMIT 1").fetchone() is not None:
         return  # another daemon added them while this one waited for the lock
     frontier = Frontier()
-    with conn.cursor().copy("COPY tally_nodes (level, idx, hash) FROM STDIN") as copy:
+    with conn.cursor() as cur:  # between fetches of the leaves' server-side cursor
         for leaves in _leaf_blocks(conn, size):
-            for row in indexed_nodes(frontier, leaves):
-                copy.write_row(row)
+            cur.executemany(
+                "INSERT INTO tally_nodes (level, idx, hash) VALUES (%s, %s, %s)",
+                indexed_nodes(frontier, leaves),
+            )
 
 
 def _leaf_blocks(conn: Any, size: int) -> Iterator[list[bytes]]:
@@ -318,6 +320,14 @@ def _walk(conn: Any, deep: bool) -> VerifyReport:
     expect = 0
     completed: list[tuple[int, int, bytes]] = []  # interior nodes the walk completed
     derived: list[str] = []
+    if not conn.execute("SELECT to_regclass('tally_nodes') IS NOT NULL").fetchone()[0]:
+        warnings.append(
+            "the record has no stored Merkle nodes yet (made before tally_nodes): the first "
+            "daemon that opens it adds them"
+        )
+        nodes_check = False
+    else:
+        nodes_check = True
 
     def failed(seq: int, reason: str) -> VerifyReport:
         return VerifyReport(
@@ -341,7 +351,9 @@ def _walk(conn: Any, deep: bool) -> VerifyReport:
             return failed(seq, f"the stored leaf hash of entry {seq} is not its line's")
         if daemon not in keys:
             return failed(seq, f"entry {seq} names a writer {daemon!r} with no key in the record")
-        completed.extend(n for n in frontier.push(computed) if n[0])
+        done = frontier.push(computed)
+        if nodes_check:
+            completed.extend(n for n in done if n[0])
         if len(completed) >= BATCH_ROWS:
             wrong = _wrong_node(conn, completed)
             if wrong is not None:

@@ -72,6 +72,7 @@ from daemon.ledger.postgres import (
     ensure_schema,
     export_record,
     frontier_at,
+    frontier_coords,
     indexed_nodes,
     joined_keys,
     latest_cosigned,
@@ -377,6 +378,9 @@ class SharedLedger(Ledger):
         """Writer thread: readers check proofs against this frontier from now on."""
         self._frontier = frontier
         self._head = frontier.snapshot()
+        if not self._has_nodes:  # a reader of an old record: its frontier's nodes alone
+            hashes = [h for _, h in self._head[1]]
+            self._nodes = dict(zip(frontier_coords(frontier.size), hashes, strict=True))
 
     def _follow_head(self) -> int:
         """Writer thread: catch up with the entries other daemons appended; the new size."""
@@ -546,11 +550,6 @@ class SharedLedger(Ledger):
 
     def _subtree_for(self, plan: Callable[[Subtree], object]) -> Subtree:
         """The nodes `plan` reads, fetched in one round trip (those not cached yet)."""
-        if not self._has_nodes:
-            raise LedgerFailed(
-                "this shared record was made before tally stored its Merkle nodes: start a "
-                "daemon on it once (it adds them); verify and export work meanwhile"
-            )
         cache = self._nodes
         need: set[tuple[int, int]] = set()
 
@@ -567,6 +566,11 @@ class SharedLedger(Ledger):
             return _ZERO
 
         plan(record)
+        if need and not self._has_nodes:
+            raise LedgerFailed(
+                "this shared record was made before tally stored its Merkle nodes: start a "
+                "daemon on it once (it adds them); verify and export work meanwhile"
+            )
         if need:
             found = self._query(lambda conn: read_nodes(conn, need))
             if len(cache) + len(found) > NODE_CACHE:

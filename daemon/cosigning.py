@@ -77,6 +77,8 @@ INCONSISTENT = rec.CheckpointInconsistent.KIND
 """Witnessed by a cosigner that refused a checkpoint not consistent with what it cosigned."""
 COSIGNED_FILE = "checkpoint.cosigned"
 MAX_PROOF = 64
+HEALTH_READ_S = 1.0
+"""How long `health` waits for the cosignatures stored in a shared record."""
 
 
 class Witnessed(BaseModel):
@@ -567,10 +569,11 @@ class Collector:
         detail = None
         stamps: dict[str, int] = {}
         others: list[str] = []
-        try:
-            held = await held_cosigned(ledger)
-            if isinstance(ledger, SharedLedger):
-                others = sorted(set(await ledger.joined_keys()) - {ledger.name})
+        try:  # bounded: `health` answers at once even while the shared record does not
+            async with asyncio.timeout(HEALTH_READ_S):
+                held = await held_cosigned(ledger)
+                if isinstance(ledger, SharedLedger):
+                    others = sorted(set(await ledger.joined_keys()) - {ledger.name})
         except Exception as err:  # the record unreachable: say so, show what is known here
             held, detail = None, f"{type(err).__name__}: {err}"[:300]
         if (

@@ -23,6 +23,9 @@ together do not race):
   needs, in one round trip (never every leaf hash). A record made before this table is
   migrated by the first daemon that opens it (`ensure_schema`).
 
+One piece (past 500 lines): the schema, its migration and every statement that reads the tables
+without a daemon (verify, export, cosignatures) must agree on the same columns.
+
 Everything here is blocking (psycopg's synchronous driver): the ledger runs it on its writer
 thread (commits) or a worker thread (reads), as the file storage runs its file I/O.
 """

@@ -77,6 +77,8 @@ INCONSISTENT = rec.CheckpointInconsistent.KIND
 """Witnessed by a cosigner that refused a checkpoint not consistent with what it cosigned."""
 COSIGNED_FILE = "checkpoint.cosigned"
 MAX_PROOF = 64
+HEALTH_READ_S = 1.0
+"""How long `health` waits for the cosignatures stored in a shared record."""
 
 
 class Witnessed(BaseModel):
@@ -403,7 +405,7 @@ class Cosigner:
                 f"the record here holds {ledger.size} entries, fewer than the checkpoint's "
                 f"{checkpoint.size}: the next period asks again"
             )
-        ours = ledger.root(checkpoint.size)
+        ours = await asyncio.to_thread(ledger.root, checkpoint.size)  # reads stored nodes
         if ours != checkpoint.root:
             here = Witnessed(origin=checkpoint.origin, size=checkpoint.size, root=ours, note="")
             why = (
@@ -495,12 +497,133 @@ class CollectReport(BaseModel):
     results: list[CosignAsk]
 
 
+class CosignerHealth(BaseModel):
+    """One cosigner of this daemon's checkpoints, as `health` shows it."""
+
+    name: str
+    via: Literal["member", "record"]
+    """`member`: a roster member this daemon asks; `record`: a daemon sharing the record."""
+    last_size: int | None = None
+    """The largest checkpoint of ours it cosigned (that we know of)."""
+    age_s: float | None = None
+    """Seconds since that cosignature (its own timestamp)."""
+    failures: int = 0
+    """Asks that failed since its last cosignature."""
+    reason: str | None = None
+    """Why the last ask failed."""
+
+
+class CosignHealth(BaseModel):
+    """Whether this daemon's latest checkpoint carries the cosignatures it should."""
+
+    checkpoint_size: int | None
+    cosigners: list[CosignerHealth]
+    quorum: int
+    """How many cosigners must cosign the latest checkpoint: every one known here."""
+    cosigned: int
+    """How many cosigned the latest checkpoint."""
+    met: bool
+    detail: str | None = None
+    """What could not be read (the shared record unreachable)."""
+
+
+@dataclass
+class _Asked:
+    size: int | None = None
+    stamp: int | None = None
+    failures: int = 0
+    reason: str | None = None
+
+
 class Collector:
     """The origin's side: remembers the size each member last cosigned, to prove from it."""
 
     def __init__(self) -> None:
         self.sizes: dict[str, int] = {}
+        self.asked: dict[str, _Asked] = {}
+        """Per member: its last cosignature and the failed asks since (for `health`)."""
         self._lock = asyncio.Lock()
+
+    def _note(self, size: int, ask: CosignAsk) -> None:
+        state = self.asked.setdefault(ask.member, _Asked())
+        if ask.status == "cosigned":
+            state.size, state.stamp, state.failures, state.reason = size, ask.timestamp, 0, None
+        else:
+            state.failures += 1
+            state.reason = ask.reason
+
+    async def health(self, ledger: Ledger, roster: Roster) -> CosignHealth | None:
+        """Per cosigner: the last checkpoint it cosigned, how long ago, the failed asks since;
+        and whether the latest checkpoint has them all. None: no cosigners are configured."""
+        from daemon.ledger.cosign import split_note
+        from daemon.ledger.shared import SharedLedger
+
+        members: dict[str, str] = {}  # member name -> its key's name (on its lines)
+        for m in roster.models:
+            if m.tally and m.cosign:
+                try:
+                    members[m.name] = parse_cosigner_vkey(m.tally_key or "")[0]
+                except (CosignError, ValueError):
+                    members[m.name] = m.name
+        shared = isinstance(ledger, SharedLedger)
+        if not members and not shared:
+            return None
+        latest = ledger.latest_checkpoint()
+        now = time.time()
+        detail = None
+        stamps: dict[str, int] = {}
+        others: list[str] = []
+        try:  # bounded: `health` answers at once even while the shared record does not
+            async with asyncio.timeout(HEALTH_READ_S):
+                held = await held_cosigned(ledger)
+                if isinstance(ledger, SharedLedger):
+                    others = sorted(set(await ledger.joined_keys()) - {ledger.name})
+        except Exception as err:  # the record unreachable: say so, show what is known here
+            held, detail = None, f"{type(err).__name__}: {err}"[:300]
+        if (
+            held is not None
+            and latest is not None
+            and held.partition("\n\n")[0] == (latest.note.partition("\n\n")[0])
+        ):
+            try:
+                for line in split_note(held)[1][1:]:
+                    name = line.removeprefix("— ").split(" ", 1)[0]
+                    stamps[name] = int.from_bytes(_raw(line)[4:12], "big")
+            except (CosignError, ValueError):
+                pass
+        out: list[CosignerHealth] = []
+        for name, key in members.items():
+            state = self.asked.get(name, _Asked())
+            stamp = stamps.get(key, state.stamp)
+            out.append(
+                CosignerHealth(
+                    name=name,
+                    via="member",
+                    last_size=latest.size if key in stamps and latest else state.size,
+                    age_s=None if stamp is None else round(max(0.0, now - stamp), 1),
+                    failures=state.failures,
+                    reason=state.reason,
+                )
+            )
+        for name in others:
+            stamp = stamps.get(name)
+            out.append(
+                CosignerHealth(
+                    name=name,
+                    via="record",
+                    last_size=latest.size if stamp is not None and latest else None,
+                    age_s=None if stamp is None else round(max(0.0, now - stamp), 1),
+                )
+            )
+        cosigned = sum(1 for c in out if members.get(c.name, c.name) in stamps)
+        return CosignHealth(
+            checkpoint_size=None if latest is None else latest.size,
+            cosigners=out,
+            quorum=len(out),
+            cosigned=cosigned,
+            met=latest is not None and cosigned >= len(out),
+            detail=detail,
+        )
 
     async def collect(self, ledger: Ledger, roster: Roster) -> CollectReport:
         from daemon.remotes import _Remote
@@ -520,6 +643,7 @@ class Collector:
                 for member in members:
                     remote = _Remote(member, session)
                     ask = await self._ask(ledger, remote, checkpoint)
+                    self._note(checkpoint.size, ask[0])
                     results.append(ask[0])
                     if ask[1] is not None:
                         lines.append(ask[1])
@@ -594,6 +718,13 @@ async def _store_shared(ledger: Ledger, checkpoint: Checkpoint, lines: list[str]
         await ledger.store_cosignature(ledger.name, checkpoint.size, line, cosigner=name)
 
 
+def _raw(line: str) -> bytes:
+    """A signature line's decoded bytes (key id, timestamp, signature)."""
+    import base64
+
+    return base64.b64decode(line.rsplit(" ", 1)[-1], validate=True)
+
+
 def _object(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
@@ -640,6 +771,7 @@ __all__ = [
     "INCONSISTENT",
     "CollectReport",
     "Collector",
+    "CosignHealth",
     "Cosigner",
     "Peer",
     "cosigner_vkey",

@@ -6,6 +6,9 @@ state declared (with who may change what) in `handle`:
 - `writer`: group commit, rollback and outages, redaction; it states the durability invariant;
 - `reader`: reads and proofs;
 - here: the lifecycle (open, close, abandon) and checkpoints.
+The storage operations these parts call (commit a batch, read lines, bodies and nodes, probe,
+checkpoint) form the `storage.Storage` interface: here they are the file storage's; the shared
+record on PostgreSQL (`shared`) provides them over its tables under the same writer and reader.
 Self-contained parts: `journal` (the write-ahead journal), `store` (file formats), `audit`
 (verify), `outage`, `checkpoint`, `summary` (aggregates over the record).
 

@@ -36,8 +36,17 @@ REASONS = {
 }
 
 
+class Unreachable(OSError):
+    """A storage on the network (the shared record's database) did not answer, or lost the
+    connection: an outage like a full disk, with its own reason code."""
+
+    REASON = "database_unreachable"
+
+
 def classify(err: OSError) -> tuple[str, str]:
     """(reason, detail): a stable reason code for clients and metrics, and a readable detail."""
+    if isinstance(err, Unreachable):
+        return Unreachable.REASON, str(err)
     reason = REASONS.get(err.errno or 0, "os_error")
     name = errno.errorcode.get(err.errno or 0, "")
     detail = f"{err.strerror or err}" + (f" ({name})" if name else "")

@@ -17,6 +17,17 @@ together do not race):
   `ledger.join` entry (the record's own witness of the key).
 - `tally_checkpoints`: every signed checkpoint note, by daemon and size. Cosignatures (C2SP
   tlog-cosignature) attach to these rows: `tally_cosignatures` is their place.
+- `tally_nodes`: the Merkle tree's complete subtree hashes above the leaves, by (level,
+  index), written in the same statement as the entries that complete them. A daemon opens on
+  the O(log n) nodes of the head's frontier and a proof reads only the O(log n) nodes it
+  needs, in one round trip (never every leaf hash). A record made before this table is
+  migrated by the first daemon that opens it (`ensure_schema`).
+
+One piece (past 500 lines): the schema, its migration and every statement that reads the tables
+without a daemon (verify, export, cosignatures) must agree on the same columns.
+
+Everything here is blocking (psycopg's synchronous driver): the ledger runs it on its writer
+thread (commits) or a worker thread (reads), as the file storage runs its file I/O.
 """
 
 from __future__ import annotations
@@ -28,16 +39,16 @@ import json
 import os
 import re
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from daemon import layout
 from daemon.errors import InvalidInput
-from daemon.ledger.audit import TAMPERED_BODIES, VerifyReport
+from daemon.ledger.audit import DERIVED, TAMPERED_BODIES, VerifyReport
 from daemon.ledger.checkpoint import CheckpointError, parse_note, verify_note
 from daemon.ledger.entry import GENESIS_PREV, Entry
-from daemon.ledger.merkle import EMPTY_ROOT, Frontier, node_hash, split_point
+from daemon.ledger.merkle import Frontier
 from daemon.ledger.store import PACK_HEADER, REDACTED
 
 SCHEMA_LOCK = 0x7A11_7EC0  # pg_advisory_xact_lock key while the tables are created
@@ -91,6 +102,12 @@ CREATE TABLE IF NOT EXISTS tally_cosignatures (
     signature text NOT NULL,
     PRIMARY KEY (daemon, size, cosigner),
     FOREIGN KEY (daemon, size) REFERENCES tally_checkpoints (daemon, size)
+);
+CREATE TABLE IF NOT EXISTS tally_nodes (
+    level smallint NOT NULL,
+    idx bigint NOT NULL,
+    hash bytea NOT NULL,
+    PRIMARY KEY (level, idx)
 );
 """
 
@@ -151,111 +168,173 @@ def shown_dsn(dsn: str) -> str:
     return f"postgresql://{parts.get('user') or ''}@{host}/{parts.get('dbname') or ''}"
 
 
-async def connect(dsn: str, timeout: float = 5.0) -> Any:
+def connect(dsn: str, timeout: float = 5.0) -> Any:
     """One connection, with what a record needs on every session: commits are durable before
     they return (`synchronous_commit = on`, whatever the server's default)."""
     import psycopg
 
-    conn = await psycopg.AsyncConnection.connect(
-        dsn, connect_timeout=max(1, int(timeout)), autocommit=True
-    )
-    await conn.execute("SET synchronous_commit = on")
+    conn = psycopg.Connection.connect(dsn, connect_timeout=max(1, int(timeout)), autocommit=True)
+    conn.execute("SET synchronous_commit = on")
     return conn
 
 
-async def ensure_schema(conn: Any, readonly: bool = False) -> None:
-    """Create the tables once. When they exist, no DDL runs: `CREATE INDEX IF NOT EXISTS`
-    would take a share lock on the entries and stall the other daemons' appends. A reader
-    (`readonly`) never creates them: a database without them holds no record to read."""
-    cur = await conn.execute("SELECT to_regclass('tally_cosignatures') IS NOT NULL")
-    if (await cur.fetchone())[0]:
-        return
+def ensure_schema(conn: Any, readonly: bool = False) -> bool:
+    """Create the tables once (or add `tally_nodes` to a record made before it). When they
+    exist, no DDL runs: `CREATE INDEX IF NOT EXISTS` would take a share lock on the entries
+    and stall the other daemons' appends. A reader (`readonly`) never creates them: a database
+    without them holds no record to read. Returns whether the record has its stored nodes (a
+    reader of a record made before them reads it, and serves no proof)."""
+    cur = conn.execute(
+        "SELECT to_regclass('tally_cosignatures') IS NOT NULL, "
+        "to_regclass('tally_nodes') IS NOT NULL"
+    )
+    record, nodes = cur.fetchone()
+    if record and nodes:
+        return True
     if readonly:
+        if record:
+            return False
         raise LookupError(
             "no tally record in this database (its tables are missing): check the URL, or "
             "start a daemon with --ledger on it first"
         )
-    async with conn.transaction():
-        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
-        await conn.execute(SCHEMA)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        conn.execute(SCHEMA)
+        if record:
+            _add_nodes(conn)
+    return True
 
 
-class Levels:
-    """The record's Merkle tree in memory: every complete subtree hash, level by level (two
-    hashes per leaf, at most): proofs in O(log n) hashes with no reads."""
-
-    def __init__(self) -> None:
-        self.levels: list[list[bytes]] = [[]]
-        self.frontier = Frontier()
-
-    @property
-    def size(self) -> int:
-        return len(self.levels[0])
-
-    def extend(self, leaves: list[bytes]) -> None:
-        self.levels[0].extend(leaves)
-        for level, digest in self.frontier.push_many(leaves):
-            while len(self.levels) <= level:
-                self.levels.append([])
-            self.levels[level].append(digest)
-
-    def subtree(self, start: int, end: int) -> bytes:
-        n = end - start
-        if n & (n - 1) == 0 and start % n == 0:
-            return self.levels[n.bit_length() - 1][start // n]
-        k = split_point(n)
-        return node_hash(self.subtree(start, start + k), self.subtree(start + k, end))
-
-    def root(self, size: int | None = None) -> bytes:
-        size = self.size if size is None else size
-        if size == self.size:
-            return self.frontier.root()
-        return self.subtree(0, size) if size else EMPTY_ROOT
+def _add_nodes(conn: Any) -> None:
+    """Migration (in `ensure_schema`'s transaction, the head row locked so no daemon appends
+    meanwhile): compute the stored nodes of a record made before `tally_nodes`, once."""
+    cur = conn.execute("SELECT size FROM tally_head FOR UPDATE")
+    size = int(cur.fetchone()[0])
+    if conn.execute("SELECT 1 FROM tally_nodes LIMIT 1").fetchone() is not None:
+        return  # another daemon added them while this one waited for the lock
+    frontier = Frontier()
+    with conn.cursor() as cur:  # between fetches of the leaves' server-side cursor
+        for leaves in _leaf_blocks(conn, size):
+            cur.executemany(
+                "INSERT INTO tally_nodes (level, idx, hash) VALUES (%s, %s, %s)",
+                indexed_nodes(frontier, leaves),
+            )
 
 
-async def rows(conn: Any, query: str, params: tuple[Any, ...] = ()) -> AsyncIterator[Any]:
-    """A large result streamed through a server-side cursor (inside a transaction)."""
-    async with conn.cursor(name="tally_walk") as cur:
+def _leaf_blocks(conn: Any, size: int) -> Iterator[list[bytes]]:
+    with conn.cursor(name="tally_leaves") as cur:
         cur.itersize = BATCH_ROWS
-        await cur.execute(query, params)
-        async for row in cur:
-            yield row
+        cur.execute("SELECT leaf FROM tally_entries WHERE seq < %s ORDER BY seq", (size,))
+        while block := cur.fetchmany(BATCH_ROWS):
+            yield [bytes(leaf) for (leaf,) in block]
 
 
-async def daemons(conn: Any) -> dict[str, str]:
-    cur = await conn.execute("SELECT name, vkey FROM tally_daemons ORDER BY name")
-    return dict(await cur.fetchall())
+def indexed_nodes(frontier: Frontier, leaves: list[bytes]) -> list[tuple[int, int, bytes]]:
+    """Push `leaves` on `frontier`; the interior nodes they complete as (level, index, hash).
+    Nodes of one level come out of `push_many` in index order, the first at size >> level."""
+    size = frontier.size
+    done = frontier.push_many(leaves)
+    at: dict[int, int] = {}
+    out = []
+    for level, digest in done:
+        index = at.get(level, size >> level)
+        at[level] = index + 1
+        out.append((level, index, digest))
+    return out
 
 
-async def checkpoints(conn: Any, upto: int | None = None) -> list[tuple[str, int, str]]:
+def frontier_coords(size: int) -> list[tuple[int, int]]:
+    """(level, index) of the complete subtrees of a tree of `size`, largest first."""
+    coords, start = [], 0
+    for level in range(size.bit_length() - 1, -1, -1):
+        if size >> level & 1:
+            coords.append((level, start >> level))
+            start += 1 << level
+    return coords
+
+
+NODES = """
+SELECT n.level, n.idx, n.hash FROM tally_nodes n
+    JOIN unnest(%(levels)s::smallint[], %(idxs)s::bigint[]) AS w(level, idx)
+    ON n.level = w.level AND n.idx = w.idx
+UNION ALL
+SELECT 0, e.seq, e.leaf FROM tally_entries e WHERE e.seq = ANY(%(seqs)s::bigint[])
+"""
+
+
+def read_nodes(conn: Any, coords: Iterable[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+    """The stored hashes at these (level, index) coordinates (level 0: the entries' leaves),
+    in one round trip; a coordinate the record does not hold is left out."""
+    levels: list[int] = []
+    idxs: list[int] = []
+    seqs: list[int] = []
+    for level, index in coords:
+        if level == 0:
+            seqs.append(index)
+        else:
+            levels.append(level)
+            idxs.append(index)
+    cur = conn.execute(NODES, {"levels": levels, "idxs": idxs, "seqs": seqs})
+    return {(int(lv), int(i)): bytes(h) for lv, i, h in cur.fetchall()}
+
+
+def frontier_at(conn: Any, size: int) -> Frontier:
+    """The record's frontier at `size`, from its O(log n) stored nodes."""
+    coords = frontier_coords(size)
+    found = read_nodes(conn, coords)
+    missing = [c for c in coords if c not in found]
+    if missing:
+        level, index = missing[0]
+        raise LookupError(
+            f"the shared record lacks its stored Merkle node (level {level}, index {index}) "
+            f"at size {size}"
+        )
+    return Frontier(size, [found[c] for c in coords])
+
+
+def rows(conn: Any, query: str, params: tuple[Any, ...] = ()) -> Iterator[Any]:
+    """A large result streamed through a server-side cursor (inside a transaction)."""
+    with conn.cursor(name="tally_walk") as cur:
+        cur.itersize = BATCH_ROWS
+        cur.execute(query, params)
+        yield from cur
+
+
+def daemons(conn: Any) -> dict[str, str]:
+    cur = conn.execute("SELECT name, vkey FROM tally_daemons ORDER BY name")
+    return dict(cur.fetchall())
+
+
+def checkpoints(conn: Any, upto: int | None = None) -> list[tuple[str, int, str]]:
     """(daemon, size, note) of every stored checkpoint (at most `upto` entries), by size."""
-    cur = await conn.execute(
+    cur = conn.execute(
         "SELECT daemon, size, note FROM tally_checkpoints"
         + ("" if upto is None else " WHERE size <= %s")
         + " ORDER BY size, daemon",
         () if upto is None else (upto,),
     )
-    return [(d, int(s), n) for d, s, n in await cur.fetchall()]
+    return [(d, int(s), n) for d, s, n in cur.fetchall()]
 
 
-async def verify_record(conn: Any, deep: bool) -> VerifyReport:
+def verify_record(conn: Any, deep: bool) -> VerifyReport:
     """Walk the whole record in seq order, as `tally ledger verify` walks `entries.jsonl`:
     each line canonical and the entry it claims to be, chained to the one before, its stored
     leaf hash re-computed; the root at every daemon's stored checkpoint, and the checkpoint's
     signature by that daemon's key; with `deep`, every body re-hashed (redacted vs tampered).
     Runs in one REPEATABLE READ transaction: a snapshot, whatever daemons append meanwhile."""
-    async with conn.transaction():
-        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        return await _walk(conn, deep)
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        return _walk(conn, deep)
 
 
-async def _walk(conn: Any, deep: bool) -> VerifyReport:
-    cur = await conn.execute("SELECT size FROM tally_head")
-    size = int((await cur.fetchone())[0])
-    keys = await daemons(conn)
+def _walk(conn: Any, deep: bool) -> VerifyReport:
+    cur = conn.execute("SELECT size FROM tally_head")
+    size = int((cur.fetchone())[0])
+    keys = daemons(conn)
     pending: dict[int, list[tuple[str, str]]] = {}
     warnings: list[str] = []
-    for daemon, at, note in await checkpoints(conn, size):
+    for daemon, at, note in checkpoints(conn, size):
         pending.setdefault(at, []).append((daemon, note))
     frontier = Frontier()
     prev = GENESIS_PREV
@@ -271,13 +350,23 @@ async def _walk(conn: Any, deep: bool) -> VerifyReport:
         else "SELECT seq, line, leaf, daemon, NULL, NULL, NULL FROM tally_entries ORDER BY seq"
     )
     expect = 0
+    completed: list[tuple[int, int, bytes]] = []  # interior nodes the walk completed
+    derived: list[str] = []
+    if not conn.execute("SELECT to_regclass('tally_nodes') IS NOT NULL").fetchone()[0]:
+        warnings.append(
+            "the record has no stored Merkle nodes yet (made before tally_nodes): the first "
+            "daemon that opens it adds them"
+        )
+        nodes_check = False
+    else:
+        nodes_check = True
 
     def failed(seq: int, reason: str) -> VerifyReport:
         return VerifyReport(
             ok=False, size=size, root="", first_bad_seq=seq, reason=reason, warnings=warnings
         )
 
-    async for seq, line, leaf, daemon, data, found, redacted_at in rows(conn, query):
+    for seq, line, leaf, daemon, data, found, redacted_at in rows(conn, query):
         line = bytes(line)
         if seq != expect:
             return failed(expect, f"entry {expect} is missing from the record (next: {seq})")
@@ -294,7 +383,14 @@ async def _walk(conn: Any, deep: bool) -> VerifyReport:
             return failed(seq, f"the stored leaf hash of entry {seq} is not its line's")
         if daemon not in keys:
             return failed(seq, f"entry {seq} names a writer {daemon!r} with no key in the record")
-        frontier.push(computed)
+        done = frontier.push(computed)
+        if nodes_check:
+            completed.extend(n for n in done if n[0])
+        if len(completed) >= BATCH_ROWS:
+            wrong = _wrong_node(conn, completed)
+            if wrong is not None:
+                derived.append(wrong)
+            completed.clear()
         prev = computed.hex()
         expect += 1
         if deep and entry.body is not None:
@@ -320,6 +416,18 @@ async def _walk(conn: Any, deep: bool) -> VerifyReport:
                 )
     if expect != size:
         return failed(expect, f"the record holds {expect} entries, its head says {size}")
+    wrong = _wrong_node(conn, completed)
+    if wrong is not None:
+        derived.append(wrong)
+    if derived:
+        return VerifyReport(
+            ok=False,
+            size=size,
+            root=frontier.root().hex(),
+            reason=DERIVED,
+            derived=derived[:1],
+            warnings=warnings,
+        )
     for digest in redacted:
         if digest not in witnessed:
             tampered.append(digest)
@@ -342,6 +450,19 @@ async def _walk(conn: Any, deep: bool) -> VerifyReport:
     )
 
 
+def _wrong_node(conn: Any, completed: list[tuple[int, int, bytes]]) -> str | None:
+    """The first stored node that is not the one the leaves make (or is missing), as a
+    `derived` problem: the entries are intact, but proofs read these nodes."""
+    if not completed:
+        return None
+    stored = read_nodes(conn, [(level, index) for level, index, _ in completed])
+    for level, index, digest in completed:
+        if stored.get((level, index)) != digest:
+            state = "missing" if (level, index) not in stored else "not the leaves' hash"
+            return f"tally_nodes: the node at level {level}, index {index} is {state}"
+    return None
+
+
 def _check_note(note: str, vkey: str | None, root: bytes) -> str | None:
     if vkey is None:
         return "its daemon has no key in the record"
@@ -354,7 +475,7 @@ def _check_note(note: str, vkey: str | None, root: bytes) -> str | None:
     return None
 
 
-async def export_record(conn: Any, target: Path) -> dict[str, Any]:
+def export_record(conn: Any, target: Path) -> dict[str, Any]:
     """Write the record as a file ledger's layout in `target/ledger/`: `entries.jsonl` (the
     lines, byte for byte), `bodies.pack` (a redacted body zeroed and flagged, as the file
     ledger does it), `checkpoint` + `checkpoint.vkey` (the largest signed checkpoint in the
@@ -368,26 +489,25 @@ async def export_record(conn: Any, target: Path) -> dict[str, Any]:
     if out.exists():
         raise InvalidInput(f"{out} exists: export writes into a new directory")
     out.mkdir(parents=True, mode=0o700)
-    async with conn.transaction():
-        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        cur = await conn.execute("SELECT size FROM tally_head")
-        size = int((await cur.fetchone())[0])
-        keys = await daemons(conn)
-        notes = await checkpoints(conn, size)
-        cosigned = await latest_cosigned(conn, size)
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cur = conn.execute("SELECT size FROM tally_head")
+        size = int((cur.fetchone())[0])
+        keys = daemons(conn)
+        notes = checkpoints(conn, size)
+        cosigned = latest_cosigned(conn, size)
         writers: list[dict[str, Any]] = []
         packed: set[bytes] = set()
         count = 0
-        # Blocking writes on the loop: the export is a CLI command, its loop serves no one else.
         with (
-            open(out / layout.ENTRIES, "wb") as entries,  # noqa: ASYNC230
-            open(out / layout.BODIES_PACK, "wb") as pack,  # noqa: ASYNC230
+            open(out / layout.ENTRIES, "wb") as entries,
+            open(out / layout.BODIES_PACK, "wb") as pack,
         ):
             query = (
                 "SELECT e.seq, e.line, e.daemon, e.body, b.length, b.data FROM tally_entries e "
                 "LEFT JOIN tally_bodies b ON b.digest = e.body WHERE e.seq < %s ORDER BY e.seq"
             )
-            async for seq, line, daemon, body, length, data in rows(conn, query, (size,)):
+            for seq, line, daemon, body, length, data in rows(conn, query, (size,)):
                 entries.write(bytes(line) + b"\n")
                 count += 1
                 if writers and writers[-1]["daemon"] == daemon and writers[-1]["to"] == seq - 1:
@@ -423,7 +543,7 @@ async def export_record(conn: Any, target: Path) -> dict[str, Any]:
     (out / "daemons.json").write_text(
         json.dumps([{"name": n, "vkey": v} for n, v in keys.items()], indent=1) + "\n"
     )
-    with open(out / "writers.jsonl", "w") as f:  # noqa: ASYNC230
+    with open(out / "writers.jsonl", "w") as f:
         for span in writers:
             f.write(json.dumps(span, sort_keys=True) + "\n")
     return {
@@ -449,17 +569,17 @@ def latest_note(notes: list[tuple[str, int, str]]) -> tuple[str, str] | None:
 # ---- cosignatures in the record (`daemon.cosigning.Cosigner.cosign_shared` writes them) ----
 
 
-async def joined_keys(conn: Any) -> dict[str, str]:
+def joined_keys(conn: Any) -> dict[str, str]:
     """Each daemon's verifier key as its own `ledger.join` entry witnesses it in the chain: a
     `tally_daemons` row whose key is not the one its join entry (line and body re-hashed)
     names is left out, so a key slipped into the table alone is never trusted."""
-    cur = await conn.execute(
+    cur = conn.execute(
         "SELECT d.name, d.vkey, e.line, b.data FROM tally_daemons d "
         "JOIN tally_entries e ON e.seq = d.joined_seq AND e.daemon = d.name "
         "JOIN tally_bodies b ON b.digest = e.body ORDER BY d.name"
     )
     keys: dict[str, str] = {}
-    for name, vkey, line, data in await cur.fetchall():
+    for name, vkey, line, data in cur.fetchall():
         try:
             entry = Entry.from_line(bytes(line))
             body = json.loads(bytes(data)) if data is not None else None
@@ -477,21 +597,21 @@ async def joined_keys(conn: Any) -> dict[str, str]:
     return keys
 
 
-async def uncosigned(conn: Any, cosigner: str) -> list[tuple[str, int, str]]:
+def uncosigned(conn: Any, cosigner: str) -> list[tuple[str, int, str]]:
     """(daemon, size, note): each other daemon's latest checkpoint, where it is larger than
     the last one `cosigner` cosigned for that daemon (never an older one: no rollback)."""
-    cur = await conn.execute(
+    cur = conn.execute(
         "SELECT DISTINCT ON (c.daemon) c.daemon, c.size, c.note FROM tally_checkpoints c "
         "WHERE c.daemon <> %(me)s AND c.size > COALESCE((SELECT max(s.size) FROM "
         "tally_cosignatures s WHERE s.daemon = c.daemon AND s.cosigner = %(me)s), -1) "
         "ORDER BY c.daemon, c.size DESC",
         {"me": cosigner},
     )
-    return [(d, int(s), n) for d, s, n in await cur.fetchall()]
+    return [(d, int(s), n) for d, s, n in cur.fetchall()]
 
 
-async def store_cosignature(conn: Any, daemon: str, size: int, cosigner: str, line: str) -> None:
-    await conn.execute(
+def store_cosignature(conn: Any, daemon: str, size: int, cosigner: str, line: str) -> None:
+    conn.execute(
         "INSERT INTO tally_cosignatures (daemon, size, cosigner, signature) "
         "VALUES (%s, %s, %s, %s) ON CONFLICT (daemon, size, cosigner) "
         "DO UPDATE SET signature = EXCLUDED.signature",
@@ -499,36 +619,36 @@ async def store_cosignature(conn: Any, daemon: str, size: int, cosigner: str, li
     )
 
 
-async def latest_cosigned(conn: Any, upto: int | None = None) -> tuple[str, int, str] | None:
+def latest_cosigned(conn: Any, upto: int | None = None) -> tuple[str, int, str] | None:
     """(daemon, size, note with every cosignature line stored for it) of the largest
     checkpoint that carries at least one cosignature (at most `upto` entries), or None.
 
     The lines are attached as stored: a verifier checks each (`verify_quorum`); a line that is
     not a well-formed signature line is left off here and so counts as missing."""
-    cur = await conn.execute(
+    cur = conn.execute(
         "SELECT c.daemon, c.size, c.note FROM tally_checkpoints c WHERE EXISTS (SELECT 1 FROM "
         "tally_cosignatures s WHERE s.daemon = c.daemon AND s.size = c.size)"
         + ("" if upto is None else " AND c.size <= %(upto)s")
         + " ORDER BY c.size DESC, c.daemon LIMIT 1",
         {"upto": upto},
     )
-    row = await cur.fetchone()
+    row = cur.fetchone()
     if row is None:
         return None
     daemon, size, note = row[0], int(row[1]), row[2]
-    return daemon, size, await with_cosignatures(conn, daemon, size, note)
+    return daemon, size, with_cosignatures(conn, daemon, size, note)
 
 
-async def with_cosignatures(conn: Any, daemon: str, size: int, note: str) -> str:
+def with_cosignatures(conn: Any, daemon: str, size: int, note: str) -> str:
     """`note` (daemon's checkpoint at `size`) with every cosignature line stored for it."""
     from daemon.ledger.cosign import CosignError, attach
 
-    cur = await conn.execute(
+    cur = conn.execute(
         "SELECT signature FROM tally_cosignatures WHERE daemon = %s AND size = %s "
         "ORDER BY cosigner",
         (daemon, size),
     )
-    for (line,) in await cur.fetchall():
+    for (line,) in cur.fetchall():
         try:
             note = attach(note, [line])
         except CosignError:

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from pydantic import BaseModel
@@ -45,6 +46,7 @@ from daemon.ledger.handle import Handle
 from daemon.ledger.merkle import (
     EMPTY_ROOT,
     Frontier,
+    Subtree,
     consistency_path,
     inclusion_path,
     leaf_hash,
@@ -54,6 +56,8 @@ from daemon.ledger.merkle import (
 from daemon.ledger.store import INDEX_END, body_digest
 
 log = logging.getLogger(__name__)
+
+EMPTY_HEX = EMPTY_ROOT.hex()
 
 
 _Proof = TypeVar("_Proof", "InclusionProof", "ConsistencyProof")
@@ -87,22 +91,34 @@ class Reader(Handle):
         return await asyncio.to_thread(self._read_entry, seq)
 
     def read_body(self, body_hash: str | None) -> Body:
-        """The body with its state (see `Body`). Blocking: a pread, a SHA-256 and a JSON
+        """The body with its state (see `Body`). Blocking: a read, a SHA-256 and a JSON
         parse; on the event loop use `body` or `read_bodies`, which run it in a thread."""
-        if body_hash is None:
-            return NO_BODY
-        try:
-            digest = bytes.fromhex(body_hash)
-        except ValueError:
-            return Body("missing")
-        data, redacted = self.bodies.read(digest)
-        if redacted:
-            return Body("redacted")
-        if data is None:
-            return Body("missing")
-        if body_digest(data) != digest:
-            return Body("tampered")
-        return Body("present", json.loads(data))
+        return self._bodies_of([body_hash])[0]
+
+    def _bodies_of(self, hashes: Sequence[str | None]) -> list[Body]:
+        """Blocking: the bodies, in order, from one `_stored_bodies` read of the storage."""
+        digests: list[bytes | None] = []
+        for h in hashes:
+            try:
+                digests.append(None if h is None else bytes.fromhex(h))
+            except ValueError:
+                digests.append(None)
+        stored = self._stored_bodies([d for d in digests if d is not None])
+        out: list[Body] = []
+        for h, digest in zip(hashes, digests, strict=True):
+            if h is None:
+                out.append(NO_BODY)
+            elif digest is None:
+                out.append(Body("missing"))
+            else:
+                data, redacted = stored.get(digest, (None, False))
+                out.append(body_state(digest, data, redacted))
+        return out
+
+    def _stored_bodies(self, digests: list[bytes]) -> dict[bytes, tuple[bytes | None, bool]]:
+        """Storage (worker thread): (bytes, redacted) of each body the record holds; bytes
+        None when redacted; a body it does not hold is left out."""
+        return {d: self.bodies.read(d) for d in digests}
 
     async def body(self, body_hash: str | None) -> Body:
         """One body with its state, read in a worker thread."""
@@ -112,7 +128,7 @@ class Reader(Handle):
         """Many bodies in one worker-thread hop, in order (a batch of entries' bodies)."""
         if not any(hashes):
             return [NO_BODY] * len(hashes)
-        return await asyncio.to_thread(lambda: [self.read_body(h) for h in hashes])
+        return await asyncio.to_thread(self._bodies_of, hashes)
 
     async def entries(
         self,
@@ -131,20 +147,15 @@ class Reader(Handle):
         size = self._size
         if limit <= 0 or start >= size:
             return []
-        needles = [
-            f'"{key}":'.encode() + canonical_bytes(value) + b","
-            for key, value in (("kind", kind), ("run", run), ("actor", actor))
-            if value is not None
-        ]
-        shunned = [b'"run":null,'] if in_run else []
-        return await asyncio.to_thread(self._scan, max(start, 0), size, limit, needles, shunned)
+        wanted = EntryFilter(kind, run, actor, in_run)
+        return await asyncio.to_thread(self._scan, max(start, 0), size, limit, wanted)
 
-    def _scan(
-        self, start: int, size: int, limit: int, needles: list[bytes], shunned: list[bytes]
-    ) -> list[Entry]:
-        """Blocks of 4,096 lines; with a filter, `bytes.find` jumps from one line holding the
-        first needle to the next (in C), so a run's few entries among many cost little
-        Python, and many readers at once do not starve the event loop of the GIL."""
+    def _scan(self, start: int, size: int, limit: int, wanted: EntryFilter) -> list[Entry]:
+        """Storage (worker thread): the entries in [start, size) that `wanted` keeps, at
+        most `limit`. Here: blocks of 4,096 lines; with a filter, `bytes.find` jumps from one
+        line holding the first needle to the next (in C), so a run's few entries among many
+        cost little Python, and many readers at once do not starve the event loop of the GIL."""
+        needles, shunned = wanted.needles(), wanted.shunned()
         found: list[Entry] = []
         seq = start
         while seq < size and len(found) < limit:
@@ -260,14 +271,15 @@ class Reader(Handle):
         return rebuilt
 
     def root(self, size: int | None = None) -> str:
-        """The stored tree's root at `size` (proofs use `_trusted_root`, which checks it)."""
+        """The stored tree's root at `size` (proofs use `_trusted_root`, which checks it).
+        Blocking: it reads the stored nodes."""
         size = self._size if size is None else size
         if not 0 <= size <= self._size:
             raise NotFound(f"tree size {size} is beyond the ledger's size {self._size}")
-        return self.tree.subtree(0, size).hex() if size else self.tree.root(0).hex()
+        return self._subtree_for(lambda sub: sub(0, size))(0, size).hex() if size else EMPTY_HEX
 
     def leaf_hash(self, seq: int) -> str:
-        return self.tree.leaf(seq).hex()
+        return self._subtree_for(lambda sub: sub(seq, seq + 1))(seq, seq + 1).hex()
 
     async def inclusion_proof(self, seq: int, size: int | None = None) -> InclusionProof:
         """An RFC 9162 inclusion proof, checked against the writer's root before it is served."""
@@ -283,21 +295,42 @@ class Reader(Handle):
             raise NotFound(f"no consistency proof from size {old} to {new}")
         return await self._checked(lambda: self._consistency(old, new), max(old - 1, 0))
 
-    def _inclusion(self, seq: int, size: int) -> InclusionProof:
-        path = inclusion_path(seq, size, self.tree.subtree)
-        root = self._trusted_root(size)
+    def _subtree_for(self, plan: Callable[[Subtree], object]) -> Subtree:
+        """Storage (worker thread): the subtree hashes a proof reads. `plan` makes the proof's
+        reads on a recorder first, so a storage across a network can fetch all of its nodes in
+        one round trip; the file storage's nodes are local reads (`Tree.subtree`)."""
+        return self.tree.subtree
+
+    def _record_leaf(self, seq: int) -> bytes:
+        """Storage (worker thread): the leaf hash of entry `seq`, re-hashed from its line."""
         start, end = self.tree.span(seq)
-        leaf = leaf_hash(os.pread(self._entries_fd, end - start - 1, start))  # the record's
-        if root_from_inclusion(seq, size, leaf, path) != root:
+        return leaf_hash(os.pread(self._entries_fd, end - start - 1, start))
+
+    def _inclusion(self, seq: int, size: int) -> InclusionProof:
+        head = self._head[0]
+        subtree = self._subtree_for(
+            lambda sub: (inclusion_path(seq, size, sub), _root_reads(size, head, sub))
+        )
+        path = inclusion_path(seq, size, subtree)
+        root = self._trusted_root(size, subtree)
+        if root_from_inclusion(seq, size, self._record_leaf(seq), path) != root:
             raise _Mismatch(f"an inclusion proof of seq {seq} in {size} did not verify")
         return InclusionProof(
             leaf_index=seq, tree_size=size, root=root.hex(), path=[p.hex() for p in path]
         )
 
     def _consistency(self, old: int, new: int) -> ConsistencyProof:
-        path = consistency_path(old, new, self.tree.subtree)
-        new_root = self._trusted_root(new)
-        old_root = self.tree.subtree(0, old) if old else EMPTY_ROOT
+        head = self._head[0]
+        subtree = self._subtree_for(
+            lambda sub: (
+                consistency_path(old, new, sub),
+                _root_reads(new, head, sub),
+                sub(0, old) if old else None,
+            )
+        )
+        path = consistency_path(old, new, subtree)
+        new_root = self._trusted_root(new, subtree)
+        old_root = subtree(0, old) if old else EMPTY_ROOT
         if not verify_consistency(old, new, old_root, new_root, path):
             raise _Mismatch(f"a consistency proof from {old} to {new} did not verify")
         return ConsistencyProof(
@@ -308,15 +341,15 @@ class Reader(Handle):
             path=[p.hex() for p in path],
         )
 
-    def _trusted_root(self, size: int) -> bytes:
+    def _trusted_root(self, size: int, subtree: Subtree) -> bytes:
         """The root at `size`, vouched for by the writer's frontier (`_head`): read from the
         stored nodes, then proven consistent with the head's root. Raises `_Mismatch`."""
         head = self._head
         head_root = Frontier.restore(head).root()
         if size == head[0]:
             return head_root
-        root = self.tree.subtree(0, size) if size else EMPTY_ROOT
-        path = consistency_path(size, head[0], self.tree.subtree)
+        root = subtree(0, size) if size else EMPTY_ROOT
+        path = consistency_path(size, head[0], subtree)
         if not verify_consistency(size, head[0], root, head_root, path):
             raise _Mismatch(f"the stored root at size {size} is not consistent with the head")
         return root
@@ -393,3 +426,51 @@ def _lines_with(block: bytes, needles: list[bytes]) -> Iterator[bytes]:
         if all(n in line for n in rest):
             yield line
         at = block.find(first, end)
+
+
+def _root_reads(size: int, head: int, sub: Subtree) -> object:
+    """The reads `_trusted_root(size)` makes (for `_subtree_for`'s plan)."""
+    if size == head:
+        return None
+    return (sub(0, size) if size else None, consistency_path(size, head, sub))
+
+
+@dataclass(frozen=True, slots=True)
+class EntryFilter:
+    """What `entries` keeps: all the given fields equal, and with `in_run` only entries of
+    some run. One meaning, rendered by each storage: needles in canonical lines for files
+    (`needles`, `shunned`), a WHERE clause for the shared record."""
+
+    kind: str | None = None
+    run: str | None = None
+    actor: str | None = None
+    in_run: bool = False
+
+    def fields(self) -> list[tuple[str, str]]:
+        return [
+            (k, v)
+            for k, v in (("kind", self.kind), ("run", self.run), ("actor", self.actor))
+            if v is not None
+        ]
+
+    def needles(self) -> list[bytes]:
+        """Canonical `"key":value,` fragments every kept line holds."""
+        return [
+            f'"{key}":'.encode() + canonical_bytes(value) + b"," for key, value in self.fields()
+        ]
+
+    def shunned(self) -> list[bytes]:
+        """Fragments no kept line holds."""
+        return [b'"run":null,'] if self.in_run else []
+
+
+def body_state(digest: bytes, data: bytes | None, redacted: bool) -> Body:
+    """A stored body (as a storage returns it) with its state: redacted, missing, tampered
+    (its bytes do not hash to its digest) or present."""
+    if redacted:
+        return Body("redacted")
+    if data is None:
+        return Body("missing")
+    if body_digest(data) != digest:
+        return Body("tampered")
+    return Body("present", json.loads(data))

@@ -253,6 +253,69 @@ def check_append(
         raise InvalidInput(f"not storable in the ledger: {err}") from err
 
 
+@dataclass(slots=True)
+class Encoded:
+    """A batch's canonical lines on a head: what every storage writes (see `encode_batch`)."""
+
+    lines: list[bytes]
+    leaves: list[bytes]
+    ends: list[int]
+    entries: list[Entry]
+    redactions: list[tuple[int, bytes]]
+    prev: str
+    end: int
+
+
+def encode_batch(batch: list[_Pending], seq: int, prev: str, ts: int, end: int = 0) -> Encoded:
+    """The batch's canonical lines on the head (`seq`, `prev`), stamped `ts`: each line, its
+    RFC 9162 leaf hash, where it ends in an entries file starting at `end`, the Entry handed
+    back, and the redactions it witnesses. The one place lines are built, whatever the storage
+    (writer thread)."""
+    # One pass: each line (`entry.fill_line`, inlined: the call costs more than the format),
+    # its leaf hash, where it ends, and the Entry handed back (built as `model_construct`
+    # would, minus its per-field work: every field is checked).
+    sha256, new_entry, version, fields = hashlib.sha256, Entry.__new__, VERSION, _FIELDS
+    lines: list[bytes] = []
+    leaves: list[bytes] = []
+    ends: list[int] = []
+    entries: list[Entry] = []
+    redactions: list[tuple[int, bytes]] = []
+    for p in batch:
+        line = f'{p.head}{prev}{p.tail}{seq},"ts":{ts},"v":{version}}}'.encode()
+        leaf = sha256(b"\x00" + line).digest()
+        leaf_hex = leaf.hex()
+        end += len(line) + 1
+        lines.append(line)
+        leaves.append(leaf)
+        ends.append(end)
+        entry = new_entry(Entry)
+        _set(
+            entry,
+            "__dict__",
+            {
+                "v": version,
+                "seq": seq,
+                "ts": ts,
+                "actor": p.actor,
+                "kind": p.kind,
+                "run": p.run,
+                "parent": p.parent,
+                "body": p.body_hex,
+                "prev": prev,
+                "hash": leaf_hex,
+            },
+        )
+        _set(entry, "__pydantic_fields_set__", fields.copy())
+        _set(entry, "__pydantic_extra__", None)
+        _set(entry, "__pydantic_private__", None)
+        entries.append(entry)
+        if p.redacts is not None:
+            redactions.append((seq, p.redacts))
+        prev = leaf_hex
+        seq += 1
+    return Encoded(lines, leaves, ends, entries, redactions, prev, end)
+
+
 class Writer(Handle):
     """The writer's side of `Ledger` (module doc)."""
 
@@ -267,6 +330,7 @@ class Writer(Handle):
     _loop: asyncio.AbstractEventLoop
     _halted: Outage | None  # writer thread: a batch stalled; refuse batches until a probe ends it
     _broken: LedgerFailed | None  # writer thread: a bug mid-commit; refuse every batch
+    _outage_ends = "the disk takes writes again"  # how an outage ends, for the log
     step_hook: Callable[[str], None] | None = None
     """Fault injection, for tests: called on the writer thread with the name of each step of
     a commit and of a catch-up as it completes ("journal written", "pack written", "entries
@@ -375,6 +439,9 @@ class Writer(Handle):
             except _Stalled as stall:
                 outage = self._halted = stall.outage
                 outcome = stall.outage.error() if stall.entries is None else stall.entries
+            except LedgerFailed as err:  # the storage found the record in a state it cannot extend
+                log.critical("ledger: refusing further appends: %s", err.message)
+                outcome = self._broken = err
             except Exception as err:
                 log.critical("ledger: write or fsync failed, refusing further appends: %s", err)
                 outcome = self._broken = LedgerFailed(f"ledger write failed: {err}")
@@ -394,7 +461,8 @@ class Writer(Handle):
                 if not pending.future.done():
                     pending.future.set_exception(outcome)
             return
-        self._size += len(outcome)
+        if outcome:  # a shared record's batch may land past entries other daemons appended
+            self._size = max(self._size, outcome[-1].seq + 1)
         for pending, entry in zip(batch, outcome, strict=True):
             if pending.on_commit is not None:
                 _call(pending.on_commit, entry)
@@ -438,48 +506,9 @@ class Writer(Handle):
                     assert p.body is not None
                     bodies.stage(digest, p.body)
         bodies.reserve(len(staged))
-        # One pass: each line (`entry.fill_line`, inlined: the call costs more than the
-        # format), its leaf hash, where it ends, and the Entry handed back (built as
-        # `model_construct` would, minus its per-field work: every field is checked).
-        sha256, new_entry, version, fields = hashlib.sha256, Entry.__new__, VERSION, _FIELDS
-        lines: list[bytes] = []
-        leaves: list[bytes] = []
-        ends: list[int] = []
-        entries: list[Entry] = []
-        redactions: list[tuple[int, bytes]] = []
-        for p in batch:
-            line = f'{p.head}{prev}{p.tail}{seq},"ts":{ts},"v":{version}}}'.encode()
-            leaf = sha256(b"\x00" + line).digest()
-            leaf_hex = leaf.hex()
-            end += len(line) + 1
-            lines.append(line)
-            leaves.append(leaf)
-            ends.append(end)
-            entry = new_entry(Entry)
-            _set(
-                entry,
-                "__dict__",
-                {
-                    "v": version,
-                    "seq": seq,
-                    "ts": ts,
-                    "actor": p.actor,
-                    "kind": p.kind,
-                    "run": p.run,
-                    "parent": p.parent,
-                    "body": p.body_hex,
-                    "prev": prev,
-                    "hash": leaf_hex,
-                },
-            )
-            _set(entry, "__pydantic_fields_set__", fields.copy())
-            _set(entry, "__pydantic_extra__", None)
-            _set(entry, "__pydantic_private__", None)
-            entries.append(entry)
-            if p.redacts is not None:
-                redactions.append((seq, p.redacts))
-            prev = leaf_hex
-            seq += 1
+        enc = encode_batch(batch, seq, prev, ts, end)
+        lines, leaves, ends, entries = enc.lines, enc.leaves, enc.ends, enc.entries
+        redactions, prev, end = enc.redactions, enc.prev, enc.end
         lines.append(b"")
         data = b"\n".join(lines)
         pack = bytes(bodies.pending)
@@ -573,8 +602,9 @@ class Writer(Handle):
             return
         self._outage = outage
         log.error(
-            "ledger: cannot write (%s): appends fail with 503 until the disk takes writes again",
+            "ledger: cannot write (%s): appends fail with 503 until %s",
             outage.detail,
+            self._outage_ends,
         )
         if not self._closed:
             self._prober = asyncio.create_task(self._probe_loop(), name="ledger-probe")
@@ -683,14 +713,24 @@ class Writer(Handle):
         self._check_writable()
         if not isinstance(actor, str) or not actor:
             raise InvalidInput("actor must be a non-empty string")
-        if self.bodies.locate(digest) is None:
-            raise NotFound(f"no body {body_hash}")
         try:
             check_text(actor)
             data = canonicalize({"redacted": body_hash, "reason": reason})
         except NotCanonical as err:
             raise InvalidInput(f"not storable in the ledger: {err}") from err
+        if not await asyncio.to_thread(self._has_body, digest):
+            raise NotFound(f"no body {body_hash}")
         entry = await self._enqueue(actor, "redaction", None, None, data, digest)
+        await self._after_redaction(entry, digest)
+        return entry
+
+    def _has_body(self, digest: bytes) -> bool:
+        """Storage (any thread): whether the record holds this body (redacted or not)."""
+        return self.bodies.locate(digest) is not None
+
+    async def _after_redaction(self, entry: Entry, digest: bytes) -> None:
+        """Storage: the `redaction` entry is committed; remove the body (the file storage
+        zeroes it in place, second, as the redaction invariant says)."""
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._executor, self._apply_redaction, entry.seq, digest)
@@ -705,7 +745,6 @@ class Writer(Handle):
                 what=f"the redaction is witnessed (seq {entry.seq}) but the body is not zeroed "
                 "yet; it will be once the disk takes writes again",
             ) from err
-        return entry
 
     def _apply_redaction(self, seq: int, digest: bytes) -> None:
         """Writer thread: zero the body (fsynced), then forget the pending redaction. The

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from pydantic import Field
 
 from daemon import layout
+from daemon.cosigning import CosignHealth
 from daemon.errors import Conflict
 from daemon.tls import Listener
 from daemon.tools.tool import STARTED, Empty, Tool, ToolContext, _Out
@@ -58,6 +59,12 @@ class HealthOut(_Out):
         "fingerprint clients pin), and whether plain HTTP beyond loopback was asked for "
         "(`--insecure-http`). Null: unix socket only.",
     )
+    cosigning: CosignHealth | None = Field(
+        default=None,
+        description="Cosigned checkpoints: per cosigner (a `cosign` member, or a daemon "
+        "sharing the record) the last checkpoint of ours it cosigned, how long ago, the failed "
+        "asks since; whether the latest checkpoint has them all. Null: no cosigners.",
+    )
 
 
 def command_sandbox(daemon: Daemon) -> Literal["bwrap", "none", "off"]:
@@ -81,6 +88,7 @@ async def health(daemon: Daemon, _: Empty, ctx: ToolContext) -> HealthOut:
         command_sandbox=command_sandbox(daemon),
         loop_lag_worst_s=round(daemon.lag.worst(), 6),
         listener=_listener_for(daemon, ctx),
+        cosigning=await daemon.collector.health(daemon.ledger, daemon.roster),
     )
 
 

@@ -201,7 +201,7 @@ def lock_holder(state: Path) -> int | None:
     has the very lock file open (a stale or forged pid names some other process)."""
     import fcntl
 
-    lock = state / "ledger" / "lock"
+    lock = layout.ledger_dir(state) / layout.LOCK
     try:
         fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
@@ -248,7 +248,7 @@ async def _stop_by_lock(args: argparse.Namespace, where: str) -> int:
         return 0
     print(
         f"tally: the daemon does not answer at {where}; sending SIGTERM to pid {pid}, which "
-        f"holds {state / 'ledger' / 'lock'} (it drains its runs as on Ctrl-C)",
+        f"holds {layout.ledger_dir(state) / layout.LOCK} (it drains its runs as on Ctrl-C)",
         file=sys.stderr,
     )
     try:

@@ -1,6 +1,7 @@
 """The shared record's rows of `bench_ledger` (PostgreSQL), beside the file ledger in the same run.
 
-Run alone (bounded, about a minute): `python -m tests.bench.bench_ledger postgres`.
+Run alone (bounded, a few minutes: the open rows fill 100k entries):
+`python -m tests.bench.bench_ledger postgres`.
 A real server from `tests.ledger_pg.server` (temp dir, unix socket, fsync and
 synchronous_commit on), on the same disk as the file ledger's temp dir.
 """
@@ -26,6 +27,7 @@ ROUNDS = 3
 APPENDS = {1: 200, 64: 6400}
 SHARED_EACH = 3200  # per daemon, two daemons
 PROOF_N = 20_000
+OPEN_N = (20_000, 100_000)
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = """
@@ -149,6 +151,8 @@ def rows() -> list[tuple[str, str, str, str]]:
                 await p.close()
 
         (f_inc, f_con), (p_inc, p_con) = asyncio.run(proofs())
+        opens = {n: _open_times(server.create(f"bench{next(names)}"), base, n) for n in OPEN_N}
+        quorum_s, verify_ms = asyncio.run(_cosigning(server.create(f"bench{next(names)}"), base))
     finally:
         server.remove()
         shutil.rmtree(base, ignore_errors=True)
@@ -178,7 +182,85 @@ def rows() -> list[tuple[str, str, str, str]]:
         (f"file ledger consistency proof at {PROOF_N:,} (median)", f"{f_con:.3f} ms", "", ""),
         (f"PostgreSQL consistency proof at {PROOF_N:,} (median)", f"{p_con:.3f} ms", "", ""),
     ]
+    for n, (owner, reader) in opens.items():
+        out.append((f"PostgreSQL open at {n:,}: a daemon (its state dir)", f"{owner:.1f} ms", "",
+                    "O(log n) reads"))  # fmt: skip
+        out.append((f"PostgreSQL open at {n:,}: a reader (verify, export)", f"{reader:.1f} ms",
+                    "", ""))  # fmt: skip
+    out += [
+        (
+            "PostgreSQL cosigning: quorum of 2 (two daemons cosign a third's checkpoint)",
+            f"{quorum_s * 1e3:.1f} ms",
+            "",
+            "",
+        ),
+        ("cosigned checkpoint verification, quorum 2 (median)", f"{verify_ms:.3f} ms", "", ""),
+    ]
     return out
+
+
+def _open_times(dsn: str, base: Path, n: int) -> tuple[float, float]:
+    """Medians of opening a record of `n` entries: a daemon on its own state dir again, and a
+    reader (no state dir). Filled through the ledger (64 writers), in a child process so the
+    opens below start cold like a daemon's."""
+    state = base / f"open{n}"
+
+    async def fill() -> int:
+        ledger = await SharedLedger.open_shared(dsn, state, checkpoint_interval=None)
+        await _filled(ledger, n)
+        await ledger.close()
+        return ledger.size
+
+    size = asyncio.run(fill())
+
+    async def opened(readonly: bool) -> float:
+        t0 = time.perf_counter()
+        ledger = await SharedLedger.open_shared(
+            dsn, None if readonly else state, readonly=readonly, checkpoint_interval=None
+        )
+        took = time.perf_counter() - t0
+        assert ledger.size == size
+        await ledger.abandon()
+        return took
+
+    owner = statistics.median(asyncio.run(opened(False)) for _ in range(5))
+    reader = statistics.median(asyncio.run(opened(True)) for _ in range(5))
+    return owner * 1e3, reader * 1e3
+
+
+async def _cosigning(dsn: str, base: Path) -> tuple[float, float]:
+    """(seconds from a checkpoint to its quorum of 2 cosignatures stored in the record, the
+    two cosigners in turn; median ms to verify the cosigned note with a quorum of 2)."""
+    from daemon.cosigning import Cosigner
+    from daemon.ledger.cosign import verify_quorum
+
+    a, b, c = [
+        await SharedLedger.open_shared(dsn, base / f"cosign-{n}", checkpoint_interval=None)
+        for n in "abc"
+    ]
+    try:
+        took = []
+        for i in range(ROUNDS):
+            await a.append(actor="bench", kind="bench", body={"i": i})
+            await a.checkpoint()
+            t0 = time.perf_counter()
+            for cosigner in (Cosigner(b, same_record=True), Cosigner(c, same_record=True)):
+                got = await cosigner.cosign_shared()
+                assert [r.status for r in got if r.member == a.name] == ["cosigned"], got
+            took.append(time.perf_counter() - t0)
+        note = await a.own_cosigned()
+        assert note is not None
+        keys = {b.name: str(b.vkey), c.name: str(c.vkey)}
+        checks = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            report = verify_quorum(note, keys, 2, origin_vkey=a.vkey)
+            checks.append(time.perf_counter() - t0)
+            assert report.ok, report
+        return statistics.median(took), statistics.median(checks) * 1e3
+    finally:
+        for ledger in (a, b, c):
+            await ledger.close()
 
 
 def print_table(found: list[tuple[str, str, str, str]]) -> None:

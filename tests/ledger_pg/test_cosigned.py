@@ -194,6 +194,20 @@ async def test_daemons_sharing_a_record_cosign_on_their_own(
                 break
             await asyncio.sleep(0.2)
         assert want <= {(d, c) for d, _, c in _rows(pg_dsn)}, _rows(pg_dsn)
+        # `health` names the other daemon as a cosigner through the record; once a's
+        # latest checkpoint carries b's cosignature, the quorum (every cosigner) is met
+        health = None
+        while time.monotonic() < deadline + 8:
+            health = await a.collector.health(a.ledger, a.roster)
+            if health is not None and health.met:
+                break
+            await asyncio.sleep(0.2)
+        assert health is not None
+        assert health.met, health
+        [seen] = health.cosigners
+        assert (seen.name, seen.via) == (b.ledger.name, "record")  # type: ignore[attr-defined]
+        assert seen.last_size == health.checkpoint_size
+        assert seen.age_s is not None
     finally:
         await a.stop()
         await b.stop()

@@ -130,8 +130,25 @@ async def test_a_cosigned_checkpoint_verifies_with_a_quorum_of_2(trio: Trio) -> 
     a = trio.d["a"]
     await _grow(a, 5)
     await a.ledger.checkpoint()
+    status, health = await trio.tool("a", "health", {})  # asked no one yet: no quorum
+    assert status == 200, health
+    cosigning = health["cosigning"]
+    assert (cosigning["quorum"], cosigning["cosigned"], cosigning["met"]) == (2, 0, False)
+    assert [(c["name"], c["via"], c["last_size"]) for c in cosigning["cosigners"]] == [
+        ("b", "member", None),
+        ("c", "member", None),
+    ]
     report = await _collect(trio)
     assert [r["status"] for r in report["results"]] == ["cosigned", "cosigned"], report
+    _, health = await trio.tool("a", "health", {})
+    cosigning = health["cosigning"]
+    assert (cosigning["cosigned"], cosigning["met"]) == (2, True), cosigning
+    for cosigner in cosigning["cosigners"]:
+        assert cosigner["last_size"] == report["size"] == cosigning["checkpoint_size"]
+        assert 0 <= cosigner["age_s"] < 60, cosigner
+        assert cosigner["failures"] == 0, cosigner
+    _, unasked = await trio.tool("b", "health", {})  # b asks no one for cosignatures
+    assert unasked["cosigning"] is None
     # each cosigner witnessed what it cosigned, in its own ledger
     for name in ("b", "c"):
         [entry] = await trio.d[name].ledger.entries(limit=10, kind=COSIGN)
@@ -425,6 +442,7 @@ async def test_a_cosigner_over_tls_with_its_certificate_pinned(
         verdict = verify_quorum(report.note, {"b": str(b.daemon.ledger.vkey)}, 1,
                                 origin_vkey=origin_key)  # fmt: skip
         assert verdict.ok, verdict
+        cosigned_size = report.size
         # another certificate pinned: nothing is sent, the member's answer is a reason
         (tmp_path / "a" / "roster.toml").write_text(text.replace(pin, "sha256:" + "0" * 64))
         await a.reload_roster()
@@ -432,6 +450,12 @@ async def test_a_cosigner_over_tls_with_its_certificate_pinned(
         report = await a.collector.collect(a.ledger, a.roster)
         assert [r.status for r in report.results] == ["failed"], report
         assert "is not the pinned one" in (report.results[0].reason or ""), report
+        health = await a.collector.health(a.ledger, a.roster)  # what `health` shows
+        assert health is not None
+        assert not health.met, health
+        [seen] = health.cosigners
+        assert (seen.name, seen.failures, seen.last_size) == ("b", 1, cosigned_size), health
+        assert "is not the pinned one" in (seen.reason or "")
     finally:
         if b is not None:
             await b.close()

@@ -51,7 +51,7 @@ _MARKERS = frozenset({"about", "on", "regarding", "for", "of", "re", "concerning
 
 _WORD = re.compile(r"[^\W_]+(?:\+\+|#)?")
 _APOSTROPHES = re.compile(r"['’`]")
-_STOP = frozenset(
+STOP = frozenset(
     [
         "a",
         "an",
@@ -259,7 +259,7 @@ def features(word: str) -> tuple[str, tuple[str, ...], float]:
 
 def kept(words: Sequence[str]) -> list[str]:
     """The words that carry meaning: no function words, no single letters."""
-    return [w for w in words if w not in _STOP and (len(w) > 1 or w.isdigit())]
+    return [w for w in words if w not in STOP and (len(w) > 1 or w.isdigit())]
 
 
 def terms(
@@ -273,7 +273,7 @@ def terms(
     shown: dict[str, str] = {}
     get = bm25.get
     for index, word in enumerate(words):
-        if word in _STOP or (len(word) == 1 and not word.isdigit()):
+        if word in STOP or (len(word) == 1 and not word.isdigit()):
             continue
         boost = HEAD_BOOST if index < cut else 1.0
         root, pieces, share = features(word)

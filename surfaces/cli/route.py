@@ -144,7 +144,7 @@ def as_text(route: Route) -> str:
     elif route.scores:
         how = f"escalated, confidence {route.confidence:.3f} (too close to call)"
     else:
-        how = "no lane's words or examples match"
+        how = "no lane's words or examples match it enough"
     lines = [f"decision:   {decision}", f"route:      {how}"]
     for lane, score in route.scores[:3]:
         why = []

@@ -112,7 +112,7 @@ FLOOR = 0.65
 """A lane whose evidence stays below this is not a candidate (with none, `general`): a lone
 everyday word (GENERIC_FACTOR) is not enough."""
 SUPPORT_MIN = 2
-FOREIGN_MAX = 1
+FOREIGN_MAX = 2
 COMMON_DOCS = 3
 """Support: a lane is a candidate only if SUPPORT_MIN of the request's meaningful words point
 at it (its keywords and phrases, the words of its examples and description), or one word

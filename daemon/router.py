@@ -521,7 +521,7 @@ class Router:
         strong: dict[int, set[str]] = {}
         for posting in matches:
             if posting.weight > 0 and posting.words:
-                specific = posting.words - _GENERIC_STEMS
+                specific = {w for w in posting.words - _GENERIC_STEMS if w[0] != _FUNCTION_PHRASE}
                 for lane in posting.lanes:
                     support.setdefault(lane, set()).update(posting.words)
                     strong.setdefault(lane, set()).update(specific)
@@ -687,6 +687,8 @@ def _phrase_at(sequence: tuple[str, ...], position: int, phrase: tuple[str, ...]
 
 
 _GENERIC_STEMS = frozenset(stem(word) for word in GENERIC_WORDS)
+_FUNCTION_PHRASE = "\x02"
+"""Marks the word a phrase of function words stands for (see `_words_of`)."""
 
 
 def _words_of(term: str | tuple[str, ...], written: str) -> frozenset[str]:
@@ -697,6 +699,8 @@ def _words_of(term: str | tuple[str, ...], written: str) -> frozenset[str]:
     words = {features(word)[0] for word in kept(words_of(written))}
     if isinstance(term, str) and (_JOINERS.search(term) or not words):
         words.add(term)  # a compound, or a one-letter language ("r", "c")
+    elif not words:  # a phrase of function words ("why is"): one everyday word of the request
+        words.add(_FUNCTION_PHRASE + " ".join(term))
     return frozenset(words)
 
 

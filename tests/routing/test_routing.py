@@ -347,5 +347,7 @@ def test_default_roster_sends_everyday_requests_to_general() -> None:
         ("add a bloom effect to the glsl post-processing shader", "graphics"),
         ("train a classifier on our support tickets", "ml"),
         ("is it safe to store the api key in localStorage", "security"),
+        # "why is" (a phrase of function words) counts as one everyday word beside "undefined"
+        ("why is my variable undefined inside the callback", "debugging"),
     ]:
         assert router.route(text).decision.lane == lane_name, text

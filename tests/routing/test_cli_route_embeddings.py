@@ -79,11 +79,11 @@ async def offline(path: Path, state: Path, texts: list[str]) -> tuple[int, list[
     return code, [json.loads(line) for line in out.splitlines()], err
 
 
-async def daemon_routes(path: Path, state: Path, texts: list[str]) -> list[Any]:
+async def daemon_routes(text: str, state: Path, texts: list[str]) -> list[Any]:
     """What the daemon's route tool answers: its router is made this way (Daemon._router_of)."""
     from surfaces.cli.route import as_json
 
-    roster = Roster.model_validate(tomllib.loads(path.read_text()))
+    roster = Roster.model_validate(tomllib.loads(text))
     pool = Pool(roster, state)
     await pool.start()
     found = embeddings.of(roster, pool, state)
@@ -106,7 +106,8 @@ async def test_offline_route_asks_the_embedding_member_as_the_daemon_does(tmp_pa
     url = await fake.start()
     try:
         path = tmp_path / "roster.toml"
-        path.write_text(ROSTER.format(url=f"{url}/v1"))
+        text = ROSTER.format(url=f"{url}/v1")
+        path.write_text(text)
         state = tmp_path / "state"
         code, routes, err = await offline(path, state, TEXTS)
         assert code == 0, err
@@ -121,7 +122,7 @@ async def test_offline_route_asks_the_embedding_member_as_the_daemon_does(tmp_pa
         assert {r["input"][0] for r in asked} >= set(TEXTS)  # each request was embedded
         assert (state / "embeddings" / "embed.json").is_file()  # the daemon's cache, made
         # the daemon's path over the same cache: the same routes, field for field
-        again = await daemon_routes(path, state, TEXTS)
+        again = await daemon_routes(text, state, TEXTS)
         assert [without_ms(r) for r in again] == [without_ms(r) for r in routes]
     finally:
         await fake.stop()
@@ -129,10 +130,11 @@ async def test_offline_route_asks_the_embedding_member_as_the_daemon_does(tmp_pa
 
 async def test_offline_route_falls_back_when_the_member_is_down(tmp_path: Path) -> None:
     path = tmp_path / "roster.toml"
-    path.write_text(ROSTER.format(url=f"http://127.0.0.1:{free_port()}/v1"))  # nobody there
+    text = ROSTER.format(url=f"http://127.0.0.1:{free_port()}/v1")  # nobody listens there
+    path.write_text(text)
     code, routes, err = await offline(path, tmp_path / "state", TEXTS)
     assert code == 0, err
-    plain = Router(Roster.model_validate(tomllib.loads(path.read_text())))
+    plain = Router(Roster.model_validate(tomllib.loads(text)))
     for text, route in zip(TEXTS, routes, strict=True):
         embedding = route["embedding"]
         assert not embedding["used"]

@@ -4,8 +4,9 @@ Keywords catch the words a lane's author thought of; users write in their own wo
 typos and other word forms. So each lane also carries example requests (`[[lanes]]
 examples`), and a request is scored against them in two ways, both deterministic:
 
-* **BM25 over lane documents.** A lane's document is its examples, its keywords and phrases,
-  and (at `DESCRIPTION_WEIGHT`) its system prompt, the lane's description. Terms are the
+* **BM25 over lane documents.** A lane's document is its examples and (at
+  `DESCRIPTION_WEIGHT`) its system prompt, the lane's description; its keywords and phrases
+  score apart, in daemon.router. Terms are the
   stemmed words (function words left out) and the character 4-grams of each word (with word
   boundaries, "<summ", "ariz", "ize>"), so "summarise", "sumarize" and "summarizing" meet
   "summarize". A word's n-grams together weigh `NGRAM_SHARE` of its stem, so a word counts

@@ -64,9 +64,9 @@ def classifier_of(roster: Roster) -> str | None:
 
 def decide(roster: Roster, lane: str | None, ranked: Sequence[str]) -> Decision:
     """What submit does with a route that decided `lane` (or None) over the `ranked` lanes."""
-    names = {item.name for item in roster.lanes}
-    if lane is not None:
+    if lane is not None:  # before the set of names: at 1,000 lanes it was a third of a route
         return Decision(lane=lane, source="router", model_call=False)
+    names = {item.name for item in roster.lanes}
     ranked = [name for name in ranked if name in names]
     classifier = classifier_of(roster)
     if classifier is None or not ranked:

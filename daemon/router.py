@@ -510,35 +510,19 @@ class Router:
             return self.route(text)
         return self.route(text, await self.embeddings.compare(text, wait))
 
-    def _support(
-        self, text: str, matches: list[_Posting], query: Query
-    ) -> tuple[dict[int, set[str]], dict[int, set[str]], list[frozenset[str]]]:
-        """Per lane, the request's words (stems, compounds) that point at it: its keywords and
-        phrases, the words of its examples and description; and those of them specific to it
-        (no everyday word, no word of many lanes' examples). And the request's meaningful
-        words, each as the forms it may be matched by ("k-means": "kmean", "k-means", "mean")."""
-        support: dict[int, set[str]] = {}
-        strong: dict[int, set[str]] = {}
-        for posting in matches:
-            if posting.weight > 0 and posting.words:
-                specific = {w for w in posting.words - _GENERIC_STEMS if w[0] != _FUNCTION_PHRASE}
-                for lane in posting.lanes:
-                    support.setdefault(lane, set()).update(posting.words)
-                    strong.setdefault(lane, set()).update(specific)
-        postings = self._examples.postings
-        for word in query.stems:
-            found = postings.get(word, ())
-            common = len(found) >= COMMON_DOCS or word in _GENERIC_STEMS
-            for lane, _ in found:
-                support.setdefault(lane, set()).add(word)
-                if not common:
-                    strong.setdefault(lane, set()).add(word)
-        content = _meaningful(text)
-        for posting in matches:  # a keyword the roster made of a short word ("r", "only")
-            words = posting.words
-            if posting.weight > 0 and words and all(words.isdisjoint(c) for c in content):
-                content.append(words)
-        return support, strong, content
+    @cached_property
+    def _doc_lanes(self) -> dict[str, tuple[frozenset[int], frozenset[int]]]:
+        """Per stem of the lanes' examples and descriptions: the lanes whose documents hold it,
+        and those for which it is specific (held by fewer than COMMON_DOCS lanes, and no
+        everyday word)."""
+        out: dict[str, tuple[frozenset[int], frozenset[int]]] = {}
+        for term, found in self._examples.postings.items():
+            if term.startswith("\x00"):  # a character n-gram, not a word
+                continue
+            lanes = frozenset(lane for lane, _ in found)
+            common = len(lanes) >= COMMON_DOCS or term in _GENERIC_STEMS
+            out[term] = (lanes, frozenset() if common else lanes)
+        return out
 
     def _alike(self, likeness: Likeness | None) -> set[int]:
         """The lanes the embedding member finds the request like (an example above
@@ -557,22 +541,18 @@ class Router:
         terms = normalize(text)
         matches = self._matches(terms)
         totals, query, near = self._evidence(text, matches, likeness)
-        support, strong, content = self._support(text, matches, query)
-        alike = self._alike(likeness)
+        support = _Support(text, matches, self._doc_lanes, self._alike(likeness))
         # Best evidence first, ties by roster order; a request touches a handful of lanes, so
         # sorting them all beats a heap. Below the floor a lane's evidence is noise (a shared
         # everyday word, a few letters in common): it is not a candidate; nor is a lane that
-        # only one word of the request points at, among others that do not (SUPPORT).
-        top = sorted(
-            [
-                (-e, lane)
-                for lane, e in totals.items()
-                if e >= FLOOR
-                and _supported(
-                    support.get(lane, set()), strong.get(lane, set()), content, lane in alike
-                )
-            ]
-        )[: self.top_k]
+        # only one word of the request points at, among others that do not (SUPPORT), which
+        # is checked best first, for as many lanes as it takes to fill the top.
+        top: list[tuple[float, int]] = []
+        for negated, lane in sorted([(-e, lane) for lane, e in totals.items() if e >= FLOOR]):
+            if support.of(lane):
+                top.append((negated, lane))
+                if len(top) == self.top_k:
+                    break
         ranked = [(lane, -negated / (SATURATION - negated)) for negated, lane in top]
         best = ranked[0][1] if ranked else 0.0
         second = ranked[1][1] if len(ranked) > 1 else 0.0
@@ -625,22 +605,62 @@ class Router:
         return scored or list(self.roster.lanes)
 
 
-def _supported(
-    words: set[str], specific: set[str], content: list[frozenset[str]], alike: bool = False
-) -> bool:
-    """Whether enough of the request points at a lane (SUPPORT_MIN, FOREIGN_MAX): `words` are
-    the request's words pointing at it, `specific` those of them that are no everyday word
-    and no word of many lanes' examples; `content`, all the request's meaningful words;
-    `alike`, whether the embedding member finds the request like one of its examples (which
-    counts as one specific word more)."""
-    pointing = [forms for forms in content if not words.isdisjoint(forms)]
-    if len(pointing) + alike >= SUPPORT_MIN:
-        return True
-    if alike:
-        return len(content) - len(pointing) <= FOREIGN_MAX
-    if not pointing or len(content) - len(pointing) > FOREIGN_MAX:
-        return False
-    return not specific.isdisjoint(pointing[0])
+class _Support:
+    """Which lanes enough of one request points at (SUPPORT_MIN, FOREIGN_MAX), worked out lane
+    by lane, only for the lanes a route considers."""
+
+    def __init__(
+        self,
+        text: str,
+        matches: list[_Posting],
+        doc_lanes: dict[str, tuple[frozenset[int], frozenset[int]]],
+        alike: set[int],
+    ) -> None:
+        self.matches = [posting for posting in matches if posting.weight > 0 and posting.words]
+        self.doc_lanes = doc_lanes
+        self.alike = alike
+        content = _meaningful(text)
+        for posting in self.matches:  # a keyword the roster made of a short word ("r", "only")
+            if all(posting.words.isdisjoint(forms) for forms in content):
+                content.append(posting.words)
+        self.content = content
+
+    def of(self, lane: int) -> bool:
+        """Whether the request rests on more than one word of `lane`, or on one word specific
+        to it with few others beside it; the embedding member finding the request like one of
+        its examples (`alike`) counts as one specific word more. A word points at the lane
+        when it is one of the lane's keywords or phrases, or a word of its examples or
+        description; it is specific when it is no everyday word (GENERIC_WORDS, a phrase of
+        function words) and no word of COMMON_DOCS lanes' examples."""
+        words: set[str] = set()
+        specific: set[str] = set()
+        for posting in self.matches:
+            if lane in posting.labels:
+                words |= posting.words
+                specific.update(
+                    w for w in posting.words if w not in _GENERIC_STEMS and w[0] != _FUNCTION_PHRASE
+                )
+        docs = self.doc_lanes
+        pointing = 0
+        specific_one = False
+        for forms in self.content:
+            found = not words.isdisjoint(forms)
+            sure = not specific.isdisjoint(forms)
+            for form in forms:
+                held = docs.get(form)
+                if held is not None and lane in held[0]:
+                    found = True
+                    sure = sure or lane in held[1]
+            if found:
+                pointing += 1
+                specific_one = sure
+        alike = lane in self.alike
+        if pointing + alike >= SUPPORT_MIN:
+            return True
+        foreign = len(self.content) - pointing
+        if alike:
+            return foreign <= FOREIGN_MAX
+        return pointing == 1 and specific_one and foreign <= FOREIGN_MAX
 
 
 def _meaningful(text: str) -> list[frozenset[str]]:

@@ -38,6 +38,11 @@ SAMPLE = int(os.environ["BENCH_SAMPLE"]) if os.environ.get("BENCH_SAMPLE") else 
 bound the run; the example vectors are built whole either way."""
 
 
+KEEP = Path(os.environ["BENCH_STATE"]) if os.environ.get("BENCH_STATE") else None
+"""`BENCH_STATE=DIR`: keep the state dir (the example vectors' cache) there instead of a
+temporary one, so a run cut short by its time bound leaves the vectors for the next."""
+
+
 def sample(subset: list[Example], count: int | None) -> list[Example]:
     if count is None or len(subset) <= count:
         return subset
@@ -77,7 +82,10 @@ async def measure(url: str, state: Path) -> None:
         texts = sorted({e.text for _, subset in chosen for e in subset})
         likeness: dict[str, Likeness] = {}
         walls: list[float] = []
-        for text in texts:
+        print(f"example vectors: {built_s:.0f} s", file=sys.stderr, flush=True)
+        for number, text in enumerate(texts, 1):
+            if number % 50 == 0:
+                print(f"{number}/{len(texts)} requests", file=sys.stderr, flush=True)
             began = time.monotonic()
             likeness[text] = await embeddings.compare(text)
             walls.append((time.monotonic() - began) * 1000)
@@ -129,6 +137,10 @@ def main() -> None:
                     print("skipped: the embeddings server did not start")
                     return
                 time.sleep(0.3)
+        if KEEP is not None:  # the example vectors survive a bounded run, for the next
+            KEEP.mkdir(parents=True, exist_ok=True)
+            asyncio.run(measure(f"http://127.0.0.1:{port}/v1", KEEP))
+            return
         with tempfile.TemporaryDirectory(prefix="tally-bench-embed-") as state:
             asyncio.run(measure(f"http://127.0.0.1:{port}/v1", Path(state)))
     finally:

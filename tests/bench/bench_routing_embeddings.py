@@ -93,8 +93,11 @@ async def measure(url: str, state: Path) -> None:
         calls = [float(item.ms) for item in likeness.values()]
         plain = Router(read_roster())
         both = WithLikeness(Router(roster), likeness)
-        print("| set | keywords alone | with embeddings |")
-        print("|---|---|---|")
+        print(
+            "| set | keywords alone: end-to-end | decided | escalated | off-topic "
+            "| with embeddings: end-to-end | decided | escalated | off-topic |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
         for name, subset in chosen:
             before = end_to_end(plain, subset).row()
             after = end_to_end(both, subset).row()  # type: ignore[arg-type]

@@ -4,8 +4,9 @@ Keywords catch the words a lane's author thought of; users write in their own wo
 typos and other word forms. So each lane also carries example requests (`[[lanes]]
 examples`), and a request is scored against them in two ways, both deterministic:
 
-* **BM25 over lane documents.** A lane's document is its examples, its keywords and phrases,
-  and (at `DESCRIPTION_WEIGHT`) its system prompt, the lane's description. Terms are the
+* **BM25 over lane documents.** A lane's document is its examples and (at
+  `DESCRIPTION_WEIGHT`) its system prompt, the lane's description; its keywords and phrases
+  score apart, in daemon.router. Terms are the
   stemmed words (function words left out) and the character 4-grams of each word (with word
   boundaries, "<summ", "ariz", "ize>"), so "summarise", "sumarize" and "summarizing" meet
   "summarize". A word's n-grams together weigh `NGRAM_SHARE` of its stem, so a word counts
@@ -52,7 +53,7 @@ _MARKERS = frozenset({"about", "on", "regarding", "for", "of", "re", "concerning
 
 _WORD = re.compile(r"[^\W_]+(?:\+\+|#)?")
 _APOSTROPHES = re.compile(r"['’`]")
-_STOP = frozenset(
+STOP = frozenset(
     [
         "a",
         "an",
@@ -258,7 +259,7 @@ def features(word: str) -> tuple[str, tuple[str, ...], float]:
 
 def kept(words: Sequence[str]) -> list[str]:
     """The words that carry meaning: no function words, no single letters."""
-    return [w for w in words if w not in _STOP and (len(w) > 1 or w.isdigit())]
+    return [w for w in words if w not in STOP and (len(w) > 1 or w.isdigit())]
 
 
 def terms(
@@ -272,7 +273,7 @@ def terms(
     shown: dict[str, str] = {}
     get = bm25.get
     for index, word in enumerate(words):
-        if word in _STOP or (len(word) == 1 and not word.isdigit()):
+        if word in STOP or (len(word) == 1 and not word.isdigit()):
             continue
         boost = HEAD_BOOST if index < cut else 1.0
         root, pieces, share = features(word)

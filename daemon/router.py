@@ -53,7 +53,14 @@ embedding (centred cosines); when the member is down or its vectors are still be
 route is scored without it and `Route.embedding` says why.
 
 A lane whose E stays below `FLOOR` is no candidate (a shared everyday word, a few letters in
-common). `Route.decision` (`decide`) is what submit does: the decided lane; else, with no
+common). Nor is a lane that too little of the request points at (`SUPPORT_MIN`,
+`FOREIGN_MAX`): a request is about a lane's work when two of its meaningful words are the
+lane's (keywords, phrases, words of its examples or description), or when its one such word
+is specific to the lane and stands nearly alone ("glsl?"). One word of a lane among several of
+nothing ("when should I prune hydrangeas so they still bloom next year": "bloom" is a graphics
+keyword) is a request about something else: it goes to `general`, as does a request whose
+words are those of the `general` lane's own examples (everyday requests) more than any other
+lane's. `Route.decision` (`decide`) is what submit does: the decided lane; else, with no
 classifier configured, the best-scoring lane, or `general` when no lane reached the floor,
 both with no model call; else the classifier on the best few lanes and `general`.
 """
@@ -103,12 +110,21 @@ EMBED_WEIGHT = 1.0
 EMBED_FROM = 0.5
 """An embedding member's nearest example adds EMBED_WEIGHT x (cosine - EMBED_FROM) above it."""
 FLOOR = 0.65
+"""A lane whose evidence stays below this is not a candidate (with none, `general`): a lone
+everyday word (GENERIC_FACTOR) is not enough."""
+SUPPORT_MIN = 2
+FOREIGN_MAX = 2
+COMMON_DOCS = 3
+"""Support: a lane is a candidate only if SUPPORT_MIN of the request's meaningful words point
+at it (its keywords and phrases, the words of its examples and description), or one word
+specific to it (no everyday word, in fewer than COMMON_DOCS lanes' examples) with at most
+FOREIGN_MAX other meaningful words beside it. "bloom" alone does not make "when should I
+prune hydrangeas so they still bloom next year" a graphics request, nor "train" "how do I
+crate train a puppy" an ML one; "glsl shader", or "glsl?" alone, do."""
 STRONG = 2.2
 LEAD_RATIO = 0.85
 """Evidence of at least STRONG, with the runner-up at most LEAD_RATIO of it, decides even
 when the saturated scores are closer than the margin."""
-"""A lane whose evidence stays below this is not a candidate (with none, `general`): a lone
-everyday word (GENERIC_FACTOR) is not enough."""
 # Words that join two asks in one request ("write tests and docs"): with one of them, a
 # weaker runner-up already counts as a second lane's work.
 _CONJUNCTIONS = frozenset({"and", "plus", "then", "also"})
@@ -234,6 +250,9 @@ class _Posting:
     weight: float
     lanes: tuple[int, ...]
     labels: dict[int, str]  # lane -> the roster word, for `Route.matched`
+    words: frozenset[str] = frozenset()
+    """The request words (stems, a compound's parts too) a match of this term stands for: a
+    phrase of function words only ("why is", "is it safe") stands for none (see SUPPORT)."""
 
 
 @dataclass(slots=True)
@@ -263,7 +282,9 @@ class _Index:
                 boost = GENERIC_FACTOR if term in _GENERIC_STEMS else 1.0
             else:
                 boost = PHRASE_BOOST
-            built.add(term, _Posting(boost * _idf(len(owners), count), tuple(owners), owners))
+            weight = boost * _idf(len(owners), count)
+            words = _words_of(term, next(iter(owners.values())))
+            built.add(term, _Posting(weight, tuple(owners), owners, words))
         for term, owners in negative.items():
             built.add(term, _Posting(-NEGATIVE_PENALTY, tuple(owners), owners))
         return built
@@ -416,15 +437,49 @@ class Router:
             return self.route(text)
         return self.route(text, await self.embeddings.compare(text, wait))
 
+    @cached_property
+    def _doc_lanes(self) -> dict[str, tuple[frozenset[int], frozenset[int]]]:
+        """Per stem of the lanes' examples and descriptions: the lanes whose documents hold it,
+        and those for which it is specific (held by fewer than COMMON_DOCS lanes, and no
+        everyday word)."""
+        out: dict[str, tuple[frozenset[int], frozenset[int]]] = {}
+        for term, found in self._examples.postings.items():
+            if term.startswith("\x00"):  # a character n-gram, not a word
+                continue
+            lanes = frozenset(lane for lane, _ in found)
+            common = len(lanes) >= COMMON_DOCS or term in _GENERIC_STEMS
+            out[term] = (lanes, frozenset() if common else lanes)
+        return out
+
+    def _alike(self, likeness: Likeness | None) -> set[int]:
+        """The lanes the embedding member finds the request like (an example above
+        EMBED_FROM): that likeness supports a lane as one more word would (SUPPORT)."""
+        if likeness is None or not likeness.used:
+            return set()
+        position = self._positions
+        return {
+            at
+            for name, (value, _) in likeness.lanes.items()
+            if value > EMBED_FROM and (at := position.get(name)) is not None
+        }
+
     def route(self, text: str, likeness: Likeness | None = None) -> Route:
         """Route `text` (`likeness`: what the embedding member said of it, see `aroute`)."""
         terms = normalize(text)
         matches = self._matches(terms)
         totals, query, near = self._evidence(text, matches, likeness)
+        support = _Support(text, matches, self._doc_lanes, self._alike(likeness))
         # Best evidence first, ties by roster order; a request touches a handful of lanes, so
         # sorting them all beats a heap. Below the floor a lane's evidence is noise (a shared
-        # everyday word, a few letters in common): it is not a candidate.
-        top = sorted([(-e, lane) for lane, e in totals.items() if e >= FLOOR])[: self.top_k]
+        # everyday word, a few letters in common): it is not a candidate; nor is a lane that
+        # only one word of the request points at, among others that do not (SUPPORT), which
+        # is checked best first, for as many lanes as it takes to fill the top.
+        top: list[tuple[float, int]] = []
+        for negated, lane in sorted([(-e, lane) for lane, e in totals.items() if e >= FLOOR]):
+            if support.of(lane):
+                top.append((negated, lane))
+                if len(top) == self.top_k:
+                    break
         ranked = [(lane, -negated / (SATURATION - negated)) for negated, lane in top]
         best = ranked[0][1] if ranked else 0.0
         second = ranked[1][1] if len(ranked) > 1 else 0.0
@@ -477,6 +532,89 @@ class Router:
         return scored or list(self.roster.lanes)
 
 
+class _Support:
+    """Which lanes enough of one request points at (SUPPORT_MIN, FOREIGN_MAX), worked out lane
+    by lane, only for the lanes a route considers."""
+
+    def __init__(
+        self,
+        text: str,
+        matches: list[_Posting],
+        doc_lanes: dict[str, tuple[frozenset[int], frozenset[int]]],
+        alike: set[int],
+    ) -> None:
+        self.matches = [posting for posting in matches if posting.weight > 0 and posting.words]
+        self.doc_lanes = doc_lanes
+        self.alike = alike
+        content = _meaningful(text)
+        for posting in self.matches:  # a keyword the roster made of a short word ("r", "only")
+            if all(posting.words.isdisjoint(forms) for forms in content):
+                content.append(posting.words)
+        self.content = content
+
+    def of(self, lane: int) -> bool:
+        """Whether the request rests on more than one word of `lane`, or on one word specific
+        to it with few others beside it; the embedding member finding the request like one of
+        its examples (`alike`) counts as one specific word more. A word points at the lane
+        when it is one of the lane's keywords or phrases, or a word of its examples or
+        description; it is specific when it is no everyday word (GENERIC_WORDS, a phrase of
+        function words) and no word of COMMON_DOCS lanes' examples."""
+        words: set[str] = set()
+        specific: set[str] = set()
+        for posting in self.matches:
+            if lane in posting.labels:
+                words |= posting.words
+                specific.update(
+                    w for w in posting.words if w not in _GENERIC_STEMS and w[0] != _FUNCTION_PHRASE
+                )
+        docs = self.doc_lanes
+        pointing = 0
+        specific_one = False
+        for forms in self.content:
+            found = not words.isdisjoint(forms)
+            sure = not specific.isdisjoint(forms)
+            for form in forms:
+                held = docs.get(form)
+                if held is not None and lane in held[0]:
+                    found = True
+                    sure = sure or lane in held[1]
+            if found:
+                pointing += 1
+                specific_one = sure
+        alike = lane in self.alike
+        if pointing + alike >= SUPPORT_MIN:
+            return True
+        foreign = len(self.content) - pointing
+        if alike:
+            return foreign <= FOREIGN_MAX
+        return pointing == 1 and specific_one and foreign <= FOREIGN_MAX
+
+
+def _meaningful(text: str) -> list[frozenset[str]]:
+    """The request's meaningful words (no function words, single letters or numbers), each
+    as the set of forms it is matched by: its stem, or a compound's whole, joined form and
+    parts."""
+    from daemon.examples import STOP
+
+    if not text.isascii():
+        text = unicodedata.normalize("NFKC", text)
+    out: list[frozenset[str]] = []
+    seen: set[frozenset[str]] = set()
+    for token in _TOKEN.findall(_APOSTROPHES.sub("", text.casefold())):
+        stems, compound = _token_terms(token)
+        if not compound:
+            if token in STOP or token.isdigit() or (len(token) == 1):
+                continue
+            forms = frozenset(stems)
+        else:
+            joined = _JOINERS.sub("", token)
+            forms = frozenset((*stems, token, joined, stem(joined)))
+        if forms not in seen:
+            seen.add(forms)
+            out.append(forms)
+    return out
+
+
 def _phrase_at(sequence: tuple[str, ...], position: int, phrase: tuple[str, ...]) -> bool:
     """Whether `phrase` starts at `position` (its first word already matched there), its other
     words following in order with at most PHRASE_GAP extra words in between, in total."""
@@ -496,6 +634,21 @@ def _phrase_at(sequence: tuple[str, ...], position: int, phrase: tuple[str, ...]
 
 
 _GENERIC_STEMS = frozenset(stem(word) for word in GENERIC_WORDS)
+_FUNCTION_PHRASE = "\x02"
+"""Marks the word a phrase of function words stands for (see `_words_of`)."""
+
+
+def _words_of(term: str | tuple[str, ...], written: str) -> frozenset[str]:
+    """The request words a keyword stands for: the stems of its meaningful words (as the
+    example index keeps them), and a compound whole."""
+    from daemon.examples import features, kept, words_of
+
+    words = {features(word)[0] for word in kept(words_of(written))}
+    if isinstance(term, str) and (_JOINERS.search(term) or not words):
+        words.add(term)  # a compound, or a one-letter language ("r", "c")
+    elif not words:  # a phrase of function words ("why is"): one everyday word of the request
+        words.add(_FUNCTION_PHRASE + " ".join(term))
+    return frozenset(words)
 
 
 def _idf(df: int, lanes: int) -> float:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +15,11 @@ from surfaces.cli.roster import roster_path
 if TYPE_CHECKING:
     from daemon.router import Route
     from roster.models import Roster
+
+WAIT_S = 60.0
+"""How long an offline route waits for the embedding member's example vectors (embedded once,
+then cached in the state dir); past it, the keyword score, said so in `embedding.why`."""
+MAX_WAIT_S = 3600.0
 
 
 def read_roster(path: Path | None = None) -> Roster:
@@ -49,6 +56,21 @@ def register(commands: Any) -> None:
         "--suggest", action="store_true", help="requests the record says to teach (via the daemon)"
     )
     parser.add_argument("--socket", type=Path, help="daemon socket (default: $TALLY_SOCKET)")
+    parser.add_argument(
+        "--state",
+        metavar="DIR",
+        default=None,
+        help="with an embedding member: the state dir whose vector cache to use (default: "
+        "$TALLY_STATE_DIR, $STATE_DIRECTORY, $XDG_STATE_HOME/tally)",
+    )
+    parser.add_argument(
+        "--wait",
+        metavar="SECONDS",
+        type=float,
+        default=WAIT_S,
+        help="with an embedding member: how long to wait for its example vectors to be "
+        f"built when they are not cached yet (default {WAIT_S:g})",
+    )
     parser.set_defaults(run=run)
 
 
@@ -61,27 +83,53 @@ def run(args: argparse.Namespace) -> int:
     if args.text is None:
         print("tally route: give the request text (or --suggest)", file=sys.stderr)
         return 2
-    served = _served_roster(args)
+    if not 0 <= args.wait <= MAX_WAIT_S:
+        print(f"tally route: --wait takes 0-{MAX_WAIT_S:g} seconds", file=sys.stderr)
+        return 2
+    path = roster_path(args.roster)
+    served = _served_roster(args)  # a running daemon's roster is what its submit routes on
     try:
-        roster = served or read_roster(roster_path(args.roster))
+        roster = served or read_roster(path)
     except (OSError, RosterError) as error:
         print(f"tally route: cannot load the roster:\n{error}", file=sys.stderr)
         return 2
-    router = Router(roster)
-    offline = None
-    if roster.policy.embeddings is not None:  # no pool here: say so rather than guess
-        from daemon.embeddings import Likeness
-
-        offline = Likeness(
-            member=roster.policy.embeddings,
-            used=False,
-            why="tally route reads the roster, not the daemon's pool: keyword scores only "
-            "(the daemon's route tool asks the embedding member)",
-        )
     texts = (line.rstrip("\n") for line in sys.stdin) if args.text == "-" else iter([args.text])
+    if roster.policy.embeddings is not None:
+        return asyncio.run(_with_embeddings(args, roster, path, texts))
+    router = Router(roster)
     for text in texts:  # a blank line gets its (escalating) route too: output lines match input
-        route = router.route(text, offline)
-        print(as_json(route) if args.json else as_text(route), flush=args.text == "-")
+        _show(args, router.route(text))
+    return 0
+
+
+def _show(args: argparse.Namespace, route: Route) -> None:
+    print(as_json(route) if args.json else as_text(route), flush=args.text == "-")
+
+
+async def _with_embeddings(
+    args: argparse.Namespace, roster: Roster, path: Path, texts: Iterator[str]
+) -> int:
+    """Route as the daemon does (`Router.aroute`), with the roster's embedding member: a
+    pool of its own (a member with a command is spawned, one with a URL is called), the
+    vector cache of the state dir (the daemon's, by default), and the same fallback to the
+    keyword score when the member is down or its example vectors are not built in time."""
+    from daemon import embeddings
+    from daemon.config import default_state_dir
+    from daemon.router import Router
+    from daemon.slots import Pool, PoolOptions
+
+    state = Path(args.state) if args.state else default_state_dir()
+    pool = Pool(roster, state, options=PoolOptions(roster_dir=path.parent))
+    found = embeddings.of(roster, pool, state)
+    router = Router(roster, embeddings=found)
+    try:
+        await pool.start()
+        for text in texts:
+            _show(args, await router.aroute(text, args.wait))
+    finally:
+        if found is not None:
+            await found.aclose()
+        await pool.stop()
     return 0
 
 
@@ -178,7 +226,7 @@ def as_text(route: Route) -> str:
     elif route.scores:
         how = f"escalated, confidence {route.confidence:.3f} (too close to call)"
     else:
-        how = "no lane's words or examples match"
+        how = "no lane's words or examples match it enough"
     lines = [f"decision:   {decision}", f"route:      {how}"]
     for lane, score in route.scores[:3]:
         why = []

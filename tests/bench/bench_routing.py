@@ -71,6 +71,9 @@ def sets() -> list[tuple[str, list[Example]]]:
         ("stranger (holdout)", stranger[1]),
         ("off-topic (tuned on)", offtopic[0]),
         ("off-topic (holdout)", offtopic[1]),
+        ("everyday off-topic (tuned on)", load(folder / "everyday.jsonl")),
+        ("short in-roster (tuned on)", load(folder / "inroster.jsonl")),
+        ("unseen (never tuned on)", load(folder / "unseen.jsonl")),
     ]
 
 
@@ -190,6 +193,11 @@ def main() -> None:
         "'walkthrough (holdout)' were held out by earlier rounds too. For the sets' own\n"
         "histories (fresh, blind, dev, dev2, new user, walkthrough) see git log. off-topic:\n"
         "45 everyday requests no lane fits, written for issue 31 before tuning on them.\n"
+        "everyday: 70 more off-topic requests, written (dccd78e) before the support rule and\n"
+        "the general lane's examples were tuned on them. short in-roster: 84 casual requests\n"
+        "(e8c6e87), written to measure what the support rule costs in-roster, then tuned on.\n"
+        "unseen: 42 in-roster requests over all lanes + 26 off-topic, written and committed\n"
+        "(2405f74) before any measurement on them and never tuned on.\n"
     )
 
     big_text, big_requests = big_roster()

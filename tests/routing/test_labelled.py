@@ -170,8 +170,8 @@ def test_stranger_set_shape() -> None:
 @pytest.mark.parametrize("holdout", [False, True])
 def test_stranger_end_to_end(router: Router, holdout: bool) -> None:
     """What submit does (the route's decision, fallback included) against the labels.
-    Reached: tuned-on 95.2% end to end, 9.1% escalated, 14/14 off-topic to general; held out
-    (totals only ever read) 86.9%, 14.5% escalated (95.7% right when decided), 5/6 off-topic
+    Reached: tuned-on 94.4% end to end, 8.2% escalated, 14/14 off-topic to general; held out
+    (totals only ever read) 88.5%, 14.5% escalated (95.7% right when decided), 6/6 off-topic
     to general."""
     acc = end_to_end(router, [e for e in load(STRANGER) if e.holdout == holdout])
     report = "\n".join(f"  want {want} got {got}: {text}" for text, want, got in acc.errors)
@@ -182,15 +182,15 @@ def test_stranger_end_to_end(router: Router, holdout: bool) -> None:
 
 
 def test_default_roster_examples(default_roster: Roster) -> None:
-    """Every lane but the fallback ships examples written for it, none copied from a set."""
+    """Every lane ships examples written for it, none copied from a set; the fallback's are
+    everyday requests no specialist lane is for."""
+    sets = ("labelled", "fresh", "blind", "dev", "dev2", "newuser", "stranger", "offtopic")
     texts = {
         e.text.casefold()
-        for name in ("labelled", "fresh", "blind", "dev", "dev2", "newuser", "stranger")
+        for name in (*sets, "everyday", "unseen")
         for e in load(LABELLED.with_name(f"{name}.jsonl"))
     }
     for lane in default_roster.lanes:
-        if lane.name == "general":
-            continue
         assert len(lane.examples) >= 15, lane.name
         assert not texts.intersection(e.casefold() for e in lane.examples), lane.name
 
@@ -198,10 +198,32 @@ def test_default_roster_examples(default_roster: Roster) -> None:
 @pytest.mark.parametrize("holdout", [False, True])
 def test_offtopic_requests_go_to_general(router: Router, holdout: bool) -> None:
     """Everyday requests no lane fits (written for issue 31, every third held out). Reached:
-    27/30 tuned-on and 13/15 held out to `general`: a lone keyword ("bloom" for graphics,
-    "stories" for writing) still takes a few."""
+    29/30 tuned-on and 14/15 held out to `general` (27/30 and 13/15 before the support rule:
+    a lone keyword, "bloom" for graphics, took a few); "good stories to read to a 4 year old"
+    still goes to writing (two of its words)."""
     examples = [e for e in load(LABELLED.with_name("offtopic.jsonl")) if e.holdout == holdout]
     assert len(examples) == (15 if holdout else 30)
     acc = end_to_end(router, examples)
     report = "\n".join(f"  want {want} got {got}: {text}" for text, want, got in acc.errors)
     assert acc.general >= 0.85, report
+
+
+def test_everyday_requests_go_to_general(router: Router) -> None:
+    """70 everyday requests (tests/routing/everyday.jsonl, written before the support rule
+    and the `general` lane's examples were tuned on them). Reached: 67/70 (54/70 before)."""
+    acc = end_to_end(router, load(LABELLED.with_name("everyday.jsonl")))
+    assert acc.outside == 70
+    assert acc.general >= 0.93
+
+
+def test_unseen_set_floors(router: Router) -> None:
+    """The check set never tuned on (tests/routing/unseen.jsonl: 42 in-roster requests over
+    every lane and 26 off-topic, written and committed before any measurement on it). Only
+    its totals are read. Reached: 94.1% end to end, 4.8% escalated, every decided route
+    right, 23/26 off-topic to `general`."""
+    examples = load(LABELLED.with_name("unseen.jsonl"))
+    assert {e.lane for e in examples if e.lane is not None} == set(LANES)
+    acc = end_to_end(router, examples)
+    assert acc.top1 >= 0.90, f"{acc.top1:.3f}"
+    assert acc.escalation <= 0.15, f"{acc.escalation:.3f}"
+    assert acc.general >= 0.85, f"{acc.general:.3f}"

@@ -20,24 +20,15 @@ def pytest_configure(config: pytest.Config) -> None:
     slot_states.STRICT = True
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`), which tests share a
-    worker: every test that starts a real model server (marked `integration`) runs on one
-    worker, one after another, so the suite never holds two model servers at once; the shared
-    record's tests share the session's one PostgreSQL server; any other test runs on the worker
-    of its module, so a module-scoped fixture (a daemon, a schemathesis target) starts once."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        if item.get_closest_marker("integration"):
-            group = "model-server"
-        elif item.path.parent.name == "ledger_pg":
-            group = "postgresql"
-        else:
-            group = str(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test`'s two workers (`-n 2 --dist loadgroup`) share the suite as tests/workers.py
+    says: the tests that start real model servers one after another on one worker."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.workers import SharedWorkers
+
+    return SharedWorkers(config, log)
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,7 @@ POSTGRESQL = "postgresql"
 _INTEGRATION = re.compile(r"pytest\.mark\.integration\b")
 
 
-class SharedWorkers(LoadScopeScheduling):
+class SharedWorkers(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
     def _split_scope(self, nodeid: str) -> str:
         module = nodeid.split("::", 1)[0]
         if _marked_integration(self.config.rootpath / module):

@@ -55,8 +55,10 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# Two workers (pytest-xdist); tests/conftest.py groups what must share one: the tests that
+# start a real model server run one after another on one worker, each module on one worker.
 test: lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n 2 --dist loadgroup
 
 # Fast feedback while editing: no xllamacpp server, no test marked slow (see pyproject.toml).
 unit: $(STAMP)

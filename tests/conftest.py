@@ -20,6 +20,17 @@ def pytest_configure(config: pytest.Config) -> None:
     slot_states.STRICT = True
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test`'s two workers (`-n 2 --dist loadgroup`) share the suite as tests/workers.py
+    says: the tests that start real model servers one after another on one worker."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.workers import SharedWorkers
+
+    return SharedWorkers(config, log)
+
+
 @pytest.fixture(autouse=True)
 def _record_vocabulary(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Every body product code writes in a test is its kind's model in `daemon.record`, byte

@@ -5,6 +5,7 @@ the second pass proved nothing the first did not, for 25 s of the suite.)"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
@@ -12,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import pytest
 from daemon import layout
 from daemon.slots.digest import DigestCache
 from roster import resolve_model_path
+from surfaces.client import DaemonClient, Endpoint
 from tests.integration.embedded import MODEL
 from tests.integration.processes import ROOT, TALLY, alive
 from tests.polling import until_sync
@@ -72,18 +73,12 @@ def _kill_once(i: int, run: Path, base: dict[str, str], digests: Path) -> list[s
     shutil.copy(digests, run / "state" / layout.MODEL_DIGESTS)
     with (run / "serve.log").open("w") as log:
         serve = subprocess.Popen([str(TALLY), "serve"], env=env, cwd=ROOT, stdout=log, stderr=log)
-    submit: subprocess.Popen[bytes] | None = None
     survivors: list[str] = []
     try:
         until_sync(sock.exists, 60, what=lambda: (run / "serve.log").read_text())
-        # the pool is lazy: a submit makes it start the tiny model's server
-        submit = subprocess.Popen(
-            [sys.executable, "-m", "surfaces", "submit", "--lane", "docs", "say hi"],
-            env=env,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        # the pool is lazy: a submit makes it start the tiny model's server (asked over the
+        # socket from here: a `tally submit` process per round only added its own start-up)
+        asyncio.run(_submit(sock))
         launchers: dict[int, int] = {}
         until_sync(lambda: launchers.update(_launchers(serve.pid)) or launchers, 30)
         time.sleep(i * 1.1 / (KILLS - 1))  # 0 to 1.1 s into the model server's start-up
@@ -97,11 +92,15 @@ def _kill_once(i: int, run: Path, base: dict[str, str], digests: Path) -> list[s
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
     finally:
-        for proc in (serve, submit):
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()
     return survivors
+
+
+async def _submit(sock: Path) -> None:
+    async with DaemonClient(Endpoint(socket_path=sock), timeout=60) as client:
+        await client.call("submit", {"request": "say hi", "lane": "docs"})
 
 
 @pytest.mark.skipif(not TALLY.exists(), reason="run `make install` for the tally command")

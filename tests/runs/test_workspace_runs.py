@@ -8,6 +8,7 @@ stay as they were until `run_apply`, and then the project's own tests pass.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -94,9 +95,12 @@ async def tool(daemon: Daemon, name: str, args: dict[str, Any], scope: str = "ad
 
 
 def own_tests_pass(where: Path) -> bool:
+    # The project's tests are plain asserts: loading the dev venv's pytest plugins (hypothesis,
+    # schemathesis...) would spend seconds per run on what they never use.
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
         cwd=where,
+        env=os.environ | {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
         capture_output=True,
         timeout=120,
         check=False,

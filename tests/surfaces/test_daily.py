@@ -220,16 +220,17 @@ async def _day(
         assert waits[-1] is False, waits
 
         # `logs --follow` sees the stop's own line; `logs` prints the daemon's log.
-        follower = await asyncio.to_thread(
-            subprocess.Popen,
-            [sys.executable, "-m", "surfaces", "logs", "--follow", "-n", "0"],
+        follower = await asyncio.create_subprocess_exec(
+            *[sys.executable, "-m", "surfaces", "logs", "--follow", "-n", "1"],
             env=_env(tmp_path),
             cwd=ROOT,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+            stderr=subprocess.DEVNULL,
         )
-        await asyncio.sleep(1.0)  # it has looked at the files once
+        assert follower.stdout is not None
+        # it has looked at the files once: it printed the log's last line
+        followed = (await asyncio.wait_for(follower.stdout.readline(), 30)).decode()
+        assert followed.startswith("daemon | "), followed
         stop = await tally(tmp_path, "stop", timeout=60)
         assert stop.returncode == 0, stop.stderr
         assert "stopped" in stop.stderr
@@ -237,11 +238,14 @@ async def _day(
         # "stopped" means the process is gone (exited), not only that its listener closed.
         assert _exited(daemon.pid), "tally stop said stopped while the daemon still ran"
         assert await asyncio.to_thread(daemon.wait, 10) == 0
-        await asyncio.sleep(1.0)  # a poll of the follower
+        while "stopping" not in followed:  # a poll of the follower prints the stop's line
+            line = (await asyncio.wait_for(follower.stdout.readline(), 30)).decode()
+            assert line, followed
+            followed += line
         follower.terminate()
-        followed, _ = await asyncio.to_thread(follower.communicate, timeout=10)
-        assert "daemon | " in followed, followed
-        assert "stopping" in followed, followed
+        await asyncio.wait_for(follower.wait(), 10)
+        stopping = next(line for line in followed.splitlines() if "stopping" in line)
+        assert stopping.startswith("daemon | "), followed
     logs = await tally(tmp_path, "logs", "-n", "200")
     assert logs.returncode == 0, logs.stderr
     assert "daemon | " in logs.stdout

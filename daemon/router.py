@@ -1,5 +1,9 @@
 """The keyword router: a request's text -> the lane that should handle it, or an escalation.
 
+One piece past 600 lines: the scoring rules below (weights, support, the decision) are one
+calculation whose numbers must mean the same thing in every branch of it; split, the constants
+and the rule that reads them would drift apart.
+
 Deterministic and model-free. Every lane's keywords, phrases and negative keywords are
 normalized once (a `Router(roster)` builds an inverted index at its first route);
 `route(text)` normalizes the request the same way and only touches the lanes its terms point at.

@@ -50,6 +50,7 @@ from daemon.ledger.checkpoint import CheckpointError, parse_note, verify_note
 from daemon.ledger.entry import GENESIS_PREV, Entry
 from daemon.ledger.merkle import Frontier
 from daemon.ledger.store import PACK_HEADER, REDACTED
+from daemon.record.ledger import LedgerJoin
 
 SCHEMA_LOCK = 0x7A11_7EC0  # pg_advisory_xact_lock key while the tables are created
 
@@ -111,7 +112,7 @@ CREATE TABLE IF NOT EXISTS tally_nodes (
 );
 """
 
-JOIN_KIND = "ledger.join"
+JOIN_KIND = LedgerJoin.KIND
 """The entry a daemon appends when it first writes to a shared record: its name and key."""
 
 BATCH_ROWS = 4096
@@ -586,13 +587,13 @@ def joined_keys(conn: Any) -> dict[str, str]:
         except ValueError:
             continue
         if (
-            entry.kind == JOIN_KIND
-            and data is not None
-            and hashlib.sha256(bytes(data)).hexdigest() == entry.body
-            and isinstance(body, dict)
-            and body.get("daemon") == name
-            and body.get("vkey") == vkey
+            entry.kind != LedgerJoin.KIND
+            or data is None
+            or hashlib.sha256(bytes(data)).hexdigest() != entry.body
         ):
+            continue
+        joined = LedgerJoin.parsed(body)
+        if joined is not None and joined.daemon == name and joined.vkey == vkey:
             keys[name] = vkey
     return keys
 

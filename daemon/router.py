@@ -455,6 +455,11 @@ class Router:
             out[term] = (lanes, frozenset() if common else lanes)
         return out
 
+    @cached_property
+    def _exampled(self) -> frozenset[int]:
+        """The lanes with example requests: support is judged only for them (see `_Support`)."""
+        return frozenset(self._examples.owner)
+
     def _alike(self, likeness: Likeness | None) -> set[int]:
         """The lanes the embedding member finds the request like (an example above
         EMBED_FROM): that likeness supports a lane as one more word would (SUPPORT)."""
@@ -472,7 +477,7 @@ class Router:
         terms = normalize(text)
         matches = self._matches(terms)
         totals, query, near = self._evidence(text, matches, likeness)
-        support = _Support(text, matches, self._doc_lanes, self._alike(likeness))
+        support = _Support(text, matches, self._doc_lanes, self._alike(likeness), self._exampled)
         # Best evidence first, ties by roster order; a request touches a handful of lanes, so
         # sorting them all beats a heap. Below the floor a lane's evidence is noise (a shared
         # everyday word, a few letters in common): it is not a candidate; nor is a lane that
@@ -546,7 +551,9 @@ class _Support:
         matches: list[_Posting],
         doc_lanes: dict[str, tuple[frozenset[int], frozenset[int]]],
         alike: set[int],
+        exampled: frozenset[int],
     ) -> None:
+        self.exampled = exampled
         self.matches = [posting for posting in matches if posting.weight > 0 and posting.words]
         self.doc_lanes = doc_lanes
         self.alike = alike
@@ -562,7 +569,13 @@ class _Support:
         its examples (`alike`) counts as one specific word more. A word points at the lane
         when it is one of the lane's keywords or phrases, or a word of its examples or
         description; it is specific when it is no everyday word (GENERIC_WORDS, a phrase of
-        function words) and no word of COMMON_DOCS lanes' examples."""
+        function words) and no word of COMMON_DOCS lanes' examples.
+
+        A lane without examples is always supported: a roster of keyword-only lanes names
+        almost none of a request's other words, so "few words beside it" would send most of
+        its requests to general; its keywords decide as they always did."""
+        if lane not in self.exampled:
+            return True
         words: set[str] = set()
         specific: set[str] = set()
         for posting in self.matches:

@@ -126,6 +126,11 @@ class TaskOut(_Out):
     reused_from: str | None = Field(
         default=None, description="The run whose done task this one took (a retried run)."
     )
+    held: str | None = Field(
+        default=None,
+        description="Live only: why a pending task whose needs are done has not started "
+        "(it waits for capacity: the daemon's, its lane's or the run's cap on tasks at once).",
+    )
 
 
 class RunOut(_Out):

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from daemon import record as rec
 from daemon.ledger import Ledger
 from daemon.record import Body
 from daemon.runs import entries as k
@@ -124,14 +125,26 @@ async def bench(tmp_path: Path) -> AsyncIterator[Make]:
         state.mkdir(parents=True, mode=0o700)
         pool = Pool(roster, state)
         ledger = await Ledger.open(state, checkpoint_interval=None)
-        request = await ledger.append(
-            actor=k.ACTOR, kind=k.REQUEST, body={"request": "fix add", "budget": {}}, run=RUN
+        # The entries a run starts with, as their record models write them (replay reads
+        # them back as those models: a hand-made body that does not fit is not a run).
+        asked = rec.RunRequest(
+            request="fix add",
+            lane=None,
+            plan=None,
+            budget=rec.Budget(model_calls=None, tokens=None, wall_ms=None),
+            max_parallel=None,
+            barrier=False,
+            idempotency_key=None,
         )
+        request = await ledger.append(actor=k.ACTOR, kind=asked.KIND, body=asked.written(), run=RUN)
         plan = {"tasks": [{"id": "t1", "lane": "x", "executor": "agent", "needs": []}]}
+        planned_body = rec.RunPlan(
+            source="client", plan=plan, waves=[["t1"]], critical_path=1, error=None
+        )
         planned = await ledger.append(
             actor=k.ACTOR,
-            kind=k.PLAN,
-            body={"source": "client", "plan": plan, "waves": [["t1"]], "critical_path": 1},
+            kind=planned_body.KIND,
+            body=planned_body.written(),
             run=RUN,
             parent=request.seq,
         )

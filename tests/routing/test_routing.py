@@ -351,3 +351,25 @@ def test_default_roster_sends_everyday_requests_to_general() -> None:
         ("why is my variable undefined inside the callback", "debugging"),
     ]:
         assert router.route(text).decision.lane == lane_name, text
+
+
+def test_a_keyword_only_lane_is_decided_by_its_keyword_among_unknown_words() -> None:
+    """The support rule (one word of a lane among several words of nothing is no candidate)
+    judges only lanes with examples: a roster of keyword-only lanes knows almost none of a
+    request's other words, and would otherwise send its requests to general."""
+    lanes = (
+        {"name": "security", "keywords": ["xss", "csrf"], "tier": "cheap", "system": "s"},
+        {"name": "docs", "keywords": ["readme"], "tier": "cheap", "system": "s"},
+    )
+    plain = Router(roster(*lanes))
+    asked = "could you check this signup form for xss issues please"
+    assert plain.route(asked).lane == "security"
+    # The same lane with examples: now the request's other words must be its words too.
+    exampled = Router(
+        roster(
+            {**lanes[0], "examples": ["audit the login page for csrf", "find injection bugs"]},
+            {**lanes[1], "examples": ["update the readme install section"]},
+        )
+    )
+    assert exampled.route("how do roses bloom in xss weather near the garden shed").lane is None
+    assert exampled.route("audit this page for xss").lane == "security"

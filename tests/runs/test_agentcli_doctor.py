@@ -103,7 +103,27 @@ async def test_a_bind_that_would_show_the_state_dir_is_refused_before_anything_r
 def test_tally_run_says_an_agent_cli_call_in_words() -> None:
     from surfaces.cli.stream import attempt_lines
 
-    call = {"task": "fix", "member": "aider", "exit_code": 0, "timed_out": False}
+    # The rest of a real agent.cli body (what AgentCli publishes): the lines read it as one.
+    call = {
+        "task": "fix",
+        "attempt": 1,
+        "member": "aider",
+        "argv": ["aider"],
+        "prompt": "stdin",
+        "prompt_sha256": "0" * 64,
+        "env": [],
+        "network": False,
+        "exit_code": 0,
+        "timed_out": False,
+        "limit": None,
+        "stdout_sha256": "0" * 64,
+        "stdout_chars": 0,
+        "stdout_head": "",
+        "stderr_sha256": "0" * 64,
+        "stderr_tail": "",
+        "truncated": False,
+        "diff_sha256": None,
+    }
     lines = attempt_lines(
         [
             {

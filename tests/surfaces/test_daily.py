@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +217,7 @@ async def _day(
         model.token_delay_s = 0  # let them all finish
         for run_id in ids:
             # 5 runs of 512 tokens through 2 slots: a bound on a hang, not a claim on speed
-            await until(lambda run_id=run_id: _done(client, run_id), 60, what=f"run {run_id} done")
+            await until(partial(_done, client, run_id), 60, what=f"run {run_id} done")
         await asyncio.wait_for(watching, 20)
         waits = [e.data["waiting"] for e in events if e.event == "waiting"]
         assert waits[0] is True, waits

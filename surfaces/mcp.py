@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -309,12 +310,35 @@ async def run_stdio(socket_path: Path | None = None, *, autostart: bool = False)
     """Serve MCP on stdio, forwarding to the daemon at `socket_path` (else `Endpoint.from_env`)."""
     adapter = Adapter(socket_path, autostart=autostart)
     server = adapter.server()
+    terminated = anyio.Event()
     try:
         async with stdio_server() as (read, write):
             lines = Lines(read, write)
-            await server.run(lines, write, server.create_initialization_options())
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_stop_on_sigterm, tg.cancel_scope, terminated)
+                await server.run(lines, write, server.create_initialization_options())
+                tg.cancel_scope.cancel()
+            if terminated.is_set():
+                # The calls are cancelled (the session's handlers ran their cleanup): die of
+                # the signal as before, here, since leaving stdio_server would wait for its
+                # reader thread, blocked in a read of stdin until the client closes it.
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.raise_signal(signal.SIGTERM)
     finally:
         await adapter.close()
+
+
+async def _stop_on_sigterm(scope: anyio.CancelScope, terminated: anyio.Event) -> None:
+    """SIGTERM ends the session as EOF does: calls in flight are cancelled, so a `submit`
+    with wait cancels its run instead of leaving it unattended. An SDK client closing the
+    session sends SIGTERM 2 s after stdin closed; on a loaded machine the adapter may not
+    have cancelled the run by then."""
+    with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            log.info("SIGTERM: ending the session, cancelling calls in flight")
+            terminated.set()
+            scope.cancel()
+            return
 
 
 def configure_logging() -> None:

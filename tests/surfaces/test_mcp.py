@@ -19,10 +19,10 @@ from daemon.runs import entries as k
 from daemon.service import Daemon
 from daemon.tools import TOOLS
 from surfaces.units import user_unit
-from tests.polling import until
+from tests.polling import TIMEOUT_S, until
 from tests.slots.fake_server import FakeServer
 from tests.surfaces.conftest import roster_toml, two_tasks
-from tests.surfaces.mcp_client import session_for
+from tests.surfaces.mcp_client import Stdio, session_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,7 +88,10 @@ async def test_cancellation_reaches_the_run(
     unix_server: Path, daemon: Daemon, model: FakeServer
 ) -> None:
     model.token_delay_s = 0.05  # 512 tokens per call: the run would take a minute
-    async with session_for(unix_server) as mcp_session, anyio.create_task_group() as tg:
+    async with (
+        session_for(unix_server, {"TALLY_LOG": "INFO"}) as mcp_session,
+        anyio.create_task_group() as tg,
+    ):
 
         async def submit() -> None:
             await mcp_session.call_tool("submit", {"request": "slow api", "wait": True})
@@ -112,6 +115,50 @@ async def test_cancellation_reaches_the_run(
     assert record[-1].kind == k.STATE, record[-1]
     assert (await daemon.ledger.body(record[-1].body)).value["state"] == "cancelled"
     assert (await daemon.ledger.verify()).ok
+
+
+async def test_sigterm_mid_submit_cancels_the_run(
+    unix_server: Path, daemon: Daemon, model: FakeServer
+) -> None:
+    """An SDK client closing a session SIGTERMs the adapter 2 s after stdin closed: the
+    adapter ends the session as on EOF, so the run it followed is cancelled, not orphaned."""
+    model.token_delay_s = 0.05  # 512 tokens per call: the run would take a minute
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "surfaces", "mcp",
+        cwd=str(ROOT),
+        env={"TALLY_SOCKET": str(unix_server), "PATH": "/usr/bin:/bin"},
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    io = Stdio(proc)
+    try:
+        info = {"name": "raw", "version": "0"}
+        await io.request(
+            0,
+            "initialize",
+            {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": info},
+        )
+        assert "result" in await io.receive(), "initialize not answered"
+        await io.send('{"jsonrpc": "2.0", "method": "notifications/initialized"}')
+        call = {"name": "submit", "arguments": {"request": "slow api", "wait": True}}
+        await io.request(1, "tools/call", call)
+        await until(
+            lambda: daemon.engine.list() and model.processing,
+            what="the submitted run streaming from the model",
+        )
+        proc.send_signal(signal.SIGTERM)
+        (run,) = daemon.engine.list()
+        await until(
+            lambda: daemon.engine.get(run.id).state == "cancelled",
+            what=lambda: f"run cancelled (it is {daemon.engine.get(run.id).state})",
+        )
+        code = await asyncio.wait_for(proc.wait(), TIMEOUT_S)
+        assert code == -signal.SIGTERM, f"the adapter ended with {code} on SIGTERM"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 def _system_unit_here() -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -190,7 +190,7 @@ class DaemonClient:
             return False
         return True
 
-    async def events(self, run_id: str, after: str | None = None) -> AsyncIterator[SseEvent]:
+    async def events(self, run_id: str, after: str | None = None) -> AsyncGenerator[SseEvent, None]:
         """Follow a run's SSE stream to its end, resuming with Last-Event-ID on a dropped link."""
         last = after
         retries = 0

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -155,6 +156,7 @@ class Adapter:
     async def _submit_and_follow(
         self, ctx: ServerRequestContext[Any], arguments: dict[str, Any]
     ) -> dict[str, Any]:
+        from daemon.runs.state import FINAL
         from daemon.tools import ProgressSteps, RunOut
         from surfaces.client import DaemonDown, DaemonError
 
@@ -166,22 +168,30 @@ class Adapter:
         written: dict[str | None, str] = {}  # streamed text per task, shown at most twice a second
         shown = 0.0
         try:
+            # The stream is read behind the run (a loaded machine, a slow IDE): when `run_get`
+            # says the run ended, the events still queued are older than that, so following
+            # stops there and the final state is the last progress message.
             with anyio.move_on_after(timeout):
-                async for event in self.client.events(run.id):
-                    if event.event == "delta":
-                        data = event.data if isinstance(event.data, dict) else {}
-                        task = data.get("task")
-                        written[task] = written.get(task, "")[-400:] + str(data.get("text", ""))
-                        if time.monotonic() - shown >= DELTA_EVERY_S:
-                            shown = time.monotonic()
-                            await ctx.session.report_progress(*steps.tokens(task, written[task]))
-                        continue
-                    if event.event == "agent.step" and isinstance(event.data, dict):
-                        await ctx.session.report_progress(*steps.agent_step(event.data))
-                    run = RunOut.model_validate(
-                        await self.client.call("run_get", {"run_id": run.id})
-                    )
-                    await self._report(ctx, steps, run)
+                async with contextlib.aclosing(self.client.events(run.id)) as events:
+                    async for event in events:
+                        if event.event == "delta":
+                            data = event.data if isinstance(event.data, dict) else {}
+                            task = data.get("task")
+                            written[task] = written.get(task, "")[-400:] + str(data.get("text", ""))
+                            if time.monotonic() - shown >= DELTA_EVERY_S:
+                                shown = time.monotonic()
+                                await ctx.session.report_progress(
+                                    *steps.tokens(task, written[task])
+                                )
+                            continue
+                        if event.event == "agent.step" and isinstance(event.data, dict):
+                            await ctx.session.report_progress(*steps.agent_step(event.data))
+                        run = RunOut.model_validate(
+                            await self.client.call("run_get", {"run_id": run.id})
+                        )
+                        await self._report(ctx, steps, run)
+                        if run.state in FINAL:
+                            break
         except asyncio.CancelledError:
             # The IDE cancelled the call (or the link broke): the run must not go on unattended.
             with anyio.move_on_after(5, shield=True):
@@ -190,7 +200,10 @@ class Adapter:
                 except (DaemonDown, DaemonError) as exc:
                     log.info("cancel of %s after abandon: %s", run.id, exc)
             raise
-        return await self.client.call("run_get", {"run_id": run.id})
+        final = await self.client.call("run_get", {"run_id": run.id})
+        # the last message says where the run is, whatever the stream's last event was
+        await self._report(ctx, steps, RunOut.model_validate(final))
+        return final
 
     @staticmethod
     async def _report(ctx: ServerRequestContext[Any], steps: ProgressSteps, run: RunOut) -> None:
@@ -297,12 +310,35 @@ async def run_stdio(socket_path: Path | None = None, *, autostart: bool = False)
     """Serve MCP on stdio, forwarding to the daemon at `socket_path` (else `Endpoint.from_env`)."""
     adapter = Adapter(socket_path, autostart=autostart)
     server = adapter.server()
+    terminated = anyio.Event()
     try:
         async with stdio_server() as (read, write):
             lines = Lines(read, write)
-            await server.run(lines, write, server.create_initialization_options())
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_stop_on_sigterm, tg.cancel_scope, terminated)
+                await server.run(lines, write, server.create_initialization_options())
+                tg.cancel_scope.cancel()
+            if terminated.is_set():
+                # The calls are cancelled (the session's handlers ran their cleanup): die of
+                # the signal as before, here, since leaving stdio_server would wait for its
+                # reader thread, blocked in a read of stdin until the client closes it.
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.raise_signal(signal.SIGTERM)
     finally:
         await adapter.close()
+
+
+async def _stop_on_sigterm(scope: anyio.CancelScope, terminated: anyio.Event) -> None:
+    """SIGTERM ends the session as EOF does: calls in flight are cancelled, so a `submit`
+    with wait cancels its run instead of leaving it unattended. An SDK client closing the
+    session sends SIGTERM 2 s after stdin closed; on a loaded machine the adapter may not
+    have cancelled the run by then."""
+    with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            log.info("SIGTERM: ending the session, cancelling calls in flight")
+            terminated.set()
+            scope.cancel()
+            return
 
 
 def configure_logging() -> None:

@@ -13,8 +13,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from surfaces.client import DaemonClient, Endpoint
+from tests.polling import until
 from tests.slots.fake_server import FakeServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,17 +100,6 @@ def _exited(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] == "Z"
 
 
-async def _until(check: Any, what: str, timeout: float = 20) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
 async def test_a_day_with_the_daemon(tmp_path: Path, slow_model: FakeServer) -> None:
     roster = tmp_path / "roster.toml"
     roster.write_text(ROSTER.format(url=slow_model.url))
@@ -136,26 +126,41 @@ async def _day(
     tmp_path: Path, model: FakeServer, sock: Path, daemon: subprocess.Popen[bytes]
 ) -> None:
     async with DaemonClient(Endpoint(socket_path=sock), timeout=10) as client:
-        await _until(client.ping, "the daemon to listen")
+        await until(client.ping, what="the daemon to listen")
         # 5 runs, 2 slots: 2 run, 3 wait for a slot and say so.
         ids = [(await client.call("submit", {"request": f"api work {i}"}))["id"] for i in range(5)]
 
+        seen: list[Any] = []
+
         async def split() -> dict[str, list[dict[str, Any]]] | None:
+            # The state the checks below are about, whole: a run turns "running" when its plan
+            # is recorded, a moment before its task starts and leases a slot, so the run
+            # states alone are not it. Both slots streaming a task is.
             runs = (await client.call("runs_list", {}))["runs"]
             by: dict[str, list[dict[str, Any]]] = {}
             for run in runs:
                 by.setdefault(run["state"], []).append(run)
-            ok = len(by.get("running", [])) == 2 and len(by.get("queued", [])) == 3
+            seen[:] = [(r["state"], [t["state"] for t in r["tasks"]]) for r in runs]
+            running, queued = by.get("running", []), by.get("queued", [])
+            ok = (
+                len(running) == 2
+                and len(queued) == 3
+                and all(t["state"] == "running" for r in running for t in r["tasks"])
+                and all(t["state"] == "waiting" for r in queued for t in r["tasks"])
+                and model.processing == {0, 1}
+            )
             return by if ok else None
 
-        by = await _until(split, "2 running and 3 queued")
-        assert {r["id"] for r in by["running"] + by["queued"]} == set(ids)
-        assert all(t["state"] == "running" for r in by["running"] for t in r["tasks"])
-        assert all(t["state"] == "waiting" for r in by["queued"] for t in r["tasks"])
+        by = await until(split, what=lambda: f"2 runs streaming and 3 queued; runs: {seen}")
+        # Held there while the other clients look (each a new Python process, slow under
+        # load): at 0.05 s a token the two running calls could end meanwhile.
+        model.token_delay_s = 0.5
+        assert {r["id"] for r in by["running"] + by["queued"]} == set(ids), (by, ids)
         only = (await client.call("runs_list", {"state": "queued"}))["runs"]
-        assert {r["id"] for r in only} == {r["id"] for r in by["queued"]}
+        assert {r["id"] for r in only} == {r["id"] for r in by["queued"]}, (only, by)
         queued = by["queued"][0]["id"]
-        assert (await client.call("run_get", {"run_id": queued}))["state"] == "queued"
+        got = await client.call("run_get", {"run_id": queued})
+        assert got["state"] == "queued", got
 
         # The CLI and `status` (another process, the real client) read the same.
         listed = await tally(tmp_path, "runs")
@@ -165,15 +170,15 @@ async def _day(
         status = await tally(tmp_path, "status", "--json")
         assert status.returncode == 0, status.stderr
         body = json.loads(status.stdout)
-        assert body["daemon"]["pid"] == daemon.pid
-        assert body["daemon"]["listeners"] == [f"unix:{sock}"]
-        assert body["runs"]["by_state"] == {"running": 2, "queued": 3}
-        assert body["runs"]["tasks_by_state"] == {"running": 2, "waiting": 3}
-        assert body["pool"]["busy"] == 2
-        assert body["pool"]["queue"] == 3
-        assert body["ledger"]["writable"]
-        assert body["ledger"]["size"] > 0
-        assert body["ledger"]["bytes"] > 0  # the record's own file, entries.jsonl
+        assert body["daemon"]["pid"] == daemon.pid, body["daemon"]
+        assert body["daemon"]["listeners"] == [f"unix:{sock}"], body["daemon"]
+        assert body["runs"]["by_state"] == {"running": 2, "queued": 3}, body["runs"]
+        assert body["runs"]["tasks_by_state"] == {"running": 2, "waiting": 3}, body["runs"]
+        assert body["pool"]["busy"] == 2, body["pool"]
+        assert body["pool"]["queue"] == 3, body["pool"]
+        assert body["ledger"]["writable"], body["ledger"]
+        assert body["ledger"]["size"] > 0, body["ledger"]
+        assert body["ledger"]["bytes"] > 0, body["ledger"]  # the record's own file
         text = (await tally(tmp_path, "status")).stdout
         assert f"pid {daemon.pid}" in text, text
         assert "queued 3" in text, text
@@ -193,9 +198,9 @@ async def _day(
         ):
             await session.initialize()
             result = await session.call_tool("run_get", {"run_id": queued})
-            assert not result.is_error
-            assert result.structured_content is not None
-            assert result.structured_content["state"] == "queued"
+            assert not result.is_error, result.content
+            assert result.structured_content is not None, result.content
+            assert result.structured_content["state"] == "queued", result.structured_content
 
         # SSE: a queued run's stream says it waits, then that it stopped waiting.
         events: list[Any] = []
@@ -205,15 +210,14 @@ async def _day(
                 events.append(event)
 
         watching = asyncio.create_task(watch())
-        await _until(
-            lambda: _true(any(e.event == "waiting" and e.data["waiting"] for e in events)),
-            "a waiting event",
+        await until(
+            lambda: any(e.event == "waiting" and e.data["waiting"] for e in events),
+            what=lambda: f"a waiting event in {[e.event for e in events]}",
         )
         model.token_delay_s = 0  # let them all finish
         for run_id in ids:
-            await _until(
-                lambda run_id=run_id: _done(client, run_id), f"run {run_id} done", timeout=60
-            )
+            # 5 runs of 512 tokens through 2 slots: a bound on a hang, not a claim on speed
+            await until(partial(_done, client, run_id), 60, what=f"run {run_id} done")
         await asyncio.wait_for(watching, 20)
         waits = [e.data["waiting"] for e in events if e.event == "waiting"]
         assert waits[0] is True, waits
@@ -227,17 +231,18 @@ async def _day(
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )
-        assert follower.stdout is not None
+        assert follower.stdout is not None, "no pipe from the follower"
         # it has looked at the files once: it printed the log's last line
         followed = (await asyncio.wait_for(follower.stdout.readline(), 30)).decode()
         assert followed.startswith("daemon | "), followed
         stop = await tally(tmp_path, "stop", timeout=60)
         assert stop.returncode == 0, stop.stderr
-        assert "stopped" in stop.stderr
+        assert "stopped" in stop.stderr, stop.stderr
         assert "tally: stopping: no run in flight" in stop.stderr, stop.stderr
         # "stopped" means the process is gone (exited), not only that its listener closed.
         assert _exited(daemon.pid), "tally stop said stopped while the daemon still ran"
-        assert await asyncio.to_thread(daemon.wait, 10) == 0
+        code = await asyncio.to_thread(daemon.wait, 10)
+        assert code == 0, code
         while "stopping" not in followed:  # a poll of the follower prints the stop's line
             line = (await asyncio.wait_for(follower.stdout.readline(), 30)).decode()
             assert line, followed
@@ -248,42 +253,45 @@ async def _day(
         assert stopping.startswith("daemon | "), followed
     logs = await tally(tmp_path, "logs", "-n", "200")
     assert logs.returncode == 0, logs.stderr
-    assert "daemon | " in logs.stdout
-    assert "stopping: no run in flight" in logs.stdout
+    assert "daemon | " in logs.stdout, logs.stdout
+    assert "stopping: no run in flight" in logs.stdout, logs.stdout
     missing = await tally(
         tmp_path, "logs", "--member", "tiny"
     )  # external: tally keeps no log of it
-    assert missing.returncode == 1
-    assert "no log of member 'tiny'" in missing.stderr
-    assert (await tally(tmp_path, "logs", "--member", "../x")).returncode == 2
-    assert (await tally(tmp_path, "stop")).returncode == 0  # nothing to stop: said, not an error
+    assert missing.returncode == 1, missing
+    assert "no log of member 'tiny'" in missing.stderr, missing.stderr
+    bad = await tally(tmp_path, "logs", "--member", "../x")
+    assert bad.returncode == 2, bad
+    again = await tally(tmp_path, "stop")
+    assert again.returncode == 0, again  # nothing to stop: said, not an error
 
     # The daemon is down: runs and run ID read the record, say so, and change nothing.
     entries = tmp_path / "state" / "ledger"
     before = {p.name: p.read_bytes() for p in entries.iterdir() if p.is_file()}
     offline = await tally(tmp_path, "runs")
     assert offline.returncode == 0, offline.stderr
-    assert "daemon is not running" in offline.stderr
-    assert "from the record" in offline.stderr
-    assert "systemctl" not in offline.stderr  # no unit installed: the hint does not name one
+    assert "daemon is not running" in offline.stderr, offline.stderr
+    assert "from the record" in offline.stderr, offline.stderr
+    # no unit installed: the hint does not name one
+    assert "systemctl" not in offline.stderr, offline.stderr
     rows = [line for line in offline.stdout.splitlines()[1:] if line.strip()]
-    assert sorted(line.split()[0] for line in rows) == sorted(ids)
-    assert all(line.split()[1] == "done" for line in rows)
-    assert all(line.split()[2].count("-") == 2 for line in rows)  # a date, not microseconds
+    assert sorted(line.split()[0] for line in rows) == sorted(ids), (rows, ids)
+    assert all(line.split()[1] == "done" for line in rows), rows
+    assert all(line.split()[2].count("-") == 2 for line in rows), rows  # a date, not µs
     one = await tally(tmp_path, "run", ids[0], "--json")
     assert one.returncode == 0, one.stderr
     run = json.loads(one.stdout)
-    assert run["id"] == ids[0]
-    assert run["state"] == "done"
-    assert run["answer"]
-    assert run["tasks"][0]["result"]  # in full, not a summary
+    assert run["id"] == ids[0], run
+    assert run["state"] == "done", run
+    assert run["answer"], run
+    assert run["tasks"][0]["result"], run  # in full, not a summary
     text = (await tally(tmp_path, "run", ids[0])).stdout
-    assert run["answer"] in text
+    assert run["answer"] in text, text
     unknown = await tally(tmp_path, "run", "r0000000000000000")
-    assert unknown.returncode == 1
-    assert "no run r0000000000000000" in unknown.stderr
+    assert unknown.returncode == 1, unknown
+    assert "no run r0000000000000000" in unknown.stderr, unknown.stderr
     after = {p.name: p.read_bytes() for p in entries.iterdir() if p.is_file()}
-    assert after == before
+    assert after == before, "a read-only command changed the record's files"
 
     # `| head`: the reader leaves, tally ends quietly (no "Broken pipe", no traceback).
     piped = await asyncio.to_thread(
@@ -299,10 +307,6 @@ async def _day(
     )
     assert piped.stdout.strip(), piped.stderr
     assert piped.stderr == "", piped.stderr
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def _done(client: DaemonClient, run_id: str) -> bool:
@@ -329,7 +333,7 @@ async def test_stop_with_runs_in_flight_waits_for_the_drain(
     )
     try:
         async with DaemonClient(Endpoint(socket_path=sock), timeout=10) as client:
-            await _until(client.ping, "the daemon to listen")
+            await until(client.ping, what="the daemon to listen")
             # Before its first call an external member is "unused", not "stopped".
             before = await tally(tmp_path, "status")
             assert before.returncode == 0, before.stderr
@@ -341,13 +345,15 @@ async def test_stop_with_runs_in_flight_waits_for_the_drain(
         assert stop.returncode == 0, stop.stderr
         assert "3 runs in flight drain" in stop.stderr, stop.stderr
         assert stop.stderr.rstrip().endswith("tally: stopped"), stop.stderr
-        assert _exited(daemon.pid)
-        assert await asyncio.to_thread(daemon.wait, 10) == 0
+        assert _exited(daemon.pid), "tally stop said stopped while the daemon still ran"
+        code = await asyncio.to_thread(daemon.wait, 10)
+        assert code == 0, code
         offline = await tally(tmp_path, "runs")
         assert offline.returncode == 0, offline.stderr
         assert offline.stdout.count(" interrupted ") == 3, offline.stdout
-        assert "read the runs from the record" in offline.stderr
-        assert "seal" not in offline.stderr  # the owner's snapshot is trusted, not "edited?"
+        assert "read the runs from the record" in offline.stderr, offline.stderr
+        # the owner's snapshot is trusted, not "edited?"
+        assert "seal" not in offline.stderr, offline.stderr
     finally:
         if daemon.poll() is None:
             daemon.kill()

@@ -19,9 +19,10 @@ from daemon.runs import entries as k
 from daemon.service import Daemon
 from daemon.tools import TOOLS
 from surfaces.units import user_unit
+from tests.polling import TIMEOUT_S, until
 from tests.slots.fake_server import FakeServer
 from tests.surfaces.conftest import roster_toml, two_tasks
-from tests.surfaces.mcp_client import session_for
+from tests.surfaces.mcp_client import Stdio, session_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,20 +88,77 @@ async def test_cancellation_reaches_the_run(
     unix_server: Path, daemon: Daemon, model: FakeServer
 ) -> None:
     model.token_delay_s = 0.05  # 512 tokens per call: the run would take a minute
-    async with session_for(unix_server) as mcp_session:
-        with anyio.move_on_after(2.0):
+    async with (
+        session_for(unix_server, {"TALLY_LOG": "INFO"}) as mcp_session,
+        anyio.create_task_group() as tg,
+    ):
+
+        async def submit() -> None:
             await mcp_session.call_tool("submit", {"request": "slow api", "wait": True})
+            raise AssertionError("the slow run ended before the call was cancelled")
+
+        tg.start_soon(submit)
+        # Cancel once the run is mid model call (not after a fixed time, which on a loaded
+        # machine may pass before the adapter even forwarded the submit).
+        await until(
+            lambda: daemon.engine.list() and model.processing,
+            what="the submitted run streaming from the model",
+        )
+        tg.cancel_scope.cancel()
     (run,) = daemon.engine.list()
-    for _ in range(200):
-        if daemon.engine.get(run.id).state == "cancelled":
-            break
-        await asyncio.sleep(0.05)
-    assert daemon.engine.get(run.id).state == "cancelled"
+    await until(
+        lambda: daemon.engine.get(run.id).state == "cancelled",
+        what=lambda: f"run cancelled (it is {daemon.engine.get(run.id).state})",
+    )
     record = await daemon.ledger.entries(run=run.id, limit=1000)
-    assert k.CANCEL in [e.kind for e in record]
-    assert record[-1].kind == k.STATE
+    assert k.CANCEL in [e.kind for e in record], [e.kind for e in record]
+    assert record[-1].kind == k.STATE, record[-1]
     assert (await daemon.ledger.body(record[-1].body)).value["state"] == "cancelled"
     assert (await daemon.ledger.verify()).ok
+
+
+async def test_sigterm_mid_submit_cancels_the_run(
+    unix_server: Path, daemon: Daemon, model: FakeServer
+) -> None:
+    """An SDK client closing a session SIGTERMs the adapter 2 s after stdin closed: the
+    adapter ends the session as on EOF, so the run it followed is cancelled, not orphaned."""
+    model.token_delay_s = 0.05  # 512 tokens per call: the run would take a minute
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "surfaces", "mcp",
+        cwd=str(ROOT),
+        env={"TALLY_SOCKET": str(unix_server), "PATH": "/usr/bin:/bin"},
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    io = Stdio(proc)
+    try:
+        info = {"name": "raw", "version": "0"}
+        await io.request(
+            0,
+            "initialize",
+            {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": info},
+        )
+        assert "result" in await io.receive(), "initialize not answered"
+        await io.send('{"jsonrpc": "2.0", "method": "notifications/initialized"}')
+        call = {"name": "submit", "arguments": {"request": "slow api", "wait": True}}
+        await io.request(1, "tools/call", call)
+        await until(
+            lambda: daemon.engine.list() and model.processing,
+            what="the submitted run streaming from the model",
+        )
+        proc.send_signal(signal.SIGTERM)
+        (run,) = daemon.engine.list()
+        await until(
+            lambda: daemon.engine.get(run.id).state == "cancelled",
+            what=lambda: f"run cancelled (it is {daemon.engine.get(run.id).state})",
+        )
+        code = await asyncio.wait_for(proc.wait(), TIMEOUT_S)
+        assert code == -signal.SIGTERM, f"the adapter ended with {code} on SIGTERM"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 def _system_unit_here() -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,11 @@ def pytest_configure(config: pytest.Config) -> None:
     with TALLY_SOCKET, TALLY_STATE_DIR, TALLY_URL... exported. Tests that need one set it."""
     for name in [n for n in os.environ if n.startswith("TALLY_")]:
         del os.environ[name]
+    # Nor a running daemon's default socket: `tally route`, `status`... look for the daemon in
+    # the default runtime dir when no socket is given, so the session gets an empty one of its
+    # own (a user's daemon on /run/user/UID or $XDG_RUNTIME_DIR is never reached).
+    os.environ.pop("RUNTIME_DIRECTORY", None)
+    os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="tally-test-run-")
     # An illegal slot state change fails the test that made it (production logs it loudly).
     slot_states.STRICT = True
 

@@ -16,10 +16,11 @@ def run_fresh(
     code: str, *args: str, home: Path | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """`python -c code args…`; asserts it exited 0 (its stderr is the message otherwise)."""
-    drop = ("TALLY_", "CREDENTIALS_DIRECTORY")
+    drop = ("TALLY_", "CREDENTIALS_DIRECTORY", "RUNTIME_DIRECTORY")
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     if home is not None:
         env["HOME"] = str(home)  # nothing of the user's state dir or roster
+        env["XDG_RUNTIME_DIR"] = str(home / "run")  # nor a running daemon's socket
     done = subprocess.run(
         [sys.executable, "-c", code, *args],
         cwd=ROOT,

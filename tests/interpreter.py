@@ -31,3 +31,49 @@ def run_fresh(
     )
     assert done.returncode == 0, done.stderr
     return done
+
+
+def tally_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a `tally` process a test starts: this repository's code, and a state
+    dir, runtime dir (socket) and config home under `tmp_path` (no user's daemon, no unit)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TALLY_")}
+    return env | {
+        "PYTHONPATH": str(ROOT),
+        "TALLY_STATE_DIR": str(tmp_path / "state"),
+        "TALLY_RUNTIME_DIR": str(tmp_path / "run"),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+    }
+
+
+FAR_ROSTER = """version = 1
+[[models]]
+name = "far"
+url = "http://127.0.0.1:9/v1"
+slots = 1
+
+[tiers]
+ladder = ["cheap"]
+cheap = ["far"]
+
+[[lanes]]
+name = "general"
+keywords = ["x"]
+tier = "cheap"
+system = "s"
+"""
+"""A roster whose one member answers nowhere (port 9): a daemon that starts and serves, and
+never calls a model."""
+
+
+def tally_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`tally ARGS` in a fresh process with `tally_env(tmp_path)` (its exit code is the caller's
+    to check)."""
+    return subprocess.run(
+        [sys.executable, "-m", "surfaces", *args],
+        env=tally_env(tmp_path),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from surfaces.client import DaemonClient, Endpoint
+from tests.interpreter import tally_env
 from tests.polling import until
 from tests.slots.fake_server import FakeServer
 
@@ -55,23 +55,13 @@ system = "You write docs."
 """
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TALLY_")}
-    return env | {
-        "PYTHONPATH": str(ROOT),
-        "TALLY_STATE_DIR": str(tmp_path / "state"),
-        "TALLY_RUNTIME_DIR": str(tmp_path / "run"),
-        "XDG_CONFIG_HOME": str(tmp_path / "config"),  # no unit installed
-    }
-
-
 async def tally(
     tmp_path: Path, *args: str, timeout: float = 30
 ) -> subprocess.CompletedProcess[str]:
     return await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "surfaces", *args],
-        env=_env(tmp_path),
+        env=tally_env(tmp_path),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -107,7 +97,7 @@ async def test_a_day_with_the_daemon(tmp_path: Path, slow_model: FakeServer) -> 
     daemon = await asyncio.to_thread(
         subprocess.Popen,
         [sys.executable, "-m", "surfaces", "serve", "--roster", str(roster)],
-        env=_env(tmp_path),
+        env=tally_env(tmp_path),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -226,7 +216,7 @@ async def _day(
         # `logs --follow` sees the stop's own line; `logs` prints the daemon's log.
         follower = await asyncio.create_subprocess_exec(
             *[sys.executable, "-m", "surfaces", "logs", "--follow", "-n", "1"],
-            env=_env(tmp_path),
+            env=tally_env(tmp_path),
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -298,7 +288,7 @@ async def _day(
         subprocess.run,
         f"{sys.executable} -m surfaces ledger show --limit 100000 | head -1",
         shell=True,
-        env=_env(tmp_path),
+        env=tally_env(tmp_path),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -326,7 +316,7 @@ async def test_stop_with_runs_in_flight_waits_for_the_drain(
     daemon = await asyncio.to_thread(
         subprocess.Popen,
         [sys.executable, "-m", "surfaces", "serve", "--roster", str(roster)],
-        env=_env(tmp_path),
+        env=tally_env(tmp_path),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

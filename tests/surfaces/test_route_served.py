@@ -10,7 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-from tests.surfaces.test_stop_by_lock import ROOT, ROSTER, _env, _tally
+from tests.interpreter import FAR_ROSTER as ROSTER
+from tests.interpreter import ROOT
+from tests.interpreter import tally_env as _env
+from tests.interpreter import tally_run as _tally
 
 
 def test_route_uses_the_running_daemons_roster(tmp_path: Path) -> None:

@@ -11,46 +11,9 @@ import time
 from pathlib import Path
 
 from surfaces.cli.service import lock_holder
-
-ROOT = Path(__file__).resolve().parents[2]
-ROSTER = """version = 1
-[[models]]
-name = "far"
-url = "http://127.0.0.1:9/v1"
-slots = 1
-
-[tiers]
-ladder = ["cheap"]
-cheap = ["far"]
-
-[[lanes]]
-name = "general"
-keywords = ["x"]
-tier = "cheap"
-system = "s"
-"""
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TALLY_")}
-    return env | {
-        "PYTHONPATH": str(ROOT),
-        "TALLY_STATE_DIR": str(tmp_path / "state"),
-        "TALLY_RUNTIME_DIR": str(tmp_path / "run"),
-        "XDG_CONFIG_HOME": str(tmp_path / "config"),
-    }
-
-
-def _tally(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "surfaces", *args],
-        env=_env(tmp_path),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+from tests.interpreter import FAR_ROSTER as ROSTER
+from tests.interpreter import ROOT, tally_env
+from tests.interpreter import tally_run as _tally
 
 
 def test_stop_falls_back_to_the_ledger_lock_when_the_socket_is_gone(tmp_path: Path) -> None:
@@ -59,7 +22,7 @@ def test_stop_falls_back_to_the_ledger_lock_when_the_socket_is_gone(tmp_path: Pa
     sock = tmp_path / "run" / "tally.sock"
     daemon = subprocess.Popen(
         [sys.executable, "-m", "surfaces", "serve", "--roster", str(roster)],
-        env=_env(tmp_path),
+        env=tally_env(tmp_path),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -123,7 +86,7 @@ def test_a_hung_daemon_is_signalled_and_stop_says_what_is_left(tmp_path: Path) -
     sock = tmp_path / "run" / "tally.sock"
     daemon = subprocess.Popen(
         [sys.executable, "-m", "surfaces", "serve", "--roster", str(roster)],
-        env=_env(tmp_path),
+        env=tally_env(tmp_path),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
